@@ -1,0 +1,19 @@
+// autograd/ops/norm.h — differentiable normalisation layers' ops.
+#pragma once
+
+#include "tensor/tensor.h"
+
+namespace loom {
+
+// x [N,C,...]; weight, bias [C] or undefined. In training, normalises with the batch's
+// statistics (biased variance) and, when running_mean/var are given, updates them in place
+// with `momentum` (running_var with the unbiased variance), as PyTorch. In eval, normalises
+// with the running statistics.
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight, const Tensor& bias, bool training, double momentum = 0.1,
+                  double eps = 1e-5);
+// Normalises over the trailing dims given by normalized_shape; weight, bias of that shape.
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5);
+
+}  // namespace loom

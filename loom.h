@@ -1,0 +1,12 @@
+// loom.h — everything a program needs from loom, in one include: #include <loom/loom.h>
+#pragma once
+
+#include "autograd/gradcheck.h"
+#include "autograd/graph.h"
+#include "autograd/ops.h"
+#include "tensor/device.h"
+#include "tensor/dtype.h"
+#include "tensor/error.h"
+#include "tensor/parallel.h"
+#include "tensor/random.h"
+#include "tensor/tensor.h"

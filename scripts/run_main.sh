@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# scripts/run_main.sh — the README's main job: installs what is needed (Fashion-MNIST from
+# Debian's dataset-fashion-mnist), builds loom and trains on it, printing the test accuracy.
+# Until resnet18_cifar lands this is apps/fashion_mlp; arguments are passed on to it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+build=${LOOM_BUILD_DIR:-build}
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" ${LOOM_CMAKE_ARGS:-}
+cmake --build "$build" -j "$(nproc)" --target fashion_mlp
+"$build/apps/fashion_mlp" --data /usr/share/datasets/fashion-mnist "$@"

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# scripts/setup.sh — installs what loom needs to build, test and run its main job, from
+# Debian's packages (run as root). Quick when everything is already there.
+#   scripts/setup.sh           build and test dependencies, and the Fashion-MNIST data
+#   scripts/setup.sh --torch   also python3-torch (golden fixtures, PyTorch benchmarks)
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config ccache
+  libeigen3-dev libgtest-dev googletest nlohmann-json3-dev libcli11-dev zlib1g-dev libstb-dev
+  dataset-fashion-mnist
+)
+if [[ "${1:-}" == "--torch" ]]; then
+  packages+=(python3-torch python3-numpy)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

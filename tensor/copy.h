@@ -1,0 +1,19 @@
+// tensor/copy.h — kernels that move or convert data without arithmetic: strided copies with
+// dtype conversion and broadcasting, fills, contiguous(), dtype and device conversion.
+// Not differentiable: autograd/ wraps them.
+#pragma once
+
+#include "tensor/tensor.h"
+
+namespace loom::kernels {
+
+// dst[...] = src broadcast to dst's shape, converted to dst's dtype, across devices. Bumps
+// dst's version.
+void copy_(const Tensor& dst, const Tensor& src);
+void fill_(const Tensor& dst, double value);
+Tensor contiguous(const Tensor& t);             // t itself when already contiguous
+Tensor clone(const Tensor& t);                  // always a fresh contiguous copy
+Tensor to_dtype(const Tensor& t, DType dtype);  // t itself when already of that dtype
+Tensor to_device(const Tensor& t, Device device);
+
+}  // namespace loom::kernels
