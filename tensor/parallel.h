@@ -3,12 +3,7 @@
 // when already inside a parallel region (no nested oversubscription).
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 namespace loom {
 
@@ -16,23 +11,39 @@ namespace loom {
 void set_num_threads(int n);
 int get_num_threads();
 
+namespace detail {
+
+// A non-owning reference to a callable taking (begin, end): lets the one OpenMP region live in
+// parallel.cpp instead of being stamped out for every kernel instantiation (which made kernel
+// files slow to compile and large).
+class RangeFn {
+ public:
+  template <typename F>
+  RangeFn(F& f)  // NOLINT(google-explicit-constructor)
+      : object_(&f),
+        call_([](void* o, int64_t lo, int64_t hi) { (*static_cast<F*>(o))(lo, hi); }) {}
+  void operator()(int64_t lo, int64_t hi) const { call_(object_, lo, hi); }
+
+ private:
+  void* object_;
+  void (*call_)(void*, int64_t, int64_t);
+};
+
+// Splits [begin, end) into one contiguous chunk per thread and runs f on each, in parallel.
+void parallel_run(int64_t begin, int64_t end, RangeFn f);
+bool parallel_worthwhile(int64_t n, int64_t grain);
+
+}  // namespace detail
+
 // f(begin, end) over contiguous chunks of [begin, end), one chunk per thread, when the range is
-// at least `grain` long; inline otherwise.
+// at least `grain` long; inline otherwise (and inside another parallel region).
 template <typename F>
 void parallel_for(int64_t begin, int64_t end, int64_t grain, F&& f) {
   if (begin >= end) return;
-#ifdef _OPENMP
-  const int64_t n = end - begin;
-  if (n >= std::max<int64_t>(grain, 2) && !omp_in_parallel() && omp_get_max_threads() > 1) {
-#pragma omp parallel
-    {
-      const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-      const int64_t lo = begin + n * t / threads, hi = begin + n * (t + 1) / threads;
-      if (lo < hi) f(lo, hi);
-    }
+  if (detail::parallel_worthwhile(end - begin, grain)) {
+    detail::parallel_run(begin, end, detail::RangeFn(f));
     return;
   }
-#endif
   f(begin, end);
 }
 

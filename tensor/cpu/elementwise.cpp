@@ -25,35 +25,30 @@ Device cpu_only(const char* op, std::initializer_list<Tensor> tensors) {
   return d;
 }
 
-// out = f(a, b) over the broadcast shape, computing in the promoted dtype `compute`, writing
-// dtype `out_dtype` (bool for comparisons).
-template <typename F>
-Tensor binary(const char* op, const Tensor& a, const Tensor& b, DType compute, DType out_dtype,
-              F f) {
+// out = f(a, b) over the broadcast shape, computing in the promoted dtype `compute`; the output
+// is bool for comparisons (kCompare), else of dtype `compute`.
+template <bool kCompare, typename F>
+Tensor binary(const char* op, const Tensor& a, const Tensor& b, DType compute, F f) {
   cpu_only(op, {a, b});
   const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), op);
   const Tensor ac = to_dtype(a, compute), bc = to_dtype(b, compute);
-  Tensor out = empty(shape, out_dtype, a.device());
+  Tensor out = empty(shape, kCompare ? kBool : compute, a.device());
   dispatch_numeric(compute, op, [&]<typename T>() {
-    if (out_dtype == kBool)
-      cpu::map<bool, T>(
-          out, [&](T x, T y) { return static_cast<bool>(f(x, y)); }, ac, bc);
-    else
-      cpu::map<T, T>(
-          out, [&](T x, T y) { return static_cast<T>(f(x, y)); }, ac, bc);
+    using Out = std::conditional_t<kCompare, bool, T>;
+    cpu::map<Out, T>(
+        out, [&](T x, T y) { return static_cast<Out>(f(x, y)); }, ac, bc);
   });
   return out;
 }
 
 template <typename F>
 Tensor arithmetic(const char* op, const Tensor& a, const Tensor& b, F f) {
-  const DType t = promote_types(a.dtype(), b.dtype());
-  return binary(op, a, b, t, t, f);
+  return binary<false>(op, a, b, promote_types(a.dtype(), b.dtype()), f);
 }
 
 template <typename F>
 Tensor compare(const char* op, const Tensor& a, const Tensor& b, F f) {
-  return binary(op, a, b, promote_types(a.dtype(), b.dtype()), kBool, f);
+  return binary<true>(op, a, b, promote_types(a.dtype(), b.dtype()), f);
 }
 
 // Float unary op: out = f(x) in x's dtype (float32 or float64).
@@ -175,7 +170,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
   // True division: integers divide as float32, as in PyTorch.
   DType t = promote_types(a.dtype(), b.dtype());
   if (!is_floating(t)) t = kFloat32;
-  return binary("div", a, b, t, t, [](auto x, auto y) { return x / y; });
+  return binary<false>("div", a, b, t, [](auto x, auto y) { return x / y; });
 }
 Tensor pow(const Tensor& a, const Tensor& b) {
   return arithmetic("pow", a, b, [](auto x, auto y) { return generic_pow(x, y); });

@@ -1,11 +1,9 @@
-// tensor/cpu/linalg.cpp — GEMM through Eigen's blocked, vectorised kernels. Tensors are mapped
-// onto Eigen matrices in place: a row-major map when the last dim has unit stride, a
-// column-major map when the first dim does (a transposed view), so no operand is copied unless
-// it has no unit stride at all.
+// tensor/cpu/linalg.cpp — matrix products on tensors, through cpu::gemm (tensor/cpu/gemm.cpp).
+// An operand is read in place: as a row-major matrix when its last dim has unit stride, as a
+// column-major one (a transposed view) when its first dim does; only an operand with no unit
+// stride at all is copied.
 
 #include "tensor/linalg.h"
-
-#include <Eigen/Core>
 
 #include "tensor/checks.h"
 #include "tensor/copy.h"
@@ -13,46 +11,6 @@
 #include "tensor/dispatch.h"
 #include "tensor/parallel.h"
 #include "tensor/view.h"
-
-namespace loom::cpu {
-
-template <typename T>
-using RowMajor = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <typename T>
-using ColMajor = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor>;
-using Outer = Eigen::OuterStride<>;
-
-template <typename T>
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
-          int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
-  Eigen::Map<RowMajor<T>, 0, Outer> C(c, m, n, Outer(ldc));
-  if (beta == T(0))
-    C.setZero();
-  else if (beta != T(1))
-    C *= beta;
-  if (k == 0) return;
-  // A row-major [K,M] buffer is a column-major [M,K] matrix: transposing is a change of map.
-  auto run = [&](const auto& A) {
-    if (trans_b) {
-      Eigen::Map<const ColMajor<T>, 0, Outer> B(b, k, n, Outer(ldb));
-      C.noalias() += alpha * A * B;
-    } else {
-      Eigen::Map<const RowMajor<T>, 0, Outer> B(b, k, n, Outer(ldb));
-      C.noalias() += alpha * A * B;
-    }
-  };
-  if (trans_a)
-    run(Eigen::Map<const ColMajor<T>, 0, Outer>(a, m, k, Outer(lda)));
-  else
-    run(Eigen::Map<const RowMajor<T>, 0, Outer>(a, m, k, Outer(lda)));
-}
-
-template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t,
-                          const float*, int64_t, float, float*, int64_t);
-template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t,
-                           const double*, int64_t, double, double*, int64_t);
-
-}  // namespace loom::cpu
 
 namespace loom::kernels {
 

@@ -111,20 +111,13 @@ void map(const Tensor& out, F&& f, const Ins&... in) {
                                         static_cast<int64_t>((void(in), sizeof(Tin)))...};
   auto row_body = [&](std::array<char*, N> p, int64_t n, const std::array<int64_t, N>& st) {
     Tout* o = reinterpret_cast<Tout*>(p[0]);
-    bool unit = st[0] == 1;
-    for (size_t k = 1; k < N; ++k) unit = unit && (st[k] == 1 || st[k] == 0);
+    bool dense = true;
+    for (size_t k = 0; k < N; ++k) dense = dense && st[k] == 1;
     [&]<size_t... K>(std::index_sequence<K...>) {
-      bool dense = unit;
-      for (size_t k = 1; k < N; ++k) dense = dense && st[k] == 1;
       if (dense) {
         // Every operand contiguous: the loop the compiler vectorises.
         for (int64_t i = 0; i < n; ++i)
           o[i] = static_cast<Tout>(f(reinterpret_cast<const Tin*>(p[K + 1])[i]...));
-      } else if (unit) {
-        // Contiguous output; each input either contiguous or a broadcast scalar for this row.
-        [[maybe_unused]] const std::array<int64_t, N> s = st;
-        for (int64_t i = 0; i < n; ++i)
-          o[i] = static_cast<Tout>(f(reinterpret_cast<const Tin*>(p[K + 1])[i * s[K + 1]]...));
       } else {
         for (int64_t i = 0; i < n; ++i)
           o[i * st[0]] =

@@ -42,6 +42,31 @@ TEST(Linalg, MatmulAgainstTripleLoop) {
   EXPECT_TRUE(tensors_close(matmul(big_a, big_b).to(kFloat64), naive_mm(big_a, big_b), 1e-4, 1e-3));
 }
 
+TEST(Linalg, BlockedKernelEdgesAndLayouts) {
+  // Sizes that are not multiples of the register tile (6 x 16), a depth past one packed block
+  // (256), a width past one B block (3072), every combination of transposed operands, and
+  // accumulation into an existing output (beta).
+  manual_seed(9);
+  struct Case {
+    int64_t m, n, k;
+  };
+  for (Case c : {Case{67, 45, 300}, Case{7, 3100, 40}, Case{130, 17, 33}, Case{1, 64, 600}}) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        Tensor a = ta ? randn({c.k, c.m}).t() : randn({c.m, c.k});
+        Tensor b = tb ? randn({c.n, c.k}).t() : randn({c.k, c.n});
+        Tensor expected = naive_mm(a, b);
+        EXPECT_TRUE(tensors_close(matmul(a, b).to(kFloat64), expected, 1e-4, 1e-3))
+            << c.m << "x" << c.n << "x" << c.k << " ta=" << ta << " tb=" << tb;
+        Tensor base = randn({c.m, c.n});
+        Tensor got = addmm(base, a, b, 0.5, -2.0);
+        EXPECT_TRUE(
+            tensors_close(got.to(kFloat64), base.to(kFloat64) * 0.5 - expected * 2.0, 1e-4, 1e-3));
+      }
+    }
+  }
+}
+
 TEST(Linalg, VectorAndBatchedShapes) {
   manual_seed(4);
   Tensor v = randn({5}, kFloat64), m = randn({5, 3}, kFloat64), w = randn({3}, kFloat64);
