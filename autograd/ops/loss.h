@@ -1,14 +1,13 @@
 // autograd/ops/loss.h — softmax family and classification losses.
 #pragma once
 
+#include "tensor/loss.h"  // loom::Reduction
 #include "tensor/tensor.h"
 
 namespace loom {
 
 Tensor softmax(const Tensor& x, int64_t dim);
 Tensor log_softmax(const Tensor& x, int64_t dim);
-
-enum class Reduction { None, Mean, Sum };
 
 // logits [N,C] (or [N,C,d...]), target int64 class indices [N] (or [N,d...]). Mean reduction
 // divides by the number of targets that are not ignore_index, as PyTorch. label_smoothing

@@ -1,0 +1,553 @@
+// tensor/cpu/norm.cpp — batch norm and layer norm on the CPU. Batch norm runs one channel per
+// thread over x [N, C, S] (a channel's N rows of S values); layer norm runs rows of x [M, D] in
+// parallel and its dweight/dbias as column blocks. Sums accumulate in double.
+
+#include "tensor/norm.h"
+
+#include <cmath>
+#include <vector>
+
+#include "tensor/checks.h"
+#include "tensor/copy.h"
+#include "tensor/dispatch.h"
+#include "tensor/elementwise.h"
+#include "tensor/parallel.h"
+#include "tensor/view.h"
+
+namespace loom::kernels {
+
+namespace {
+
+constexpr int64_t kGrain = 32768;  // elements below which a loop stays on one thread
+
+void cpu_only(const char* op, std::initializer_list<Tensor> tensors) {
+  if (common_device(op, tensors).is_cuda()) no_cuda_kernel(op);
+}
+
+// Sum of f(0..n-1) with four independent accumulators, so the adds pipeline instead of
+// waiting on each other's latency.
+template <typename F>
+inline double accumulate(int64_t n, F&& f) {
+  double a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    a0 += f(i);
+    a1 += f(i + 1);
+    a2 += f(i + 2);
+    a3 += f(i + 3);
+  }
+  for (; i < n; ++i) a0 += f(i);
+  return (a0 + a1) + (a2 + a3);
+}
+
+// x [N, C, *] as [N, C, S].
+struct ChannelLayout {
+  int64_t n = 0, c = 0, s = 1;
+  int64_t count() const { return n * s; }  // values per channel
+  int64_t row(int64_t batch, int64_t channel) const { return (batch * c + channel) * s; }
+};
+
+ChannelLayout channel_layout(const char* op, const Tensor& x) {
+  LOOM_CHECK(x.dim() >= 2, ShapeError, op, ": expected x of shape [N, C, ...]; got x=", x.sizes());
+  ChannelLayout l;
+  l.n = x.size(0);
+  l.c = x.size(1);
+  for (int64_t d = 2; d < x.dim(); ++d) l.s *= x.size(d);
+  return l;
+}
+
+// A vector of `count` values (per channel, per row, ...) as a contiguous tensor of dtype;
+// undefined stays undefined.
+Tensor channel_vector(const char* op, const char* name, const Tensor& t, int64_t count,
+                      DType dtype) {
+  if (!t.defined()) return t;
+  LOOM_CHECK(t.numel() == count, ShapeError, op, ": expected ", name, " with ", count,
+             " elements; got ", name, "=", t.sizes());
+  return contiguous(to_dtype(t, dtype));
+}
+
+template <typename T>
+T* ptr_or_null(const Tensor& t) {
+  return t.defined() ? t.data_ptr<T>() : nullptr;
+}
+
+// Channels per parallel chunk: enough that a chunk holds ~kGrain values.
+int64_t channel_grain(const ChannelLayout& l) {
+  return std::max<int64_t>(1, kGrain / std::max<int64_t>(l.count(), 1));
+}
+
+// Sum of f(value, index-in-row) over one channel of [N, C, S].
+template <typename T, typename F>
+double channel_sum(const T* data, const ChannelLayout& l, int64_t c, F&& f) {
+  double total = 0;
+  for (int64_t b = 0; b < l.n; ++b) {
+    const T* row = data + l.row(b, c);
+    total += accumulate(l.s, [&](int64_t i) { return f(row, i); });
+  }
+  return total;
+}
+
+// Mean and biased variance of one channel, two passes (no E[x^2] - mean^2 cancellation).
+template <typename T>
+std::pair<double, double> channel_moments(const T* x, const ChannelLayout& l, int64_t c) {
+  const double count = static_cast<double>(l.count());
+  const double mean =
+      channel_sum(x, l, c, [](const T* r, int64_t i) { return static_cast<double>(r[i]); }) / count;
+  const double var = channel_sum(x, l, c,
+                                 [mean](const T* r, int64_t i) {
+                                   const double d = static_cast<double>(r[i]) - mean;
+                                   return d * d;
+                                 }) /
+                     count;
+  return {mean, var};
+}
+
+// y = x scale + shift over one channel.
+template <typename T>
+void channel_affine(const T* x, T* y, const ChannelLayout& l, int64_t c, T scale, T shift) {
+  for (int64_t b = 0; b < l.n; ++b) {
+    const T* in = x + l.row(b, c);
+    T* out = y + l.row(b, c);
+    for (int64_t i = 0; i < l.s; ++i) out[i] = in[i] * scale + shift;
+  }
+}
+
+// sum(dy) and sum(dy (x - mean)) over one channel.
+template <typename T>
+std::pair<double, double> channel_grad_sums(const T* dy, const T* x, const ChannelLayout& l,
+                                            int64_t c, double mean) {
+  double sum_dy = 0, sum_dy_xmu = 0;
+  for (int64_t b = 0; b < l.n; ++b) {
+    const T* g = dy + l.row(b, c);
+    const T* in = x + l.row(b, c);
+    sum_dy += accumulate(l.s, [&](int64_t i) { return static_cast<double>(g[i]); });
+    sum_dy_xmu += accumulate(l.s, [&](int64_t i) {
+      return static_cast<double>(g[i]) * (static_cast<double>(in[i]) - mean);
+    });
+  }
+  return {sum_dy, sum_dy_xmu};
+}
+
+// dx = a dy + b x + k over one channel (every batch-norm dx is of that form).
+template <typename T>
+void channel_dx(const T* dy, const T* x, T* dx, const ChannelLayout& l, int64_t c, double a,
+                double b, double k) {
+  const T ta = static_cast<T>(a), tb = static_cast<T>(b), tk = static_cast<T>(k);
+  for (int64_t n = 0; n < l.n; ++n) {
+    const T* g = dy + l.row(n, c);
+    const T* in = x + l.row(n, c);
+    T* out = dx + l.row(n, c);
+    for (int64_t i = 0; i < l.s; ++i) out[i] = ta * g[i] + tb * in[i] + tk;
+  }
+}
+
+// The (a, b, k) of channel_dx. Training (sums given, over `count` values):
+//   dx = w invstd (dy - sum_dy / M - (x - mean) invstd sum_dy_xhat / M)
+// Eval (no sums): dx = w invstd dy.
+struct DxCoefficients {
+  double a, b, k;
+};
+DxCoefficients dx_coefficients(double weight, double mean, double invstd, bool training,
+                               double sum_dy, double sum_dy_xhat, double count) {
+  const double a = weight * invstd;
+  if (!training) return {a, 0.0, 0.0};
+  const double b = -a * invstd * sum_dy_xhat / count;
+  return {a, b, -a * sum_dy / count - b * mean};
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- batch norm statistics
+
+BatchNormSums batch_norm_sums(const Tensor& x) {
+  cpu_only("batch_norm_sums", {x});
+  const ChannelLayout l = channel_layout("batch_norm_sums", x);
+  const Tensor xc = contiguous(x);
+  BatchNormSums out{empty({l.c}, kFloat64), empty({l.c}, kFloat64), l.count()};
+  dispatch_floating(x.dtype(), "batch_norm_sums", [&]<typename T>() {
+    const T* xp = xc.data_ptr<T>();
+    double* sum = out.sum.data_ptr<double>();
+    double* sum_sq = out.sum_sq.data_ptr<double>();
+    parallel_for(0, l.c, channel_grain(l), [&](int64_t lo, int64_t hi) {
+      for (int64_t c = lo; c < hi; ++c) {
+        sum[c] = channel_sum(xp, l, c, [](const T* r, int64_t i) { return double(r[i]); });
+        sum_sq[c] = channel_sum(xp, l, c,
+                                [](const T* r, int64_t i) { return double(r[i]) * double(r[i]); });
+      }
+    });
+  });
+  return out;
+}
+
+BatchNormStats batch_norm_stats_from_sums(const Tensor& sum, const Tensor& sum_sq, int64_t count,
+                                          double eps, DType dtype) {
+  cpu_only("batch_norm_stats_from_sums", {sum, sum_sq});
+  LOOM_CHECK(sum.numel() == sum_sq.numel(), ShapeError,
+             "batch_norm_stats_from_sums: sum and sum_sq differ; got sum=", sum.sizes(),
+             " sum_sq=", sum_sq.sizes());
+  LOOM_CHECK(count > 0, ValueError, "batch_norm_stats_from_sums: expected a positive count; got ",
+             count);
+  const int64_t channels = sum.numel();
+  const Tensor s = contiguous(to_dtype(sum, kFloat64)), sq = contiguous(to_dtype(sum_sq, kFloat64));
+  BatchNormStats out{empty({channels}, dtype), empty({channels}, dtype), empty({channels}, dtype),
+                     count};
+  dispatch_floating(dtype, "batch_norm_stats_from_sums", [&]<typename T>() {
+    const double* sp = s.data_ptr<double>();
+    const double* sqp = sq.data_ptr<double>();
+    T* mean = out.mean.data_ptr<T>();
+    T* invstd = out.invstd.data_ptr<T>();
+    T* var = out.var.data_ptr<T>();
+    for (int64_t c = 0; c < channels; ++c) {
+      const double m = sp[c] / count;
+      const double v = std::max(sqp[c] / count - m * m, 0.0);
+      mean[c] = static_cast<T>(m);
+      var[c] = static_cast<T>(v);
+      invstd[c] = static_cast<T>(1.0 / std::sqrt(v + eps));
+    }
+  });
+  return out;
+}
+
+BatchNormStats batch_norm_stats(const Tensor& x, double eps) {
+  cpu_only("batch_norm_stats", {x});
+  const ChannelLayout l = channel_layout("batch_norm_stats", x);
+  const Tensor xc = contiguous(x);
+  BatchNormStats out{empty({l.c}, x.dtype()), empty({l.c}, x.dtype()), empty({l.c}, x.dtype()),
+                     l.count()};
+  dispatch_floating(x.dtype(), "batch_norm_stats", [&]<typename T>() {
+    const T* xp = xc.data_ptr<T>();
+    T* mean = out.mean.data_ptr<T>();
+    T* invstd = out.invstd.data_ptr<T>();
+    T* var = out.var.data_ptr<T>();
+    parallel_for(0, l.c, channel_grain(l), [&](int64_t lo, int64_t hi) {
+      for (int64_t c = lo; c < hi; ++c) {
+        const auto [m, v] = channel_moments(xp, l, c);
+        mean[c] = static_cast<T>(m);
+        var[c] = static_cast<T>(v);
+        invstd[c] = static_cast<T>(1.0 / std::sqrt(v + eps));
+      }
+    });
+  });
+  return out;
+}
+
+Tensor batch_norm_invstd(const Tensor& var, double eps) {
+  cpu_only("batch_norm_invstd", {var});
+  return rsqrt(add_scalar(var, eps));
+}
+
+void batch_norm_update_running_stats_(const Tensor& running_mean, const Tensor& running_var,
+                                      const BatchNormStats& stats, double momentum) {
+  const char* op = "batch_norm_update_running_stats_";
+  if (running_mean.defined()) {
+    cpu_only(op, {running_mean, stats.mean});
+    LOOM_CHECK(running_mean.numel() == stats.mean.numel(), ShapeError, op,
+               ": running_mean does not match the statistics; got running_mean=",
+               running_mean.sizes(), " mean=", stats.mean.sizes());
+    const Tensor batch = reshape(to_dtype(stats.mean, running_mean.dtype()), running_mean.sizes());
+    copy_(running_mean, add(mul_scalar(running_mean, 1.0 - momentum), batch, momentum));
+  }
+  if (running_var.defined()) {
+    cpu_only(op, {running_var, stats.var});
+    LOOM_CHECK(running_var.numel() == stats.var.numel(), ShapeError, op,
+               ": running_var does not match the statistics; got running_var=", running_var.sizes(),
+               " var=", stats.var.sizes());
+    LOOM_CHECK(
+        stats.count > 1, ValueError, op,
+        ": the unbiased variance needs more than one value per channel; got count=", stats.count);
+    const double bessel = static_cast<double>(stats.count) / static_cast<double>(stats.count - 1);
+    const Tensor batch =
+        reshape(to_dtype(mul_scalar(stats.var, bessel), running_var.dtype()), running_var.sizes());
+    copy_(running_var, add(mul_scalar(running_var, 1.0 - momentum), batch, momentum));
+  }
+}
+
+// ---------------------------------------------------------------- batch norm forward
+
+Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invstd,
+                        const Tensor& weight, const Tensor& bias) {
+  const char* op = "batch_norm_elemt";
+  cpu_only(op, {x, mean, invstd, weight, bias});
+  const ChannelLayout l = channel_layout(op, x);
+  const Tensor xc = contiguous(x);
+  const Tensor m = channel_vector(op, "mean", mean, l.c, x.dtype());
+  const Tensor is = channel_vector(op, "invstd", invstd, l.c, x.dtype());
+  const Tensor w = channel_vector(op, "weight", weight, l.c, x.dtype());
+  const Tensor b = channel_vector(op, "bias", bias, l.c, x.dtype());
+  Tensor y = empty(x.sizes(), x.dtype(), x.device());
+  dispatch_floating(x.dtype(), op, [&]<typename T>() {
+    const T* xp = xc.data_ptr<T>();
+    const T *mp = m.data_ptr<T>(), *ip = is.data_ptr<T>();
+    const T *wp = ptr_or_null<T>(w), *bp = ptr_or_null<T>(b);
+    T* yp = y.data_ptr<T>();
+    parallel_for(0, l.c, channel_grain(l), [&](int64_t lo, int64_t hi) {
+      for (int64_t c = lo; c < hi; ++c) {
+        const double scale = double(ip[c]) * (wp ? double(wp[c]) : 1.0);
+        const double shift = (bp ? double(bp[c]) : 0.0) - double(mp[c]) * scale;
+        channel_affine(xp, yp, l, c, static_cast<T>(scale), static_cast<T>(shift));
+      }
+    });
+  });
+  return y;
+}
+
+// One thread per channel: mean and variance in two passes, then y, while the channel's values
+// are still in cache.
+std::pair<Tensor, BatchNormStats> batch_norm_forward_train(const Tensor& x, const Tensor& weight,
+                                                           const Tensor& bias, double eps) {
+  const char* op = "batch_norm";
+  cpu_only(op, {x, weight, bias});
+  const ChannelLayout l = channel_layout(op, x);
+  const Tensor xc = contiguous(x);
+  const Tensor w = channel_vector(op, "weight", weight, l.c, x.dtype());
+  const Tensor b = channel_vector(op, "bias", bias, l.c, x.dtype());
+  Tensor y = empty(x.sizes(), x.dtype(), x.device());
+  BatchNormStats stats{empty({l.c}, x.dtype()), empty({l.c}, x.dtype()), empty({l.c}, x.dtype()),
+                       l.count()};
+  dispatch_floating(x.dtype(), op, [&]<typename T>() {
+    const T* xp = xc.data_ptr<T>();
+    const T *wp = ptr_or_null<T>(w), *bp = ptr_or_null<T>(b);
+    T* yp = y.data_ptr<T>();
+    T *mean = stats.mean.data_ptr<T>(), *invstd = stats.invstd.data_ptr<T>();
+    T* var = stats.var.data_ptr<T>();
+    parallel_for(0, l.c, channel_grain(l), [&](int64_t lo, int64_t hi) {
+      for (int64_t c = lo; c < hi; ++c) {
+        const auto [m, v] = channel_moments(xp, l, c);
+        const double is = 1.0 / std::sqrt(v + eps);
+        mean[c] = static_cast<T>(m);
+        var[c] = static_cast<T>(v);
+        invstd[c] = static_cast<T>(is);
+        const double scale = is * (wp ? double(wp[c]) : 1.0);
+        const double shift = (bp ? double(bp[c]) : 0.0) - m * scale;
+        channel_affine(xp, yp, l, c, static_cast<T>(scale), static_cast<T>(shift));
+      }
+    });
+  });
+  return {y, stats};
+}
+
+// ---------------------------------------------------------------- batch norm backward
+
+std::pair<Tensor, Tensor> batch_norm_backward_reduce(const Tensor& dy, const Tensor& x,
+                                                     const Tensor& mean, const Tensor& invstd) {
+  const char* op = "batch_norm_backward_reduce";
+  cpu_only(op, {dy, x, mean, invstd});
+  const ChannelLayout l = channel_layout(op, x);
+  LOOM_CHECK(dy.sizes() == x.sizes(), ShapeError, op, ": dy and x differ; got dy=", dy.sizes(),
+             " x=", x.sizes());
+  const Tensor xc = contiguous(x), dyc = contiguous(to_dtype(dy, x.dtype()));
+  const Tensor m = channel_vector(op, "mean", mean, l.c, x.dtype());
+  const Tensor is = channel_vector(op, "invstd", invstd, l.c, x.dtype());
+  Tensor sum_dy = empty({l.c}, x.dtype()), sum_dy_xhat = empty({l.c}, x.dtype());
+  dispatch_floating(x.dtype(), op, [&]<typename T>() {
+    const T *xp = xc.data_ptr<T>(), *gp = dyc.data_ptr<T>();
+    const T *mp = m.data_ptr<T>(), *ip = is.data_ptr<T>();
+    T *sd = sum_dy.data_ptr<T>(), *sdx = sum_dy_xhat.data_ptr<T>();
+    parallel_for(0, l.c, channel_grain(l), [&](int64_t lo, int64_t hi) {
+      for (int64_t c = lo; c < hi; ++c) {
+        const auto [s_dy, s_dy_xmu] = channel_grad_sums(gp, xp, l, c, double(mp[c]));
+        sd[c] = static_cast<T>(s_dy);
+        sdx[c] = static_cast<T>(s_dy_xmu * double(ip[c]));
+      }
+    });
+  });
+  return {sum_dy, sum_dy_xhat};
+}
+
+Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor& mean,
+                                 const Tensor& invstd, const Tensor& weight, const Tensor& sum_dy,
+                                 const Tensor& sum_dy_xhat, int64_t count) {
+  const char* op = "batch_norm_backward_elemt";
+  cpu_only(op, {dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat});
+  const ChannelLayout l = channel_layout(op, x);
+  LOOM_CHECK(dy.sizes() == x.sizes(), ShapeError, op, ": dy and x differ; got dy=", dy.sizes(),
+             " x=", x.sizes());
+  LOOM_CHECK(sum_dy.defined() == sum_dy_xhat.defined(), ValueError, op,
+             ": give both sum_dy and sum_dy_xhat (training) or neither (eval)");
+  const bool training = sum_dy.defined();
+  LOOM_CHECK(!training || count > 0, ValueError, op, ": expected a positive count; got ", count);
+  const Tensor xc = contiguous(x), dyc = contiguous(to_dtype(dy, x.dtype()));
+  const Tensor m = channel_vector(op, "mean", mean, l.c, x.dtype());
+  const Tensor is = channel_vector(op, "invstd", invstd, l.c, x.dtype());
+  const Tensor w = channel_vector(op, "weight", weight, l.c, x.dtype());
+  const Tensor sd = channel_vector(op, "sum_dy", sum_dy, l.c, kFloat64);
+  const Tensor sdx = channel_vector(op, "sum_dy_xhat", sum_dy_xhat, l.c, kFloat64);
+  Tensor dx = empty(x.sizes(), x.dtype(), x.device());
+  dispatch_floating(x.dtype(), op, [&]<typename T>() {
+    const T *xp = xc.data_ptr<T>(), *gp = dyc.data_ptr<T>();
+    const T *mp = m.data_ptr<T>(), *ip = is.data_ptr<T>(), *wp = ptr_or_null<T>(w);
+    const double *sdp = ptr_or_null<double>(sd), *sdxp = ptr_or_null<double>(sdx);
+    T* out = dx.data_ptr<T>();
+    parallel_for(0, l.c, channel_grain(l), [&](int64_t lo, int64_t hi) {
+      for (int64_t c = lo; c < hi; ++c) {
+        const DxCoefficients k = dx_coefficients(
+            wp ? double(wp[c]) : 1.0, double(mp[c]), double(ip[c]), training,
+            training ? sdp[c] : 0.0, training ? sdxp[c] : 0.0, static_cast<double>(count));
+        channel_dx(gp, xp, out, l, c, k.a, k.b, k.k);
+      }
+    });
+  });
+  return dx;
+}
+
+// One thread per channel: the two sums, then dx, while the channel is in cache.
+NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& mean,
+                              const Tensor& invstd, const Tensor& weight, bool training,
+                              std::array<bool, 3> need) {
+  const char* op = "batch_norm_backward";
+  cpu_only(op, {dy, x, mean, invstd, weight});
+  const ChannelLayout l = channel_layout(op, x);
+  LOOM_CHECK(dy.sizes() == x.sizes(), ShapeError, op, ": dy and x differ; got dy=", dy.sizes(),
+             " x=", x.sizes());
+  const Tensor xc = contiguous(x), dyc = contiguous(to_dtype(dy, x.dtype()));
+  const Tensor m = channel_vector(op, "mean", mean, l.c, x.dtype());
+  const Tensor is = channel_vector(op, "invstd", invstd, l.c, x.dtype());
+  const Tensor w = channel_vector(op, "weight", weight, l.c, x.dtype());
+  NormGrads g;
+  if (need[0]) g.dx = empty(x.sizes(), x.dtype(), x.device());
+  if (need[1]) g.dweight = empty({l.c}, x.dtype(), x.device());
+  if (need[2]) g.dbias = empty({l.c}, x.dtype(), x.device());
+  const bool reduce = (need[0] && training) || need[1] || need[2];
+  dispatch_floating(x.dtype(), op, [&]<typename T>() {
+    const T *xp = xc.data_ptr<T>(), *gp = dyc.data_ptr<T>();
+    const T *mp = m.data_ptr<T>(), *ip = is.data_ptr<T>(), *wp = ptr_or_null<T>(w);
+    T *dxp = ptr_or_null<T>(g.dx), *dwp = ptr_or_null<T>(g.dweight), *dbp = ptr_or_null<T>(g.dbias);
+    parallel_for(0, l.c, channel_grain(l), [&](int64_t lo, int64_t hi) {
+      for (int64_t c = lo; c < hi; ++c) {
+        const double mc = double(mp[c]), ic = double(ip[c]);
+        double sum_dy = 0, sum_dy_xhat = 0;
+        if (reduce) {
+          const auto [s_dy, s_dy_xmu] = channel_grad_sums(gp, xp, l, c, mc);
+          sum_dy = s_dy;
+          sum_dy_xhat = s_dy_xmu * ic;
+        }
+        if (dwp) dwp[c] = static_cast<T>(sum_dy_xhat);
+        if (dbp) dbp[c] = static_cast<T>(sum_dy);
+        if (dxp) {
+          const DxCoefficients k =
+              dx_coefficients(wp ? double(wp[c]) : 1.0, mc, ic, training, sum_dy, sum_dy_xhat,
+                              static_cast<double>(l.count()));
+          channel_dx(gp, xp, dxp, l, c, k.a, k.b, k.k);
+        }
+      }
+    });
+  });
+  return g;
+}
+
+// ---------------------------------------------------------------- layer norm
+
+LayerNormForward layer_norm_forward(const Tensor& x, int64_t normalized_numel, const Tensor& weight,
+                                    const Tensor& bias, double eps) {
+  const char* op = "layer_norm";
+  cpu_only(op, {x, weight, bias});
+  const int64_t cols = normalized_numel;
+  LOOM_CHECK(cols >= 0 && (cols == 0 ? x.numel() == 0 : x.numel() % cols == 0), ShapeError, op,
+             ": ", cols, " normalised elements do not divide x=", x.sizes());
+  const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
+  const Tensor xc = contiguous(x);
+  const Tensor w = channel_vector(op, "weight", weight, cols, x.dtype());
+  const Tensor b = channel_vector(op, "bias", bias, cols, x.dtype());
+  LayerNormForward out{empty(x.sizes(), x.dtype(), x.device()), empty({rows}, x.dtype()),
+                       empty({rows}, x.dtype())};
+  dispatch_floating(x.dtype(), op, [&]<typename T>() {
+    const T* xp = xc.data_ptr<T>();
+    const T *wp = ptr_or_null<T>(w), *bp = ptr_or_null<T>(b);
+    T *yp = out.out.data_ptr<T>(), *mean = out.mean.data_ptr<T>(), *rstd = out.rstd.data_ptr<T>();
+    // Rows split across threads.
+    parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)),
+                 [&](int64_t lo, int64_t hi) {
+                   for (int64_t r = lo; r < hi; ++r) {
+                     const T* in = xp + r * cols;
+                     T* o = yp + r * cols;
+                     const double m =
+                         accumulate(cols, [&](int64_t i) { return double(in[i]); }) / cols;
+                     const double v = accumulate(cols,
+                                                 [&](int64_t i) {
+                                                   const double d = double(in[i]) - m;
+                                                   return d * d;
+                                                 }) /
+                                      cols;
+                     const double rs = 1.0 / std::sqrt(v + eps);
+                     mean[r] = static_cast<T>(m);
+                     rstd[r] = static_cast<T>(rs);
+                     const T tm = static_cast<T>(m), trs = static_cast<T>(rs);
+                     if (wp && bp)
+                       for (int64_t i = 0; i < cols; ++i) o[i] = (in[i] - tm) * trs * wp[i] + bp[i];
+                     else if (wp)
+                       for (int64_t i = 0; i < cols; ++i) o[i] = (in[i] - tm) * trs * wp[i];
+                     else if (bp)
+                       for (int64_t i = 0; i < cols; ++i) o[i] = (in[i] - tm) * trs + bp[i];
+                     else
+                       for (int64_t i = 0; i < cols; ++i) o[i] = (in[i] - tm) * trs;
+                   }
+                 });
+  });
+  return out;
+}
+
+NormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& mean,
+                              const Tensor& rstd, const Tensor& weight, int64_t normalized_numel,
+                              std::array<bool, 3> need) {
+  const char* op = "layer_norm_backward";
+  cpu_only(op, {dy, x, mean, rstd, weight});
+  LOOM_CHECK(dy.sizes() == x.sizes(), ShapeError, op, ": dy and x differ; got dy=", dy.sizes(),
+             " x=", x.sizes());
+  const int64_t cols = normalized_numel;
+  const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
+  const Tensor xc = contiguous(x), dyc = contiguous(to_dtype(dy, x.dtype()));
+  const Tensor m = channel_vector(op, "mean", mean, rows, x.dtype());
+  const Tensor rs = channel_vector(op, "rstd", rstd, rows, x.dtype());
+  const Tensor w = channel_vector(op, "weight", weight, cols, x.dtype());
+  NormGrads g;
+  if (need[0]) g.dx = empty(x.sizes(), x.dtype(), x.device());
+  if (need[1]) g.dweight = empty({cols}, x.dtype(), x.device());
+  if (need[2]) g.dbias = empty({cols}, x.dtype(), x.device());
+  dispatch_floating(x.dtype(), op, [&]<typename T>() {
+    const T *xp = xc.data_ptr<T>(), *gp = dyc.data_ptr<T>();
+    const T *mp = m.data_ptr<T>(), *rp = rs.data_ptr<T>(), *wp = ptr_or_null<T>(w);
+    if (T* dxp = ptr_or_null<T>(g.dx)) {
+      // Rows split across threads.
+      parallel_for(
+          0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)),
+          [&](int64_t lo, int64_t hi) {
+            for (int64_t r = lo; r < hi; ++r) {
+              const T *in = xp + r * cols, *d = gp + r * cols;
+              T* out = dxp + r * cols;
+              const double mr = double(mp[r]), rr = double(rp[r]);
+              auto dxhat = [&](int64_t i) { return double(d[i]) * (wp ? double(wp[i]) : 1.0); };
+              const double sum_dxhat = accumulate(cols, dxhat);
+              const double sum_dxhat_xhat =
+                  accumulate(cols, [&](int64_t i) { return dxhat(i) * (double(in[i]) - mr) * rr; });
+              // dx = rr (dxhat - sum_dxhat / D - xhat sum_dxhat_xhat / D), xhat = (x - mr) rr
+              const double c1 = sum_dxhat / cols, c2 = sum_dxhat_xhat / cols;
+              for (int64_t i = 0; i < cols; ++i)
+                out[i] = static_cast<T>(rr * (dxhat(i) - c1 - (double(in[i]) - mr) * rr * c2));
+            }
+          });
+    }
+    T *dwp = ptr_or_null<T>(g.dweight), *dbp = ptr_or_null<T>(g.dbias);
+    if (dwp || dbp) {
+      // Column blocks split across threads; each walks every row of its block.
+      parallel_for(0, cols, std::max<int64_t>(1, kGrain / std::max<int64_t>(rows, 1)),
+                   [&](int64_t lo, int64_t hi) {
+                     std::vector<double> acc_w(hi - lo, 0.0), acc_b(hi - lo, 0.0);
+                     for (int64_t r = 0; r < rows; ++r) {
+                       const T *in = xp + r * cols, *d = gp + r * cols;
+                       const double mr = double(mp[r]), rr = double(rp[r]);
+                       for (int64_t i = lo; i < hi; ++i) {
+                         acc_w[i - lo] += double(d[i]) * (double(in[i]) - mr) * rr;
+                         acc_b[i - lo] += double(d[i]);
+                       }
+                     }
+                     for (int64_t i = lo; i < hi; ++i) {
+                       if (dwp) dwp[i] = static_cast<T>(acc_w[i - lo]);
+                       if (dbp) dbp[i] = static_cast<T>(acc_b[i - lo]);
+                     }
+                   });
+    }
+  });
+  return g;
+}
+
+}  // namespace loom::kernels

@@ -1,0 +1,94 @@
+// tensor/norm.h — batch norm and layer norm kernels, forward and backward (no autograd:
+// autograd/ops/norm.cpp wraps them). Batch norm comes both fused (one channel per thread, its
+// data read while hot in cache) and in the pieces SyncBatchNorm reuses; see Note [Batch norm
+// pieces]. Layout legend: x [N, C, *] seen as [N, C, S] (S = product of the spatial dims).
+#pragma once
+
+#include <array>
+#include <utility>
+
+#include "tensor/tensor.h"
+
+namespace loom::kernels {
+
+// Note [Batch norm pieces]
+// Training-mode batch norm needs two reductions per channel that a distributed version must
+// allreduce between ranks, so each is its own kernel:
+//   forward:  batch_norm_sums (local sum, sum of squares)  --allreduce-->
+//             batch_norm_stats_from_sums (mean, invstd)     -> batch_norm_elemt (normalise)
+//   backward: batch_norm_backward_reduce (local sum(dy), sum(dy x_hat))  --allreduce-->
+//             batch_norm_backward_elemt (dx from the global sums and the global count)
+// where x_hat = (x - mean) invstd and, per channel over the M values normalised together,
+//   dx = weight invstd (dy - sum(dy) / M - x_hat sum(dy x_hat) / M).
+// The local sums of backward_reduce are also dbias and dweight. On one device
+// batch_norm_forward_train and batch_norm_backward do the same in one pass over the channels.
+
+// A channel's statistics: mean and invstd = 1 / sqrt(var + eps) normalise; the biased var and
+// the count of values behind it give the unbiased variance of the running statistics.
+struct BatchNormStats {
+  Tensor mean;    // [C], x's dtype
+  Tensor invstd;  // [C]
+  Tensor var;     // [C], biased
+  int64_t count = 0;
+};
+
+struct BatchNormSums {
+  Tensor sum;         // [C] float64, whatever x's dtype: E[x^2] - mean^2 keeps its precision
+  Tensor sum_sq;      // [C] float64
+  int64_t count = 0;  // N * S
+};
+
+// Gradients of a normalisation (batch or layer norm); undefined where not asked for.
+struct NormGrads {
+  Tensor dx, dweight, dbias;
+};
+
+// Per-channel sum and sum of squares of x [N, C, *] (to allreduce across ranks).
+BatchNormSums batch_norm_sums(const Tensor& x);
+// Statistics from (possibly allreduced) sums over `count` values per channel, in `dtype`.
+BatchNormStats batch_norm_stats_from_sums(const Tensor& sum, const Tensor& sum_sq, int64_t count,
+                                          double eps, DType dtype);
+// Statistics of x [N, C, *] itself (two passes per channel: mean, then centred squares).
+BatchNormStats batch_norm_stats(const Tensor& x, double eps);
+// invstd = 1 / sqrt(var + eps) of given (running) variances.
+Tensor batch_norm_invstd(const Tensor& var, double eps);
+// running = (1 - momentum) running + momentum stat, with the unbiased variance
+// var count / (count - 1) for running_var. Either may be undefined. Bumps their versions.
+void batch_norm_update_running_stats_(const Tensor& running_mean, const Tensor& running_var,
+                                      const BatchNormStats& stats, double momentum);
+// y = (x - mean) invstd weight + bias per channel; weight and bias may be undefined.
+Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invstd,
+                        const Tensor& weight, const Tensor& bias);
+// Fused training forward: the batch's statistics, then y, one channel per thread.
+std::pair<Tensor, BatchNormStats> batch_norm_forward_train(const Tensor& x, const Tensor& weight,
+                                                           const Tensor& bias, double eps);
+
+// Per-channel sum(dy) and sum(dy x_hat) (= dbias and dweight on one device).
+std::pair<Tensor, Tensor> batch_norm_backward_reduce(const Tensor& dy, const Tensor& x,
+                                                     const Tensor& mean, const Tensor& invstd);
+// dx from the sums over `count` values per channel (Note [Batch norm pieces]). With sum_dy and
+// sum_dy_xhat undefined the statistics are constants (eval mode): dx = dy weight invstd.
+Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor& mean,
+                                 const Tensor& invstd, const Tensor& weight, const Tensor& sum_dy,
+                                 const Tensor& sum_dy_xhat, int64_t count);
+// Fused single-device backward. training: through the batch statistics; otherwise mean and
+// invstd are constants. need = {dx, dweight, dbias}.
+NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& mean,
+                              const Tensor& invstd, const Tensor& weight, bool training,
+                              std::array<bool, 3> need);
+
+// Layer norm over the trailing dims whose product is `normalized_numel`: x seen as [M, D].
+struct LayerNormForward {
+  Tensor out;
+  Tensor mean;  // [M]
+  Tensor rstd;  // [M], 1 / sqrt(var + eps)
+};
+LayerNormForward layer_norm_forward(const Tensor& x, int64_t normalized_numel, const Tensor& weight,
+                                    const Tensor& bias, double eps);
+// d layer_norm: dx = rstd (dx_hat - mean(dx_hat) - x_hat mean(dx_hat x_hat)), dx_hat = dy weight;
+// dweight = sum_rows(dy x_hat); dbias = sum_rows(dy). need = {dx, dweight, dbias}.
+NormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& mean,
+                              const Tensor& rstd, const Tensor& weight, int64_t normalized_numel,
+                              std::array<bool, 3> need);
+
+}  // namespace loom::kernels
