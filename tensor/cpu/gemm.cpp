@@ -126,22 +126,39 @@ void pack_b(bool trans, const float* b, int64_t ldb, int64_t p0, int64_t kc, int
   }
 }
 
-// C[0:mr, 0:nr] += alpha * sum_p A_panel[p][0:6] (outer) B_panel[p][0:16]. Twelve accumulators:
-// row i of the tile is two 8-float registers.
+// C[0:mr, 0:nr] += alpha * sum_p A_panel[p][0:6] (outer) B_panel[p][0:16]. Twelve accumulators,
+// row i of the tile in c<i>0 (columns 0-7) and c<i>1 (columns 8-15). They are twelve named
+// variables rather than an array: GCC keeps an array of __m256 in memory and stores it back on
+// every iteration, which halves the kernel's speed.
 void micro_kernel(int64_t kc, const float* a, const float* b, float alpha, float* c, int64_t ldc,
                   int64_t mr, int64_t nr) {
-  __m256 acc[kMR][2];
-  for (int i = 0; i < kMR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+  __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
   for (int64_t p = 0; p < kc; ++p) {
     const __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
-    for (int i = 0; i < kMR; ++i) {
-      const __m256 ai = _mm256_broadcast_ss(a + i);
-      acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
-      acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
-    }
+    __m256 ai = _mm256_broadcast_ss(a + 0);
+    c00 = _mm256_fmadd_ps(ai, b0, c00);
+    c01 = _mm256_fmadd_ps(ai, b1, c01);
+    ai = _mm256_broadcast_ss(a + 1);
+    c10 = _mm256_fmadd_ps(ai, b0, c10);
+    c11 = _mm256_fmadd_ps(ai, b1, c11);
+    ai = _mm256_broadcast_ss(a + 2);
+    c20 = _mm256_fmadd_ps(ai, b0, c20);
+    c21 = _mm256_fmadd_ps(ai, b1, c21);
+    ai = _mm256_broadcast_ss(a + 3);
+    c30 = _mm256_fmadd_ps(ai, b0, c30);
+    c31 = _mm256_fmadd_ps(ai, b1, c31);
+    ai = _mm256_broadcast_ss(a + 4);
+    c40 = _mm256_fmadd_ps(ai, b0, c40);
+    c41 = _mm256_fmadd_ps(ai, b1, c41);
+    ai = _mm256_broadcast_ss(a + 5);
+    c50 = _mm256_fmadd_ps(ai, b0, c50);
+    c51 = _mm256_fmadd_ps(ai, b1, c51);
     a += kMR;
     b += kNR;
   }
+  const __m256 acc[kMR][2] = {{c00, c01}, {c10, c11}, {c20, c21},
+                              {c30, c31}, {c40, c41}, {c50, c51}};
   const __m256 va = _mm256_set1_ps(alpha);
   if (mr == kMR && nr == kNR) {
     for (int i = 0; i < kMR; ++i) {
