@@ -1,0 +1,239 @@
+// bench/conv_bench.cpp — conv2d on the ResNet-18 (CIFAR) layer shapes at batch 64, float32:
+// forward and backward (data + weight) times, GFLOP/s, and PyTorch's times for the same layers
+// measured in the same run by bench/conv_torch.py, with the ratio loom / PyTorch per layer.
+// PyTorch runs as a co-process (--serve) and the two alternate repetition by repetition, so
+// that load from other processes on the machine falls on both alike. Times are medians.
+//
+//   conv_bench [--threads N (2)] [--repeats R (7)] [--batch B (64)] [--layer I]
+//              [--algorithm auto|packed|im2col] [--no-torch] [--python PATH] [--script PATH]
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "loom.h"
+#include "tensor/conv.h"
+
+namespace {
+
+using loom::Tensor;
+using nlohmann::json;
+
+struct Layer {
+  int64_t c, hw, o, k, stride, pad;
+  const char* name;
+};
+
+// The convolutions of ResNet-18 on 32x32 CIFAR images.
+const std::vector<Layer> kLayers = {
+    {3, 32, 64, 3, 1, 1, "3->64 3x3 32"},          {64, 32, 64, 3, 1, 1, "64->64 3x3 32"},
+    {64, 32, 128, 3, 2, 1, "64->128 3x3 s2 32"},   {64, 32, 128, 1, 2, 0, "64->128 1x1 s2 32"},
+    {128, 16, 128, 3, 1, 1, "128->128 3x3 16"},    {128, 16, 256, 3, 2, 1, "128->256 3x3 s2 16"},
+    {128, 16, 256, 1, 2, 0, "128->256 1x1 s2 16"}, {256, 8, 256, 3, 1, 1, "256->256 3x3 8"},
+    {256, 8, 512, 3, 2, 1, "256->512 3x3 s2 8"},   {256, 8, 512, 1, 2, 0, "256->512 1x1 s2 8"},
+    {512, 4, 512, 3, 1, 1, "512->512 3x3 4"},
+};
+
+template <typename F>
+double timed_ms(F&& f) {
+  const auto start = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// conv_torch.py --serve behind two pipes; one JSON line per request.
+class TorchPeer {
+ public:
+  bool start(const std::string& python, const std::string& script, int threads) {
+    int to_child[2], from_child[2];
+    if (pipe(to_child) != 0 || pipe(from_child) != 0) return false;
+    pid_ = fork();
+    if (pid_ < 0) return false;
+    if (pid_ == 0) {
+      dup2(to_child[0], STDIN_FILENO);
+      dup2(from_child[1], STDOUT_FILENO);
+      close(to_child[1]);
+      close(from_child[0]);
+      const std::string t = std::to_string(threads);
+      execl(python.c_str(), python.c_str(), script.c_str(), "--serve", "--threads", t.c_str(),
+            static_cast<char*>(nullptr));
+      std::printf("{\"error\": \"cannot run %s\"}\n", python.c_str());
+      std::fflush(stdout);
+      _exit(1);
+    }
+    close(to_child[0]);
+    close(from_child[1]);
+    to_ = fdopen(to_child[1], "w");
+    from_ = fdopen(from_child[0], "r");
+    header_ = read();
+    return header_.is_object() && !header_.contains("error");
+  }
+  const json& header() const { return header_; }
+  json request(const std::string& line) {
+    std::fprintf(to_, "%s\n", line.c_str());
+    std::fflush(to_);
+    return read();
+  }
+  ~TorchPeer() {
+    if (to_) std::fclose(to_);
+    if (from_) std::fclose(from_);
+    if (pid_ > 0) waitpid(pid_, nullptr, 0);
+  }
+
+ private:
+  json read() {
+    std::string line;
+    for (int ch; (ch = std::fgetc(from_)) != EOF && ch != '\n';)
+      line.push_back(static_cast<char>(ch));
+    return json::parse(line, nullptr, /*allow_exceptions=*/false);
+  }
+  pid_t pid_ = -1;
+  FILE* to_ = nullptr;
+  FILE* from_ = nullptr;
+  json header_;
+};
+
+struct Times {
+  double forward_ms = 0, backward_ms = 0;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 2, repeats = 7, only = -1;
+  int64_t batch = 64;
+  bool with_torch = true;
+  std::string python = "/usr/bin/python3", algorithm = "auto";
+  std::string script = (std::filesystem::path(__FILE__).parent_path() / "conv_torch.py").string();
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", arg.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (arg == "--threads")
+      threads = std::max(1, std::stoi(next()));
+    else if (arg == "--repeats")
+      repeats = std::max(1, std::stoi(next()));
+    else if (arg == "--batch")
+      batch = std::max<int64_t>(1, std::stoll(next()));
+    else if (arg == "--layer")
+      only = std::stoi(next());
+    else if (arg == "--algorithm")
+      algorithm = next();
+    else if (arg == "--no-torch")
+      with_torch = false;
+    else if (arg == "--python")
+      python = next();
+    else if (arg == "--script")
+      script = next();
+    else {
+      std::fprintf(stderr,
+                   "usage: %s [--threads N] [--repeats R] [--batch B] [--layer I] "
+                   "[--algorithm auto|packed|im2col] [--no-torch] [--python PATH] "
+                   "[--script PATH]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  using loom::kernels::Conv2dAlgorithm;
+  loom::kernels::set_conv2d_algorithm(algorithm == "packed"   ? Conv2dAlgorithm::kPacked
+                                      : algorithm == "im2col" ? Conv2dAlgorithm::kIm2colGemm
+                                                              : Conv2dAlgorithm::kAuto);
+  loom::set_num_threads(threads);
+  loom::manual_seed(0);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  TorchPeer torch;
+  const bool have_torch = with_torch && torch.start(python, script, threads);
+  if (with_torch && !have_torch)
+    std::printf("PyTorch not measured: %s\n", torch.header().is_object()
+                                                  ? torch.header().value("error", "?").c_str()
+                                                  : "no answer from conv_torch.py");
+
+  std::vector<size_t> rows;
+  std::vector<Times> loom_times, torch_times;
+  std::vector<double> gflop;  // forward GFLOP per layer; the backward is twice that
+  for (size_t i = 0; i < kLayers.size(); ++i) {
+    if (only >= 0 && static_cast<size_t>(only) != i) continue;
+    const Layer& l = kLayers[i];
+    const Tensor x = loom::randn({batch, l.c, l.hw, l.hw});
+    const Tensor w = loom::randn({l.o, l.c, l.k, l.k}).mul_(0.1);
+    const loom::kernels::Conv2dOptions options{{l.stride, l.stride}, {l.pad, l.pad}, {1, 1}, 1};
+    const Tensor dy = loom::randn(loom::kernels::conv2d_output_shape(x, w, Tensor(), options));
+    auto forward = [&] { loom::kernels::conv2d(x, w, Tensor(), options); };
+    auto backward = [&] { loom::kernels::conv2d_backward(dy, x, w, options, {true, true, false}); };
+    for (int r = 0; r < 2; ++r) forward(), backward();  // warm-up
+    if (have_torch)
+      torch.request(loom::detail::str("layer ", batch, ",", l.c, ",", l.hw, ",", l.hw, ",", l.o,
+                                      ",", l.k, ",", l.stride, ",", l.pad));
+    std::vector<double> fwd, bwd, pt_fwd, pt_bwd;
+    for (int r = 0; r < repeats; ++r) {
+      fwd.push_back(timed_ms(forward));
+      if (have_torch) pt_fwd.push_back(torch.request("fwd").value("ms", 0.0));
+      bwd.push_back(timed_ms(backward));
+      if (have_torch) pt_bwd.push_back(torch.request("bwd").value("ms", 0.0));
+    }
+    rows.push_back(i);
+    gflop.push_back(2.0 * static_cast<double>(dy.numel()) * static_cast<double>(l.c * l.k * l.k) *
+                    1e-9);
+    loom_times.push_back({median(fwd), median(bwd)});
+    if (have_torch) torch_times.push_back({median(pt_fwd), median(pt_bwd)});
+  }
+
+  std::printf("conv2d float32, batch %lld, %d threads, median of %d, algorithm %s",
+              static_cast<long long>(batch), threads, repeats, algorithm.c_str());
+  if (have_torch)
+    std::printf(
+        "; PyTorch %s (%d threads, mkldnn %s)", torch.header()["torch"].get<std::string>().c_str(),
+        torch.header()["threads"].get<int>(), torch.header()["mkldnn"].get<bool>() ? "on" : "off");
+  std::printf("\n%-20s %8s %6s %8s %6s", "layer", "fwd ms", "GF/s", "bwd ms", "GF/s");
+  if (have_torch)
+    std::printf(" | %8s %6s %8s %6s | %6s %6s %6s", "pt fwd", "GF/s", "pt bwd", "GF/s", "fwd x",
+                "bwd x", "both x");
+  std::printf("\n");
+  Times total, total_torch;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const Times& t = loom_times[r];
+    std::printf("%-20s %8.2f %6.1f %8.2f %6.1f", kLayers[rows[r]].name, t.forward_ms,
+                gflop[r] / t.forward_ms * 1e3, t.backward_ms, 2 * gflop[r] / t.backward_ms * 1e3);
+    total.forward_ms += t.forward_ms, total.backward_ms += t.backward_ms;
+    if (have_torch) {
+      const Times& p = torch_times[r];
+      std::printf(" | %8.2f %6.1f %8.2f %6.1f | %6.2f %6.2f %6.2f", p.forward_ms,
+                  gflop[r] / p.forward_ms * 1e3, p.backward_ms, 2 * gflop[r] / p.backward_ms * 1e3,
+                  t.forward_ms / p.forward_ms, t.backward_ms / p.backward_ms,
+                  (t.forward_ms + t.backward_ms) / (p.forward_ms + p.backward_ms));
+      total_torch.forward_ms += p.forward_ms, total_torch.backward_ms += p.backward_ms;
+    }
+    std::printf("\n");
+  }
+  std::printf("%-20s %8.2f %6s %8.2f %6s", "total", total.forward_ms, "", total.backward_ms, "");
+  if (have_torch)
+    std::printf(" | %8.2f %6s %8.2f %6s | %6.2f %6.2f %6.2f", total_torch.forward_ms, "",
+                total_torch.backward_ms, "", total.forward_ms / total_torch.forward_ms,
+                total.backward_ms / total_torch.backward_ms,
+                (total.forward_ms + total.backward_ms) /
+                    (total_torch.forward_ms + total_torch.backward_ms));
+  std::printf("\n");
+  if (have_torch) std::printf("x = loom time / PyTorch time: below 1 means loom is faster\n");
+  return 0;
+}

@@ -1,0 +1,70 @@
+// tensor/conv.h — convolution and pooling kernels over NCHW tensors, forward and backward, with
+// no autograd (autograd/ops/conv.cpp wraps them). conv2d is GEMM on the patches of the input
+// (tensor/cpu/conv.cpp, Note [conv2d on the CPU]); pooling is tensor/cpu/pool.cpp. Shapes,
+// defaults and errors follow PyTorch.
+#pragma once
+
+#include <array>
+#include <utility>
+
+#include "tensor/tensor.h"
+
+namespace loom::kernels {
+
+using Pair = std::array<int64_t, 2>;  // (height, width)
+
+struct Conv2dOptions {
+  Pair stride{1, 1};
+  Pair padding{0, 0};
+  Pair dilation{1, 1};
+  int64_t groups = 1;
+};
+
+// Checks x [N,C,H,W], weight [O,C/groups,kh,kw], bias [O] (or undefined) and the options;
+// returns the output shape [N,O,Ho,Wo] with Ho = (H + 2 ph - dh (kh-1) - 1) / sh + 1.
+Shape conv2d_output_shape(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                          const Conv2dOptions& options);
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+              const Conv2dOptions& options);
+
+// How conv2d multiplies (Note [conv2d on the CPU]): kAuto picks per call; the others force one
+// path (tests compare them, benchmarks time them).
+enum class Conv2dAlgorithm { kAuto, kIm2colGemm, kPacked };
+void set_conv2d_algorithm(Conv2dAlgorithm algorithm);
+Conv2dAlgorithm get_conv2d_algorithm();
+
+// The gradients conv2d's backward asked for (needs = {dx, dweight, dbias}); others undefined.
+struct Conv2dGrads {
+  Tensor dx, dweight, dbias;
+};
+Conv2dGrads conv2d_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
+                            const Conv2dOptions& options, std::array<bool, 3> needs);
+
+// Pooling windows. stride {0,0} means "the kernel size", as PyTorch's default. dilation is
+// used by max pooling only, count_include_pad by average pooling only.
+struct Pool2dOptions {
+  Pair kernel{1, 1};
+  Pair stride{0, 0};
+  Pair padding{0, 0};
+  Pair dilation{1, 1};
+  bool ceil_mode = false;
+  bool count_include_pad = true;
+};
+
+// PyTorch's pooling output size: floor (or ceil) of (in + 2 pad - dilation (k-1) - 1) / stride
+// + 1, and with ceil_mode the last window must start inside the input or the left padding.
+int64_t pool_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t padding,
+                         int64_t dilation, bool ceil_mode);
+
+// Returns (values, int64 indices of each maximum within its H*W input plane).
+std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dOptions& options);
+Tensor max_pool2d_backward(const Tensor& dout, const Tensor& indices, const Shape& x_shape);
+
+Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& options);
+Tensor avg_pool2d_backward(const Tensor& dout, const Shape& x_shape, const Pool2dOptions& options);
+
+// Output cell i averages input rows [floor(i In / Out), ceil((i+1) In / Out)), likewise columns.
+Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size);
+Tensor adaptive_avg_pool2d_backward(const Tensor& dout, const Shape& x_shape);
+
+}  // namespace loom::kernels

@@ -1,0 +1,306 @@
+// tensor/cpu/pool.cpp — max, average and adaptive average pooling over NCHW tensors on the CPU,
+// forward and backward, with PyTorch's output sizes and window rules. Each (n, c) plane is
+// independent: threads take contiguous ranges of planes, so the backward needs no atomics.
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "tensor/checks.h"
+#include "tensor/conv.h"
+#include "tensor/copy.h"
+#include "tensor/dispatch.h"
+#include "tensor/parallel.h"
+
+namespace loom::kernels {
+
+namespace {
+
+// B,C planes of H x W in, Ho x Wo out.
+struct PoolGeometry {
+  int64_t planes, h, w, ho, wo;
+  Pair kernel, stride, padding, dilation;
+};
+
+// Checks x and the options as PyTorch does; stride {0,0} becomes the kernel size.
+PoolGeometry pool_geometry(const char* op, const Shape& x, const Pool2dOptions& opt, bool dilated) {
+  LOOM_CHECK(x.size() == 4, ShapeError, op, ": expected a 4-D input x [N, C, H, W]; got x=", x);
+  const Pair stride = opt.stride == Pair{0, 0} ? opt.kernel : opt.stride;
+  const Pair dilation = dilated ? opt.dilation : Pair{1, 1};
+  auto pair = [](Pair p) { return detail::str("(", p[0], ", ", p[1], ")"); };
+  LOOM_CHECK(opt.kernel[0] >= 1 && opt.kernel[1] >= 1, ValueError, op,
+             ": expected kernel >= 1; got kernel=", pair(opt.kernel), " x=", x);
+  LOOM_CHECK(stride[0] >= 1 && stride[1] >= 1, ValueError, op,
+             ": expected stride >= 1 (or (0, 0) for the kernel size); got stride=",
+             pair(opt.stride), " x=", x);
+  LOOM_CHECK(dilation[0] >= 1 && dilation[1] >= 1, ValueError, op,
+             ": expected dilation >= 1; got dilation=", pair(opt.dilation), " x=", x);
+  LOOM_CHECK(opt.padding[0] >= 0 && opt.padding[1] >= 0 && opt.padding[0] <= opt.kernel[0] / 2 &&
+                 opt.padding[1] <= opt.kernel[1] / 2,
+             ValueError, op,
+             ": padding must be between 0 and half the kernel; got padding=", pair(opt.padding),
+             " kernel=", pair(opt.kernel), " x=", x);
+  PoolGeometry g;
+  g.planes = x[0] * x[1], g.h = x[2], g.w = x[3];
+  g.ho =
+      pool_output_size(g.h, opt.kernel[0], stride[0], opt.padding[0], dilation[0], opt.ceil_mode);
+  g.wo =
+      pool_output_size(g.w, opt.kernel[1], stride[1], opt.padding[1], dilation[1], opt.ceil_mode);
+  LOOM_CHECK(g.ho >= 1 && g.wo >= 1, ShapeError, op, ": output size is too small; x=", x,
+             " gives [", x[0], ", ", x[1], ", ", g.ho, ", ", g.wo,
+             "] with kernel=", pair(opt.kernel), " stride=", pair(stride),
+             " padding=", pair(opt.padding), " dilation=", pair(dilation));
+  g.kernel = opt.kernel, g.stride = stride, g.padding = opt.padding, g.dilation = dilation;
+  return g;
+}
+
+// Runs plane(i) for planes [0, planes) in parallel; `work` is the cost of one plane.
+template <typename F>
+void for_planes(int64_t planes, int64_t work, F&& plane) {
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(work, 1));
+  parallel_for(0, planes, grain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) plane(i);
+  });
+}
+
+void check_grad(const char* op, const Tensor& dout, const Shape& x_shape, const PoolGeometry& g) {
+  LOOM_CHECK(dout.dim() == 4 && dout.size(0) * dout.size(1) == g.planes && dout.size(2) == g.ho &&
+                 dout.size(3) == g.wo,
+             ShapeError, op, ": dout=", dout.sizes(), " does not match the output of x=", x_shape);
+}
+
+// Average pooling window [h0, h1) x [w0, w1) of output (oh, ow), clamped to the input, and the
+// divisor, as PyTorch: the window size counted up to the padded edge (count_include_pad) or
+// the number of input elements it covers.
+struct AvgWindow {
+  int64_t h0, h1, w0, w1, divisor;
+};
+
+AvgWindow avg_window(const PoolGeometry& g, int64_t oh, int64_t ow, bool count_include_pad) {
+  AvgWindow win;
+  win.h0 = oh * g.stride[0] - g.padding[0];
+  win.w0 = ow * g.stride[1] - g.padding[1];
+  win.h1 = std::min(win.h0 + g.kernel[0], g.h + g.padding[0]);
+  win.w1 = std::min(win.w0 + g.kernel[1], g.w + g.padding[1]);
+  const int64_t padded_size = (win.h1 - win.h0) * (win.w1 - win.w0);
+  win.h0 = std::max<int64_t>(win.h0, 0), win.w0 = std::max<int64_t>(win.w0, 0);
+  win.h1 = std::min(win.h1, g.h), win.w1 = std::min(win.w1, g.w);
+  win.divisor = count_include_pad ? padded_size : (win.h1 - win.h0) * (win.w1 - win.w0);
+  return win;
+}
+
+}  // namespace
+
+int64_t pool_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t padding,
+                         int64_t dilation, bool ceil_mode) {
+  const int64_t numer =
+      in + 2 * padding - dilation * (kernel - 1) - 1 + (ceil_mode ? stride - 1 : 0);
+  int64_t out = (numer >= 0 ? numer / stride : -((-numer + stride - 1) / stride)) + 1;
+  if (ceil_mode && (out - 1) * stride >= in + padding) --out;  // the last window starts inside
+  return out;
+}
+
+std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dOptions& options) {
+  const PoolGeometry g = pool_geometry("max_pool2d", x.sizes(), options, /*dilated=*/true);
+  if (x.is_cuda()) no_cuda_kernel("max_pool2d");
+  Tensor out = empty({x.size(0), x.size(1), g.ho, g.wo}, x.dtype(), x.device());
+  Tensor indices = empty(out.sizes(), kInt64, x.device());
+  const Tensor xc = contiguous(x);
+  dispatch_floating(x.dtype(), "max_pool2d", [&]<typename T>() {
+    const T* src = xc.data_ptr<T>();
+    T* dst = out.data_ptr<T>();
+    int64_t* idx = indices.data_ptr<int64_t>();
+    const auto [kh, kw] = g.kernel;
+    const auto [dh, dw] = g.dilation;
+    for_planes(g.planes, g.ho * g.wo * kh * kw, [&](int64_t plane) {
+      const T* in = src + plane * g.h * g.w;
+      T* o = dst + plane * g.ho * g.wo;
+      int64_t* oi = idx + plane * g.ho * g.wo;
+      for (int64_t oh = 0; oh < g.ho; ++oh) {
+        int64_t h0 = oh * g.stride[0] - g.padding[0];
+        const int64_t h1 = std::min(h0 + (kh - 1) * dh + 1, g.h);
+        while (h0 < 0) h0 += dh;
+        for (int64_t ow = 0; ow < g.wo; ++ow) {
+          int64_t w0 = ow * g.stride[1] - g.padding[1];
+          const int64_t w1 = std::min(w0 + (kw - 1) * dw + 1, g.w);
+          while (w0 < 0) w0 += dw;
+          // -inf and index -1 only for a window that holds no input (the backward skips it).
+          T best = -std::numeric_limits<T>::infinity();
+          int64_t best_index = h0 < h1 && w0 < w1 ? h0 * g.w + w0 : -1;
+          for (int64_t ih = h0; ih < h1; ih += dh) {
+            for (int64_t iw = w0; iw < w1; iw += dw) {
+              const T v = in[ih * g.w + iw];
+              if (v > best || std::isnan(v)) {  // NaN propagates, as PyTorch
+                best = v;
+                best_index = ih * g.w + iw;
+              }
+            }
+          }
+          o[oh * g.wo + ow] = best;
+          oi[oh * g.wo + ow] = best_index;
+        }
+      }
+    });
+  });
+  return {out, indices};
+}
+
+// dx: each output's gradient added at the input position of its maximum.
+Tensor max_pool2d_backward(const Tensor& dout, const Tensor& indices, const Shape& x_shape) {
+  LOOM_CHECK(x_shape.size() == 4 && dout.dim() == 4 && indices.sizes() == dout.sizes() &&
+                 dout.size(0) == x_shape[0] && dout.size(1) == x_shape[1],
+             ShapeError, "max_pool2d_backward: dout=", dout.sizes(), " indices=", indices.sizes(),
+             " do not match x=", x_shape);
+  LOOM_CHECK(indices.dtype() == kInt64, DTypeError,
+             "max_pool2d_backward: expected int64 indices; got ", indices.dtype());
+  if (dout.is_cuda()) no_cuda_kernel("max_pool2d_backward");
+  Tensor dx = empty(x_shape, dout.dtype(), dout.device());
+  const Tensor dc = contiguous(dout), ic = contiguous(indices);
+  const int64_t planes = x_shape[0] * x_shape[1], in_plane = x_shape[2] * x_shape[3];
+  const int64_t out_plane = dout.size(2) * dout.size(3);
+  dispatch_floating(dout.dtype(), "max_pool2d_backward", [&]<typename T>() {
+    const T* dy = dc.data_ptr<T>();
+    const int64_t* idx = ic.data_ptr<int64_t>();
+    T* d = dx.data_ptr<T>();
+    for_planes(planes, in_plane + out_plane, [&](int64_t plane) {
+      T* dplane = d + plane * in_plane;
+      std::fill(dplane, dplane + in_plane, T(0));
+      for (int64_t i = plane * out_plane; i < (plane + 1) * out_plane; ++i)
+        if (idx[i] >= 0 && idx[i] < in_plane) dplane[idx[i]] += dy[i];
+    });
+  });
+  return dx;
+}
+
+Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& options) {
+  const PoolGeometry g = pool_geometry("avg_pool2d", x.sizes(), options, /*dilated=*/false);
+  if (x.is_cuda()) no_cuda_kernel("avg_pool2d");
+  Tensor out = empty({x.size(0), x.size(1), g.ho, g.wo}, x.dtype(), x.device());
+  const Tensor xc = contiguous(x);
+  dispatch_floating(x.dtype(), "avg_pool2d", [&]<typename T>() {
+    const T* src = xc.data_ptr<T>();
+    T* dst = out.data_ptr<T>();
+    for_planes(g.planes, g.ho * g.wo * g.kernel[0] * g.kernel[1], [&](int64_t plane) {
+      const T* in = src + plane * g.h * g.w;
+      T* o = dst + plane * g.ho * g.wo;
+      for (int64_t oh = 0; oh < g.ho; ++oh) {
+        for (int64_t ow = 0; ow < g.wo; ++ow) {
+          const AvgWindow win = avg_window(g, oh, ow, options.count_include_pad);
+          T sum = 0;
+          for (int64_t ih = win.h0; ih < win.h1; ++ih)
+            for (int64_t iw = win.w0; iw < win.w1; ++iw) sum += in[ih * g.w + iw];
+          o[oh * g.wo + ow] = win.divisor > 0 && win.h0 < win.h1 && win.w0 < win.w1
+                                  ? sum / static_cast<T>(win.divisor)
+                                  : T(0);
+        }
+      }
+    });
+  });
+  return out;
+}
+
+// dx[i] = sum over the windows w holding i of dout[w] / divisor(w)
+Tensor avg_pool2d_backward(const Tensor& dout, const Shape& x_shape, const Pool2dOptions& options) {
+  const PoolGeometry g = pool_geometry("avg_pool2d_backward", x_shape, options, false);
+  check_grad("avg_pool2d_backward", dout, x_shape, g);
+  if (dout.is_cuda()) no_cuda_kernel("avg_pool2d_backward");
+  Tensor dx = empty(x_shape, dout.dtype(), dout.device());
+  const Tensor dc = contiguous(dout);
+  dispatch_floating(dout.dtype(), "avg_pool2d_backward", [&]<typename T>() {
+    const T* dy = dc.data_ptr<T>();
+    T* d = dx.data_ptr<T>();
+    for_planes(g.planes, g.ho * g.wo * g.kernel[0] * g.kernel[1], [&](int64_t plane) {
+      T* dplane = d + plane * g.h * g.w;
+      const T* dyp = dy + plane * g.ho * g.wo;
+      std::fill(dplane, dplane + g.h * g.w, T(0));
+      for (int64_t oh = 0; oh < g.ho; ++oh) {
+        for (int64_t ow = 0; ow < g.wo; ++ow) {
+          const AvgWindow win = avg_window(g, oh, ow, options.count_include_pad);
+          if (win.divisor <= 0) continue;
+          const T share = dyp[oh * g.wo + ow] / static_cast<T>(win.divisor);
+          for (int64_t ih = win.h0; ih < win.h1; ++ih)
+            for (int64_t iw = win.w0; iw < win.w1; ++iw) dplane[ih * g.w + iw] += share;
+        }
+      }
+    });
+  });
+  return dx;
+}
+
+namespace {
+
+// Adaptive pooling's window along one dim: [floor(i in / out), ceil((i+1) in / out)).
+inline int64_t adaptive_start(int64_t i, int64_t in, int64_t out) { return i * in / out; }
+inline int64_t adaptive_end(int64_t i, int64_t in, int64_t out) {
+  return ((i + 1) * in + out - 1) / out;
+}
+
+}  // namespace
+
+Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size) {
+  LOOM_CHECK(x.dim() == 4, ShapeError,
+             "adaptive_avg_pool2d: expected a 4-D input x [N, C, H, W]; got x=", x.sizes());
+  LOOM_CHECK(output_size[0] >= 1 && output_size[1] >= 1, ValueError,
+             "adaptive_avg_pool2d: expected output_size >= 1; got output_size=(", output_size[0],
+             ", ", output_size[1], ") x=", x.sizes());
+  LOOM_CHECK(x.size(2) >= 1 && x.size(3) >= 1, ShapeError,
+             "adaptive_avg_pool2d: expected a non-empty input plane; got x=", x.sizes());
+  if (x.is_cuda()) no_cuda_kernel("adaptive_avg_pool2d");
+  const auto [ho, wo] = output_size;
+  const int64_t h = x.size(2), w = x.size(3), planes = x.size(0) * x.size(1);
+  Tensor out = empty({x.size(0), x.size(1), ho, wo}, x.dtype(), x.device());
+  const Tensor xc = contiguous(x);
+  dispatch_floating(x.dtype(), "adaptive_avg_pool2d", [&]<typename T>() {
+    const T* src = xc.data_ptr<T>();
+    T* dst = out.data_ptr<T>();
+    for_planes(planes, h * w + ho * wo, [&](int64_t plane) {
+      const T* in = src + plane * h * w;
+      T* o = dst + plane * ho * wo;
+      for (int64_t oh = 0; oh < ho; ++oh) {
+        const int64_t h0 = adaptive_start(oh, h, ho), h1 = adaptive_end(oh, h, ho);
+        for (int64_t ow = 0; ow < wo; ++ow) {
+          const int64_t w0 = adaptive_start(ow, w, wo), w1 = adaptive_end(ow, w, wo);
+          T sum = 0;
+          for (int64_t ih = h0; ih < h1; ++ih)
+            for (int64_t iw = w0; iw < w1; ++iw) sum += in[ih * w + iw];
+          o[oh * wo + ow] = sum / static_cast<T>((h1 - h0) * (w1 - w0));
+        }
+      }
+    });
+  });
+  return out;
+}
+
+// dx[i] = sum over the cells c whose window holds i of dout[c] / |window(c)|
+Tensor adaptive_avg_pool2d_backward(const Tensor& dout, const Shape& x_shape) {
+  LOOM_CHECK(x_shape.size() == 4 && dout.dim() == 4 && dout.size(0) == x_shape[0] &&
+                 dout.size(1) == x_shape[1],
+             ShapeError, "adaptive_avg_pool2d_backward: dout=", dout.sizes(),
+             " does not match x=", x_shape);
+  if (dout.is_cuda()) no_cuda_kernel("adaptive_avg_pool2d_backward");
+  const int64_t h = x_shape[2], w = x_shape[3], ho = dout.size(2), wo = dout.size(3);
+  const int64_t planes = x_shape[0] * x_shape[1];
+  Tensor dx = empty(x_shape, dout.dtype(), dout.device());
+  const Tensor dc = contiguous(dout);
+  dispatch_floating(dout.dtype(), "adaptive_avg_pool2d_backward", [&]<typename T>() {
+    const T* dy = dc.data_ptr<T>();
+    T* d = dx.data_ptr<T>();
+    for_planes(planes, h * w + ho * wo, [&](int64_t plane) {
+      T* dplane = d + plane * h * w;
+      const T* dyp = dy + plane * ho * wo;
+      std::fill(dplane, dplane + h * w, T(0));
+      for (int64_t oh = 0; oh < ho; ++oh) {
+        const int64_t h0 = adaptive_start(oh, h, ho), h1 = adaptive_end(oh, h, ho);
+        for (int64_t ow = 0; ow < wo; ++ow) {
+          const int64_t w0 = adaptive_start(ow, w, wo), w1 = adaptive_end(ow, w, wo);
+          const T share = dyp[oh * wo + ow] / static_cast<T>((h1 - h0) * (w1 - w0));
+          for (int64_t ih = h0; ih < h1; ++ih)
+            for (int64_t iw = w0; iw < w1; ++iw) dplane[ih * w + iw] += share;
+        }
+      }
+    });
+  });
+  return dx;
+}
+
+}  // namespace loom::kernels

@@ -1,0 +1,236 @@
+// tests/nn/conv_test.cpp — conv2d against direct loops (forward and all three gradients) over
+// strides, padding, dilation, groups and the batched / 1x1 paths of the kernel, gradcheck of the
+// backward, and every argument error.
+
+#include "tensor/conv.h"
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+namespace loom {
+namespace {
+
+using test::dparam;
+using test::tensors_close;
+
+struct Config {
+  int64_t n, c, h, w, o, kh, kw;
+  Pair stride{1, 1}, padding{0, 0}, dilation{1, 1};
+  int64_t groups = 1;
+};
+
+struct Reference {
+  Tensor out, dx, dweight, dbias;
+};
+
+// out[n,o,i,j] = b[o] + sum_{c,ki,kj} w[o,c,ki,kj] x[n, g Cg + c, i sh - ph + ki dh, j sw - pw + kj
+// dw] and the three gradients of sum(out * dout), by the same loop.
+Reference naive_conv(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& dout,
+                     const Config& cf) {
+  const std::vector<double> xv = x.to_vector<double>(), wv = w.to_vector<double>();
+  const std::vector<double> bv = b.to_vector<double>();
+  const int64_t ho =
+      (cf.h + 2 * cf.padding[0] - cf.dilation[0] * (cf.kh - 1) - 1) / cf.stride[0] + 1;
+  const int64_t wo =
+      (cf.w + 2 * cf.padding[1] - cf.dilation[1] * (cf.kw - 1) - 1) / cf.stride[1] + 1;
+  const int64_t cg = cf.c / cf.groups, og = cf.o / cf.groups;
+  std::vector<double> out(cf.n * cf.o * ho * wo), dx(xv.size()), dw(wv.size()), db(cf.o);
+  const std::vector<double> dy =
+      dout.defined() ? dout.to_vector<double>() : std::vector<double>(out.size(), 0.0);
+  for (int64_t n = 0; n < cf.n; ++n)
+    for (int64_t o = 0; o < cf.o; ++o)
+      for (int64_t i = 0; i < ho; ++i)
+        for (int64_t j = 0; j < wo; ++j) {
+          const int64_t oi = ((n * cf.o + o) * ho + i) * wo + j;
+          double acc = bv[o];
+          db[o] += dy[oi];
+          for (int64_t c = 0; c < cg; ++c)
+            for (int64_t ki = 0; ki < cf.kh; ++ki)
+              for (int64_t kj = 0; kj < cf.kw; ++kj) {
+                const int64_t ih = i * cf.stride[0] - cf.padding[0] + ki * cf.dilation[0];
+                const int64_t iw = j * cf.stride[1] - cf.padding[1] + kj * cf.dilation[1];
+                if (ih < 0 || ih >= cf.h || iw < 0 || iw >= cf.w) continue;
+                const int64_t xi = ((n * cf.c + (o / og) * cg + c) * cf.h + ih) * cf.w + iw;
+                const int64_t wi = ((o * cg + c) * cf.kh + ki) * cf.kw + kj;
+                acc += wv[wi] * xv[xi];
+                dx[xi] += wv[wi] * dy[oi];
+                dw[wi] += xv[xi] * dy[oi];
+              }
+          out[oi] = acc;
+        }
+  return {tensor(out, {cf.n, cf.o, ho, wo}), tensor(dx, x.sizes()), tensor(dw, w.sizes()),
+          tensor(db, {cf.o})};
+}
+
+// The kernel's paths depend on the algorithm, the thread count (parts of the batch) and the
+// image size (chunks of samples): run each case on both algorithms, 1 and 2 threads.
+class Scope {
+ public:
+  Scope(kernels::Conv2dAlgorithm algorithm, int threads)
+      : threads_(get_num_threads()), algorithm_(kernels::get_conv2d_algorithm()) {
+    set_num_threads(threads);
+    kernels::set_conv2d_algorithm(algorithm);
+  }
+  ~Scope() {
+    set_num_threads(threads_);
+    kernels::set_conv2d_algorithm(algorithm_);
+  }
+
+ private:
+  int threads_;
+  kernels::Conv2dAlgorithm algorithm_;
+};
+
+constexpr kernels::Conv2dAlgorithm kAlgorithms[] = {kernels::Conv2dAlgorithm::kIm2colGemm,
+                                                    kernels::Conv2dAlgorithm::kPacked};
+
+void check_against_naive(const Config& cf, DType dtype) {
+  const Tensor x = randn({cf.n, cf.c, cf.h, cf.w}, kFloat64);
+  const Tensor w = randn({cf.o, cf.c / cf.groups, cf.kh, cf.kw}, kFloat64);
+  const Tensor b = randn({cf.o}, kFloat64);
+  const Reference probe = naive_conv(x, w, b, Tensor(), cf);  // for the output shape
+  const Tensor dout = randn(probe.out.sizes(), kFloat64);
+  const Reference ref = naive_conv(x, w, b, dout, cf);
+  const double tol = dtype == kFloat32 ? 1e-4 : 1e-10;
+  const kernels::Conv2dOptions options{cf.stride, cf.padding, cf.dilation, cf.groups};
+  for (auto algorithm : kAlgorithms)
+    for (int threads : {1, 2}) {
+      Scope scope(algorithm, threads);
+      const std::string where = "algorithm " + std::to_string(static_cast<int>(algorithm)) +
+                                ", threads " + std::to_string(threads);
+      const Tensor xt = x.to(dtype), wt = w.to(dtype), bt = b.to(dtype), dt = dout.to(dtype);
+      EXPECT_TRUE(tensors_close(conv2d(xt, wt, bt, cf.stride, cf.padding, cf.dilation, cf.groups),
+                                ref.out, tol, tol))
+          << where;
+      const kernels::Conv2dGrads g =
+          kernels::conv2d_backward(dt, xt, wt, options, {true, true, true});
+      EXPECT_TRUE(tensors_close(g.dx, ref.dx, tol, tol)) << "dx, " << where;
+      EXPECT_TRUE(tensors_close(g.dweight, ref.dweight, tol, tol)) << "dweight, " << where;
+      EXPECT_TRUE(tensors_close(g.dbias, ref.dbias, tol, tol)) << "dbias, " << where;
+    }
+}
+
+const std::vector<Config>& configs() {
+  static const std::vector<Config> all = {
+      {2, 3, 7, 6, 4, 3, 3},                             // plain 3x3
+      {3, 3, 9, 8, 5, 3, 3, {2, 2}, {1, 1}},             // stride 2, padding
+      {2, 2, 9, 10, 3, 3, 2, {1, 2}, {2, 1}, {2, 2}},    // dilation 2, asymmetric
+      {2, 4, 6, 6, 6, 3, 3, {1, 1}, {1, 1}, {1, 1}, 2},  // groups 2
+      {3, 4, 7, 7, 8, 3, 3, {2, 2}, {1, 1}, {1, 1}, 4},  // depthwise, multiplier 2
+      {2, 5, 6, 5, 3, 1, 1},                             // 1x1 stride 1: no im2col
+      {3, 6, 7, 7, 4, 1, 1, {2, 2}},                     // 1x1 stride 2
+      {7, 3, 4, 4, 5, 3, 3, {1, 1}, {1, 1}},             // small images: chunked batch
+      {9, 4, 3, 3, 6, 1, 1, {1, 1}, {0, 0}, {1, 1}, 2},  // chunked 1x1, groups
+      {5, 2, 5, 5, 4, 5, 5, {3, 3}, {4, 4}, {1, 1}},     // padding wider than the input
+      // 16+ channels per group: dx as a convolution of dout (Note [dx as a convolution])
+      {3, 16, 6, 7, 8, 3, 3, {1, 1}, {1, 1}},              // 'same' padding
+      {2, 32, 5, 6, 14, 3, 2, {1, 1}, {0, 1}, {1, 1}, 2},  // unpadded rows, groups
+      {2, 16, 9, 8, 7, 3, 3, {1, 1}, {2, 1}, {2, 2}},      // dilated
+      {2, 17, 5, 5, 3, 3, 3, {1, 1}, {3, 3}},              // padding > k-1: dcol + col2im
+      {9, 20, 3, 2, 13, 2, 2, {1, 1}, {1, 1}},             // chunked, odd sizes
+      {3, 24, 6, 6, 10, 1, 1},                             // 1x1
+      // big enough (> 4 MFLOP) to be split over threads, with per-thread dweight sums
+      {4, 16, 16, 16, 16, 3, 3, {1, 1}, {1, 1}},
+      {8, 32, 8, 8, 32, 3, 3, {1, 1}, {1, 1}, {1, 1}, 2},  // chunked, groups
+      {5, 24, 17, 17, 40, 3, 3, {2, 2}, {1, 1}},           // stride 2: dcol + col2im
+      {1, 32, 20, 20, 32, 3, 3, {1, 1}, {1, 1}},           // one sample: threads in the GEMM
+  };
+  return all;
+}
+
+TEST(Conv2d, MatchesNaiveFloat64) {
+  for (const Config& cf : configs()) check_against_naive(cf, kFloat64);
+}
+
+TEST(Conv2d, MatchesNaiveFloat32) {
+  for (const Config& cf : configs()) check_against_naive(cf, kFloat32);
+}
+
+TEST(Conv2d, OutputShape) {
+  const Tensor x = randn({2, 3, 32, 32});
+  EXPECT_EQ(conv2d(x, randn({8, 3, 3, 3}), Tensor(), {2, 2}, {1, 1}).sizes(),
+            (Shape{2, 8, 16, 16}));
+  EXPECT_EQ(conv2d(x, randn({8, 3, 3, 3}), Tensor(), {1, 1}, {0, 0}, {2, 2}).sizes(),
+            (Shape{2, 8, 28, 28}));
+  EXPECT_EQ(conv2d(x, randn({8, 3, 1, 1}), Tensor(), {2, 2}).sizes(), (Shape{2, 8, 16, 16}));
+}
+
+TEST(Conv2d, NonContiguousInput) {
+  const Tensor base = randn({2, 3, 6, 5}, kFloat64);
+  const Tensor x = base.transpose(2, 3);  // [2, 3, 5, 6], not contiguous
+  const Tensor w = randn({4, 3, 3, 3}, kFloat64);
+  EXPECT_TRUE(tensors_close(conv2d(x, w), conv2d(x.contiguous(), w), 1e-12, 1e-12));
+}
+
+TEST(Conv2d, GradcheckPlain) {
+  EXPECT_GRADCHECK(
+      [](const std::vector<Tensor>& in) {
+        return conv2d(in[0], in[1], in[2], {2, 1}, {1, 1}, {1, 2});
+      },
+      {dparam({2, 2, 5, 5}), dparam({3, 2, 3, 2}), dparam({3})});
+}
+
+TEST(Conv2d, GradcheckGroups) {
+  EXPECT_GRADCHECK(
+      [](const std::vector<Tensor>& in) {
+        return conv2d(in[0], in[1], in[2], {1, 1}, {1, 0}, {1, 1}, 2);
+      },
+      {dparam({2, 4, 4, 3}), dparam({4, 2, 2, 2}), dparam({4})});
+}
+
+TEST(Conv2d, GradcheckDepthwiseDilated) {
+  EXPECT_GRADCHECK(
+      [](const std::vector<Tensor>& in) {
+        return conv2d(in[0], in[1], Tensor(), {1, 1}, {2, 2}, {2, 2}, 3);
+      },
+      {dparam({1, 3, 4, 4}), dparam({3, 1, 3, 3})});
+}
+
+TEST(Conv2d, GradcheckPointwiseChunked) {
+  // 1x1 stride 1 on 2x2 images: the batch is chunked and there is no im2col.
+  EXPECT_GRADCHECK([](const std::vector<Tensor>& in) { return conv2d(in[0], in[1], in[2]); },
+                   {dparam({3, 3, 2, 2}), dparam({2, 3, 1, 1}), dparam({2})});
+}
+
+TEST(Conv2d, GradOnlyWhereNeeded) {
+  const Tensor x = randn({2, 2, 4, 4}, kFloat64);  // does not require grad
+  const Tensor w = dparam({3, 2, 3, 3});
+  conv2d(x, w, Tensor(), {1, 1}, {1, 1}).sum().backward();
+  EXPECT_TRUE(w.grad().defined());
+  EXPECT_FALSE(x.grad().defined());
+}
+
+TEST(Conv2d, Errors) {
+  const Tensor x = randn({2, 4, 5, 5}), w = randn({6, 4, 3, 3});
+  EXPECT_LOOM_ERROR(conv2d(randn({4, 5, 5}), w), ShapeError, {"conv2d", "4-D", "[4, 5, 5]"});
+  EXPECT_LOOM_ERROR(conv2d(x, randn({6, 4, 3})), ShapeError, {"conv2d", "[6, 4, 3]"});
+  EXPECT_LOOM_ERROR(conv2d(x, randn({6, 3, 3, 3})), ShapeError,
+                    {"conv2d", "[2, 4, 5, 5]", "[6, 3, 3, 3]"});
+  EXPECT_LOOM_ERROR(conv2d(x, randn({6, 2, 3, 3}), Tensor(), {1, 1}, {0, 0}, {1, 1}, 3), ValueError,
+                    {"conv2d", "groups=3", "[2, 4, 5, 5]"});
+  EXPECT_LOOM_ERROR(conv2d(x, randn({5, 2, 3, 3}), Tensor(), {1, 1}, {0, 0}, {1, 1}, 2), ValueError,
+                    {"conv2d", "groups=2", "[5, 2, 3, 3]"});
+  EXPECT_LOOM_ERROR(conv2d(x, w, Tensor(), {1, 1}, {0, 0}, {1, 1}, 0), ValueError,
+                    {"conv2d", "groups"});
+  EXPECT_LOOM_ERROR(conv2d(x, randn({6, 4, 7, 3})), ShapeError,
+                    {"conv2d", "[2, 4, 5, 5]", "[6, 4, 7, 3]"});
+  EXPECT_LOOM_ERROR(conv2d(x, w, Tensor(), {1, 1}, {0, 0}, {3, 3}), ShapeError,
+                    {"conv2d", "[2, 4, 5, 5]", "[6, 4, 3, 3]"});
+  EXPECT_LOOM_ERROR(conv2d(x, w, Tensor(), {0, 1}), ValueError, {"conv2d", "stride"});
+  EXPECT_LOOM_ERROR(conv2d(x, w, Tensor(), {1, 1}, {-1, 0}), ValueError, {"conv2d", "padding"});
+  EXPECT_LOOM_ERROR(conv2d(x, w, Tensor(), {1, 1}, {0, 0}, {1, 0}), ValueError,
+                    {"conv2d", "dilation"});
+  EXPECT_LOOM_ERROR(conv2d(x, w, randn({5})), ShapeError, {"conv2d", "bias", "[5]"});
+  EXPECT_LOOM_ERROR(conv2d(x, w, randn({6, 1})), ShapeError, {"conv2d", "[6, 1]"});
+  EXPECT_LOOM_ERROR(conv2d(x, w.to(kFloat64)), DTypeError, {"conv2d", "float32", "float64"});
+  EXPECT_LOOM_ERROR(conv2d(x, w, randn({6}, kFloat64)), DTypeError, {"conv2d", "float64"});
+  EXPECT_LOOM_ERROR(conv2d(x.to(kInt64), w.to(kInt64)), DTypeError, {"conv2d"});
+  EXPECT_LOOM_ERROR(kernels::conv2d_backward(randn({2, 6, 4, 4}), x, w, {}, {true, true, true}),
+                    ShapeError, {"conv2d_backward", "[2, 6, 4, 4]"});
+}
+
+}  // namespace
+}  // namespace loom
