@@ -4,10 +4,5 @@
 # Until resnet18_cifar lands this is apps/fashion_mlp; arguments are passed on to it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
-build=${LOOM_BUILD_DIR:-build}
-launcher=()
-command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" ${LOOM_CMAKE_ARGS:-}
-cmake --build "$build" -j "$(nproc)" --target fashion_mlp
-"$build/apps/fashion_mlp" --data /usr/share/datasets/fashion-mnist "$@"
+scripts/build.sh fashion_mlp
+"${LOOM_BUILD_DIR:-build}/apps/fashion_mlp" --data /usr/share/datasets/fashion-mnist "$@"

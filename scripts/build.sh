@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# scripts/build.sh — installs what is needed (scripts/setup.sh), configures a Release build in
+# $LOOM_BUILD_DIR (default build/) and builds the given targets (all when none).
+# $LOOM_CMAKE_ARGS adds configure options, e.g. LOOM_CMAKE_ARGS=-DLOOM_CUDA=OFF.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+build=${LOOM_BUILD_DIR:-build}
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" ${LOOM_CMAKE_ARGS:-}
+targets=()
+for t in "$@"; do targets+=(--target "$t"); done
+cmake --build "$build" -j "$(nproc)" "${targets[@]}"
