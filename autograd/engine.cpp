@@ -68,8 +68,10 @@ class AccumulateGrad : public Node {
     AutogradMeta& m = meta(leaf);
     Tensor& incoming = grads[0];
     if (!m.grad.defined()) {
-      // Keep the incoming gradient when nothing else can see its storage; copy otherwise.
-      const bool owned = incoming.is_contiguous() && incoming.storage().use_count() == 1 &&
+      // Keep the incoming gradient when nothing else can see it (no other handle, no other view
+      // of its storage, e.g. the caller's own gradient tensor passed through); copy otherwise.
+      const bool owned = incoming.is_contiguous() && incoming.impl_ptr().use_count() == 1 &&
+                         incoming.storage().use_count() == 1 &&
                          incoming.numel() * static_cast<int64_t>(incoming.itemsize()) ==
                              static_cast<int64_t>(incoming.storage()->nbytes);
       m.grad = owned ? kernels::alias(incoming) : kernels::clone(incoming);

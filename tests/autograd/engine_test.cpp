@@ -57,6 +57,16 @@ TEST(Engine, NonScalarNeedsGradient) {
   EXPECT_LOOM_ERROR(z.backward(ones({3}, kFloat64)), ShapeError, {"[3]", "[2]"});
 }
 
+TEST(Engine, LeafGradNeverAliasesTheCallersGradient) {
+  Tensor x = tensor<double>({1, 2}).requires_grad_();
+  Tensor seed = tensor<double>({5, 7});
+  (x + 0.0).backward(seed);  // add's backward passes dout through unchanged
+  (x + 0.0).backward(seed);  // accumulates into .grad in place
+  EXPECT_TRUE(values_are(x.grad(), {10, 14}));
+  EXPECT_TRUE(values_are(seed, {5, 7}));
+  EXPECT_FALSE(x.grad().is_alias_of(seed));
+}
+
 TEST(Engine, FreedGraphRaisesUnlessRetained) {
   Tensor x = tensor<double>({1, 2}).requires_grad_();
   Tensor y = sum(exp(x));
