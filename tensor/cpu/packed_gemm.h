@@ -1,0 +1,202 @@
+// tensor/cpu/packed_gemm.h — the packed GEMM driver shared by cpu::gemm and conv2d: BLIS-style
+// blocking (Note [GEMM blocking] in tensor/cpu/gemm.cpp) around a register-tile micro-kernel
+// (6 x 16 floats or 6 x 8 doubles in twelve AVX2 registers; plain loops elsewhere). Callers
+// supply the packers, so conv2d can pack patches straight from the image (implicit im2col) and
+// cpu::gemm strided or transposed matrices. Single-threaded: callers split the work.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define LOOM_PACKED_GEMM_SIMD 1
+#else
+#define LOOM_PACKED_GEMM_SIMD 0
+#endif
+
+namespace loom::cpu {
+
+// ------------------------------------------------------------------ the packed GEMM
+
+// Register tile MR x NR of the micro-kernel; KC x NR panels of B stay in L1, MC x KC blocks of
+// A in L2, KC x NC blocks of B in L2/L3.
+template <typename T>
+struct Blocking;
+template <>
+struct Blocking<float> {
+  static constexpr int64_t mr = 6, nr = 16, kc = 256, mc = 120, nc = 1536;
+};
+template <>
+struct Blocking<double> {
+  static constexpr int64_t mr = 6, nr = 8, kc = 256, mc = 60, nc = 768;
+};
+
+// c [MR, NR] (row stride ldc) = (accumulate ? c : 0) + sum over p < kc of a[p] (x) b[p], with
+// a packed [kc, MR] and b packed [kc, NR].
+template <typename T>
+void micro_kernel(int64_t kc, const T* a, const T* b, T* c, int64_t ldc, bool accumulate) {
+  constexpr int64_t mr = Blocking<T>::mr, nr = Blocking<T>::nr;
+  T acc[mr][nr] = {};
+  for (int64_t p = 0; p < kc; ++p)
+    for (int64_t i = 0; i < mr; ++i)
+      for (int64_t j = 0; j < nr; ++j) acc[i][j] += a[p * mr + i] * b[p * nr + j];
+  for (int64_t i = 0; i < mr; ++i)
+    for (int64_t j = 0; j < nr; ++j)
+      c[i * ldc + j] = (accumulate ? c[i * ldc + j] : T(0)) + acc[i][j];
+}
+
+#if LOOM_PACKED_GEMM_SIMD
+// Six rows of two 8-float vectors: 12 accumulators, 2 registers of B, 1 broadcast of A.
+template <>
+inline void micro_kernel<float>(int64_t kc, const float* a, const float* b, float* c, int64_t ldc,
+                                bool accumulate) {
+  __m256 acc[6][2];
+#pragma GCC unroll 6
+  for (int i = 0; i < 6; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  for (int64_t p = 0; p < kc; ++p, a += 6, b += 16) {
+    const __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
+#pragma GCC unroll 6
+    for (int i = 0; i < 6; ++i) {
+      const __m256 ai = _mm256_broadcast_ss(a + i);
+      acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int i = 0; i < 6; ++i) {
+    float* row = c + i * ldc;
+    if (accumulate) {
+      acc[i][0] = _mm256_add_ps(acc[i][0], _mm256_loadu_ps(row));
+      acc[i][1] = _mm256_add_ps(acc[i][1], _mm256_loadu_ps(row + 8));
+    }
+    _mm256_storeu_ps(row, acc[i][0]);
+    _mm256_storeu_ps(row + 8, acc[i][1]);
+  }
+}
+
+template <>
+inline void micro_kernel<double>(int64_t kc, const double* a, const double* b, double* c,
+                                 int64_t ldc, bool accumulate) {
+  __m256d acc[6][2];
+#pragma GCC unroll 6
+  for (int i = 0; i < 6; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_pd();
+  for (int64_t p = 0; p < kc; ++p, a += 6, b += 8) {
+    const __m256d b0 = _mm256_load_pd(b), b1 = _mm256_load_pd(b + 4);
+#pragma GCC unroll 6
+    for (int i = 0; i < 6; ++i) {
+      const __m256d ai = _mm256_broadcast_sd(a + i);
+      acc[i][0] = _mm256_fmadd_pd(ai, b0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_pd(ai, b1, acc[i][1]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int i = 0; i < 6; ++i) {
+    double* row = c + i * ldc;
+    if (accumulate) {
+      acc[i][0] = _mm256_add_pd(acc[i][0], _mm256_loadu_pd(row));
+      acc[i][1] = _mm256_add_pd(acc[i][1], _mm256_loadu_pd(row + 4));
+    }
+    _mm256_storeu_pd(row, acc[i][0]);
+    _mm256_storeu_pd(row + 4, acc[i][1]);
+  }
+}
+#endif
+
+// C [m, n] (row stride ldc) = (accumulate ? C : 0) + A [m, k] @ B [k, n].
+//   a_block(ic, mc, pc, kc, scratch) returns rows [ic, ic+mc) x columns [pc, pc+kc) of A as
+//   MR-row panels ([kc, MR] each, rows past m zero), packing into `scratch` or pointing into a
+//   pre-packed copy; pack_b(pc, kc, jc, nc, dst) packs B's block as NR-column panels ([kc, NR]
+//   each, columns past n zero). b_scratch holds KC x round_up(NC, NR), a_scratch MC x KC.
+template <typename T, typename ABlock, typename PackB>
+void packed_gemm(int64_t m, int64_t n, int64_t k, ABlock&& a_block, PackB&& pack_b, T* c,
+                 int64_t ldc, bool accumulate, T* b_scratch, T* a_scratch) {
+  using B = Blocking<T>;
+  if (k == 0 && !accumulate)
+    for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, T(0));
+  alignas(64) T tile[B::mr * B::nr];
+  for (int64_t jc = 0; jc < n; jc += B::nc) {
+    const int64_t nc = std::min(B::nc, n - jc);
+    for (int64_t pc = 0; pc < k; pc += B::kc) {
+      const int64_t kc = std::min(B::kc, k - pc);
+      pack_b(pc, kc, jc, nc, b_scratch);
+      const bool acc = accumulate || pc > 0;
+      for (int64_t ic = 0; ic < m; ic += B::mc) {
+        const int64_t mc = std::min(B::mc, m - ic);
+        const T* a = a_block(ic, mc, pc, kc, a_scratch);
+        for (int64_t jr = 0; jr < nc; jr += B::nr) {
+          const int64_t nr = std::min(B::nr, nc - jr);
+          const T* b_panel = b_scratch + jr * kc;
+          for (int64_t ir = 0; ir < mc; ir += B::mr) {
+            const int64_t mr = std::min(B::mr, mc - ir);
+            T* c_tile = c + (ic + ir) * ldc + jc + jr;
+            if (mr == B::mr && nr == B::nr) {
+              micro_kernel<T>(kc, a + ir * kc, b_panel, c_tile, ldc, acc);
+              continue;
+            }
+            micro_kernel<T>(kc, a + ir * kc, b_panel, tile, B::nr, false);  // an edge tile
+            for (int64_t i = 0; i < mr; ++i)
+              for (int64_t j = 0; j < nr; ++j)
+                c_tile[i * ldc + j] = (acc ? c_tile[i * ldc + j] : T(0)) + tile[i * B::nr + j];
+          }
+        }
+      }
+    }
+  }
+}
+
+// A [m, kc] with A(i, p) = src[i rs + p cs] as MR-row panels [kc, MR], rows past m zero.
+template <typename T>
+void pack_a(const T* src, int64_t rs, int64_t cs, int64_t m, int64_t kc, T* dst) {
+  constexpr int64_t mr = Blocking<T>::mr;
+  for (int64_t i0 = 0; i0 < m; i0 += mr, dst += kc * mr) {
+    const int64_t rows = std::min(mr, m - i0);
+    if (rows == mr && cs == 1) {  // interleave MR contiguous rows: sequential writes
+      const T* row = src + i0 * rs;
+      for (int64_t p = 0; p < kc; ++p)
+        for (int64_t r = 0; r < mr; ++r) dst[p * mr + r] = row[r * rs + p];
+      continue;
+    }
+    if (rows == mr && rs == 1) {  // MR contiguous elements of each column
+      for (int64_t p = 0; p < kc; ++p)
+        for (int64_t r = 0; r < mr; ++r) dst[p * mr + r] = src[i0 + r + p * cs];
+      continue;
+    }
+    if (rows < mr) std::fill(dst, dst + kc * mr, T(0));
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* row = src + (i0 + r) * rs;
+      for (int64_t p = 0; p < kc; ++p) dst[p * mr + r] = row[p * cs];
+    }
+  }
+}
+// B [kc, nc] with B(p, j) = src[p ld + j] as NR-column panels [kc, NR], columns past nc zero.
+template <typename T>
+void pack_b_rows(const T* src, int64_t ld, int64_t kc, int64_t nc, T* dst) {
+  constexpr int64_t nr = Blocking<T>::nr;
+  for (int64_t j0 = 0; j0 < nc; j0 += nr, dst += kc * nr) {
+    const int64_t cols = std::min(nr, nc - j0);
+    for (int64_t p = 0; p < kc; ++p) {
+      const T* row = src + p * ld + j0;
+      T* d = dst + p * nr;
+      for (int64_t j = 0; j < cols; ++j) d[j] = row[j];
+      for (int64_t j = cols; j < nr; ++j) d[j] = T(0);
+    }
+  }
+}
+
+// B [kc, nc] with B(p, j) = src[p rs + j cs] (any layout, a transposed matrix included) as
+// NR-column panels [kc, NR], columns past nc zero.
+template <typename T>
+void pack_b_strided(const T* src, int64_t rs, int64_t cs, int64_t kc, int64_t nc, T* dst) {
+  constexpr int64_t nr = Blocking<T>::nr;
+  for (int64_t j0 = 0; j0 < nc; j0 += nr, dst += kc * nr) {
+    const int64_t cols = std::min(nr, nc - j0);
+    for (int64_t p = 0; p < kc; ++p) {
+      T* d = dst + p * nr;
+      for (int64_t j = 0; j < cols; ++j) d[j] = src[p * rs + (j0 + j) * cs];
+      for (int64_t j = cols; j < nr; ++j) d[j] = T(0);
+    }
+  }
+}
+
+}  // namespace loom::cpu
