@@ -118,11 +118,19 @@ Tensor record(const char* name, Tensor out, const std::vector<Tensor>& inputs,
   return record_multi(name, {std::move(out)}, inputs, std::move(save), std::move(fn))[0];
 }
 
+std::vector<Tensor> record_views(const char* name, std::vector<Tensor> outs, const Tensor& input,
+                                 BackwardFn fn) {
+  if (!any_requires_grad({input})) return outs;
+  outs = record_multi(name, std::move(outs), {input}, {}, std::move(fn));
+  for (const Tensor& out : outs) {
+    AutogradMeta* m = meta_or_null(out);
+    if (m && m->grad_fn) m->is_view = true;
+  }
+  return outs;
+}
+
 Tensor record_view(const char* name, Tensor out, const Tensor& input, BackwardFn fn) {
-  if (!any_requires_grad({input})) return out;
-  Tensor result = record(name, std::move(out), {input}, {}, std::move(fn));
-  meta(result).is_view = true;
-  return result;
+  return record_views(name, {std::move(out)}, input, std::move(fn))[0];
 }
 
 // Note [In-place ops and autograd]

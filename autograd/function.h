@@ -74,6 +74,9 @@ std::vector<Tensor> record_multi(const char* name, std::vector<Tensor> outs,
 // For differentiable views: like record(), and marks the output as a view so that an in-place
 // change of it under grad mode is refused rather than silently lost for its base.
 Tensor record_view(const char* name, Tensor out, const Tensor& input, BackwardFn fn);
+// The same for an op whose several outputs are views of one input (split, chunk).
+std::vector<Tensor> record_views(const char* name, std::vector<Tensor> outs, const Tensor& input,
+                                 BackwardFn fn);
 
 // Before an in-place op writes `self`: refuses a leaf that requires grad (under grad mode) and
 // a view of a tensor that requires grad. See Note [In-place ops and autograd].

@@ -61,14 +61,9 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim) {
   std::vector<Tensor> pieces = k::split_with_sizes(x, sizes, dim);  // checks the arguments
   const int64_t d = wrap_dim(dim, x.dim(), "split");
-  pieces = record_multi("split", std::move(pieces), {x}, {},
-                        [d](const Grads& dout, Saved&, Grads& g) { g[0] = k::cat(dout, d); });
-  // The pieces are views: refuse in-place changes of them, as record_view does.
-  for (const Tensor& p : pieces) {
-    autograd::AutogradMeta* m = autograd::meta_or_null(p);
-    if (m && m->grad_fn) m->is_view = true;
-  }
-  return pieces;
+  return autograd::record_views(
+      "split", std::move(pieces), x,
+      [d](const Grads& dout, Saved&, Grads& g) { g[0] = k::cat(dout, d); });
 }
 
 std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {

@@ -61,15 +61,14 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
     return as_batch_of_one(op, logits, target, reduction, [&](const Tensor& l, const Tensor& t) {
       return cross_entropy(l, t, reduction, ignore_index, label_smoothing);
     });
-  const Reduction r = reduction;
   k::CrossEntropyForward f =
-      k::cross_entropy_forward(logits, target, r, ignore_index, label_smoothing);
-  return record(
-      op, f.loss, {logits}, {logits, target, f.lse},
-      [r, ignore_index, label_smoothing, count = f.count](const Grads& dout, Saved& s, Grads& g) {
-        g[0] = k::cross_entropy_backward(dout[0], s[0], s[1], s[2], r, ignore_index,
-                                         label_smoothing, count);
-      });
+      k::cross_entropy_forward(logits, target, reduction, ignore_index, label_smoothing);
+  return record(op, f.loss, {logits}, {logits, target, f.lse},
+                [reduction, ignore_index, label_smoothing, count = f.count](const Grads& dout,
+                                                                            Saved& s, Grads& g) {
+                  g[0] = k::cross_entropy_backward(dout[0], s[0], s[1], s[2], reduction,
+                                                   ignore_index, label_smoothing, count);
+                });
 }
 
 // d nll_loss: dlog_probs = -g weight[target] at the target class, 0 elsewhere; g = dloss, or
@@ -86,22 +85,21 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor& wei
     return as_batch_of_one(op, log_probs, target, reduction, [&](const Tensor& l, const Tensor& t) {
       return nll_loss(l, t, weight, reduction, ignore_index);
     });
-  const Reduction r = reduction;
-  k::NllLossForward f = k::nll_loss_forward(log_probs, target, weight, r, ignore_index);
+  k::NllLossForward f = k::nll_loss_forward(log_probs, target, weight, reduction, ignore_index);
   return record(op, f.loss, {log_probs}, {target, weight},
-                [r, ignore_index, total = f.total_weight, shape = log_probs.sizes()](
+                [reduction, ignore_index, total = f.total_weight, shape = log_probs.sizes()](
                     const Grads& dout, Saved& s, Grads& g) {
-                  g[0] = k::nll_loss_backward(dout[0], shape, s[0], s[1], r, ignore_index, total);
+                  g[0] = k::nll_loss_backward(dout[0], shape, s[0], s[1], reduction, ignore_index,
+                                              total);
                 });
 }
 
 // d mse_loss: dinput = 2 (input - target) g ; dtarget = -dinput; g = dloss, or dloss / numel
 // for Mean
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
-  const Reduction r = reduction;
-  return record("mse_loss", k::mse_loss(input, target, r), {input, target}, {input, target},
-                [r](const Grads& dout, Saved& s, Grads& g) {
-                  const Tensor dinput = k::mse_loss_backward(dout[0], s[0], s[1], r);
+  return record("mse_loss", k::mse_loss(input, target, reduction), {input, target}, {input, target},
+                [reduction](const Grads& dout, Saved& s, Grads& g) {
+                  const Tensor dinput = k::mse_loss_backward(dout[0], s[0], s[1], reduction);
                   if (s.needs_grad(0)) g[0] = dinput;
                   if (s.needs_grad(1)) g[1] = k::neg(dinput);
                 });
