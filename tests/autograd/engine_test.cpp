@@ -212,3 +212,9 @@ TEST(Gradcheck, DetectsAWrongGradient) {
   EXPECT_FALSE(result.ok);
   EXPECT_NE(result.message.find("analytical"), std::string::npos);
 }
+
+TEST(Engine, InPlaceOnSplitPieceIsRefused) {
+  Tensor x = tensor<double>({1, 2, 3, 4}).requires_grad_();
+  std::vector<Tensor> pieces = split(x * 1.0, 2);
+  EXPECT_LOOM_ERROR(pieces[1].mul_(2.0), AutogradError, {"mul_", "view"});
+}
