@@ -23,10 +23,9 @@
 
 #include <Eigen/Core>
 #include <algorithm>
-#include <cstdlib>
-#include <memory>
 
 #include "tensor/cpu/packed_gemm.h"
+#include "tensor/cpu/scratch.h"
 #include "tensor/parallel.h"
 
 namespace loom::cpu {
@@ -74,30 +73,23 @@ void scale_c(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
 
 #if LOOM_PACKED_GEMM_SIMD
 
-struct AlignedFree {
-  void operator()(void* p) const { std::free(p); }
-};
-template <typename T>
-std::unique_ptr<T[], AlignedFree> aligned_buffer(int64_t n) {
-  const size_t bytes = (static_cast<size_t>(n) * sizeof(T) + 63) / 64 * 64;
-  return std::unique_ptr<T[], AlignedFree>(static_cast<T*>(std::aligned_alloc(64, bytes)));
-}
-
 // C += alpha op(A) op(B) by the packed driver of tensor/cpu/packed_gemm.h. Threads split C by
 // columns, whole NR-wide panels each, so no two write the same element; each thread packs its
 // own blocks (A is packed by every thread: small next to the multiply). alpha is folded into
 // the packed A block.
 template <typename T>
 void threaded_packed_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha,
-                          const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc) {
+                          const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc,
+                          bool accumulate) {
   using B = Blocking<T>;
   const int64_t a_rs = trans_a ? 1 : lda, a_cs = trans_a ? lda : 1;
   const int64_t b_rs = trans_b ? 1 : ldb, b_cs = trans_b ? ldb : 1;
   const int64_t panels = (n + B::nr - 1) / B::nr;
   parallel_for(0, panels, 2, [&](int64_t lo, int64_t hi) {
     const int64_t j0 = lo * B::nr, cols = std::min(n, hi * B::nr) - j0;
-    auto b_scratch = aligned_buffer<T>(B::kc * ((B::nc + B::nr - 1) / B::nr * B::nr));
-    auto a_scratch = aligned_buffer<T>(B::mc * B::kc);
+    ScratchFrame frame;
+    T* b_scratch = frame.get<T>(B::kc * ((B::nc + B::nr - 1) / B::nr * B::nr));
+    T* a_scratch = frame.get<T>(B::mc * B::kc);
     auto a_block = [&](int64_t ic, int64_t mc, int64_t pc, int64_t kc, T* scratch) -> const T* {
       pack_a(a + ic * a_rs + pc * a_cs, a_rs, a_cs, mc, kc, scratch);
       if (alpha != T(1)) {
@@ -113,8 +105,7 @@ void threaded_packed_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
       else
         pack_b_strided(src, b_rs, b_cs, kc, nc, dst);
     };
-    packed_gemm<T>(m, cols, k, a_block, pack_b, c + j0, ldc, /*accumulate=*/true, b_scratch.get(),
-                   a_scratch.get());
+    packed_gemm<T>(m, cols, k, a_block, pack_b, c + j0, ldc, accumulate, b_scratch, a_scratch);
   });
 }
 
@@ -126,17 +117,20 @@ template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
           int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
-  scale_c(m, n, beta, c, ldc);
-  if (k == 0 || alpha == T(0)) return;
 #if LOOM_PACKED_GEMM_SIMD
   if constexpr (std::is_same_v<T, float>) {
-    // Below about 32^3 multiply-adds the packing costs more than it saves.
-    if (m * n * k >= 32 * 32 * 32 && n >= 8) {
-      threaded_packed_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc);
+    // Below about 32^3 multiply-adds the packing costs more than it saves. With beta = 0 the
+    // first pass over K writes C instead of adding to it: no pass to clear C first.
+    if (m * n * k >= 32 * 32 * 32 && n >= 8 && alpha != T(0)) {
+      if (beta != T(0)) scale_c(m, n, beta, c, ldc);
+      threaded_packed_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc,
+                           /*accumulate=*/beta != T(0));
       return;
     }
   }
 #endif
+  scale_c(m, n, beta, c, ldc);
+  if (k == 0 || alpha == T(0)) return;
   eigen_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc);
 }
 
