@@ -220,6 +220,18 @@ int64_t Tensor::size(int64_t d) const { return sizes()[wrap_dim(d, dim(), "size"
 int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim(), "stride")]; }
 int64_t Tensor::numel() const { return shape_numel(sizes()); }
 
+void Tensor::set_data(const Tensor& src) const {
+  LOOM_CHECK(src.defined(), ValueError, "set_data: the source tensor is undefined");
+  LOOM_CHECK(defined(), ValueError, "set_data: the target tensor is undefined");
+  TensorImpl& dst = *impl_;
+  const TensorImpl& from = *src.impl_;
+  dst.storage = from.storage;
+  dst.sizes = from.sizes;
+  dst.strides = from.strides;
+  dst.offset = from.offset;
+  dst.dtype = from.dtype;
+}
+
 bool Tensor::is_contiguous() const {
   int64_t expected = 1;
   for (int64_t i = dim() - 1; i >= 0; --i) {

@@ -86,6 +86,10 @@ class Tensor {
   // Each in-place write bumps the storage's version; autograd compares versions of saved tensors.
   uint64_t version() const { return storage()->version.load(); }
   void bump_version() const { storage()->version.fetch_add(1); }
+  // Makes this tensor hold src's data (storage, shape, strides, dtype) while keeping its identity
+  // and autograd slot: every handle to it sees the change. How Module::to moves a parameter to
+  // another device or dtype without breaking the references layers and optimizers hold.
+  void set_data(const Tensor& src) const;
 
   TensorImpl* unsafe_impl() const { return impl_.get(); }
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }

@@ -1,0 +1,140 @@
+// nn/layers.h — the layers a ResNet or an MLP is built from, with PyTorch's parameter names,
+// defaults and initialisation: Linear, Conv2d, BatchNorm2d, ReLU, GELU, Dropout, MaxPool2d,
+// AvgPool2d, AdaptiveAvgPool2d, Flatten, Identity, and Sequential to chain them.
+#pragma once
+
+#include <initializer_list>
+#include <string>
+
+#include "autograd/ops/conv.h"
+#include "nn/module.h"
+
+namespace loom::nn {
+
+// y = x W^T + b; weight [out, in], bias [out]. Both uniform in +-1/sqrt(in) (PyTorch's default).
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+
+  const int64_t in_features, out_features;
+  Tensor weight, bias;
+};
+
+struct Conv2dOptions {
+  Pair stride{1, 1}, padding{0, 0}, dilation{1, 1};
+  int64_t groups = 1;
+  bool bias = true;
+};
+
+// NCHW convolution; weight [out, in/groups, kh, kw], bias [out]. PyTorch's default
+// initialisation (kaiming_uniform_ with a = sqrt(5), bias uniform in +-1/sqrt(fan_in)).
+class Conv2d : public Module {
+ public:
+  Conv2d(int64_t in_channels, int64_t out_channels, Pair kernel_size, Conv2dOptions options = {});
+  Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, Conv2dOptions options = {})
+      : Conv2d(in_channels, out_channels, Pair{kernel_size, kernel_size}, options) {}
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+
+  const int64_t in_channels, out_channels;
+  const Pair kernel_size;
+  const Conv2dOptions options;
+  Tensor weight, bias;
+};
+
+struct BatchNormOptions {
+  double eps = 1e-5;
+  double momentum = 0.1;  // running = (1 - momentum) running + momentum batch
+  bool affine = true;
+  bool track_running_stats = true;
+};
+
+// Batch normalisation over N, H, W per channel. Training: batch statistics, and the running
+// mean and (unbiased) variance updated in place, num_batches_tracked counted. Eval: the running
+// statistics (or the batch's, when track_running_stats is off).
+class BatchNorm2d : public Module {
+ public:
+  explicit BatchNorm2d(int64_t num_features, BatchNormOptions options = {});
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+
+  const int64_t num_features;
+  const BatchNormOptions options;
+  Tensor weight, bias;                                    // [C], when affine
+  Tensor running_mean, running_var, num_batches_tracked;  // when track_running_stats
+};
+
+class ReLU : public Module {
+ public:
+  ReLU() : Module("ReLU") {}
+  Tensor forward(const Tensor& x) override;
+};
+
+class GELU : public Module {
+ public:
+  explicit GELU(std::string approximate = "none");
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  const std::string approximate;
+};
+
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p = 0.5);
+  Tensor forward(const Tensor& x) override;  // identity in eval mode
+  std::string extra_repr() const override;
+  const double p;
+};
+
+class MaxPool2d : public Module {
+ public:
+  explicit MaxPool2d(Pair kernel_size, Pair stride = {0, 0}, Pair padding = {0, 0});
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  const Pair kernel_size, stride, padding;  // stride {0, 0}: the kernel size
+};
+
+class AvgPool2d : public Module {
+ public:
+  explicit AvgPool2d(Pair kernel_size, Pair stride = {0, 0}, Pair padding = {0, 0});
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  const Pair kernel_size, stride, padding;
+};
+
+class AdaptiveAvgPool2d : public Module {
+ public:
+  explicit AdaptiveAvgPool2d(Pair output_size);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  const Pair output_size;
+};
+
+class Flatten : public Module {
+ public:
+  explicit Flatten(int64_t start_dim = 1, int64_t end_dim = -1);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  const int64_t start_dim, end_dim;
+};
+
+class Identity : public Module {
+ public:
+  Identity() : Module("Identity") {}
+  Tensor forward(const Tensor& x) override { return x; }
+};
+
+// Children named "0", "1", ... run in order.
+class Sequential : public Module {
+ public:
+  Sequential() : Module("Sequential") {}
+  Sequential(std::initializer_list<ModulePtr> modules);
+  void push_back(ModulePtr module);
+  int64_t size() const { return static_cast<int64_t>(named_children().size()); }
+  ModulePtr operator[](int64_t index) const;  // IndexError out of range
+  Tensor forward(const Tensor& x) override;
+};
+
+}  // namespace loom::nn

@@ -1,0 +1,8 @@
+// nn/nn.h — the nn layer in one include: Module, layers, losses, init, ResNet.
+#pragma once
+
+#include "nn/init.h"
+#include "nn/layers.h"
+#include "nn/loss.h"
+#include "nn/module.h"
+#include "nn/resnet.h"
