@@ -9,6 +9,8 @@
 #include <memory>
 #include <vector>
 
+#include "tensor/view.h"
+
 namespace loom::data {
 
 namespace {
@@ -90,5 +92,11 @@ ImagesAndLabels read_mnist(const std::string& dir, bool train) {
   }
   return {images, labels};
 }
+
+FashionMnist::FashionMnist(const std::string& dir, bool train)
+    : FashionMnist(read_mnist(dir, train)) {}
+
+FashionMnist::FashionMnist(ImagesAndLabels split)
+    : TensorDataset(kernels::unsqueeze(split.images, 1), split.labels, 10, "FashionMnist") {}
 
 }  // namespace loom::data

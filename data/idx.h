@@ -1,11 +1,12 @@
 // data/idx.h — the IDX format of MNIST and Fashion-MNIST (gzip-compressed or not):
 // a 4-byte magic (0, 0, element type, number of dims), one big-endian uint32 per dim, then the
 // elements in row-major order. Debian's dataset-fashion-mnist installs the gzipped files under
-// /usr/share/datasets/fashion-mnist.
+// /usr/share/datasets/fashion-mnist. FashionMnist holds a split as a Dataset.
 #pragma once
 
 #include <string>
 
+#include "data/dataset.h"
 #include "tensor/tensor.h"
 
 namespace loom::data {
@@ -15,10 +16,15 @@ namespace loom::data {
 Tensor read_idx(const std::string& path);
 
 // The Fashion-MNIST (or MNIST) split in `dir`: images uint8 [N, 28, 28], labels int64 [N].
-struct ImagesAndLabels {
-  Tensor images;
-  Tensor labels;
-};
 ImagesAndLabels read_mnist(const std::string& dir, bool train);
+
+// That split as a Dataset: images [1, 28, 28], 10 classes.
+class FashionMnist : public TensorDataset {
+ public:
+  FashionMnist(const std::string& dir, bool train);
+
+ private:
+  explicit FashionMnist(ImagesAndLabels split);
+};
 
 }  // namespace loom::data

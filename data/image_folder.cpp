@@ -1,0 +1,174 @@
+// data/image_folder.cpp — scan the class folders in sorted order, decode the first image to learn
+// [C, H, W], then decode the rest in parallel straight into their slots of the tensor (HWC from
+// stb_image transposed to CHW). Errors are collected per file and the first, in file order, is
+// raised, so the message does not depend on the thread count.
+
+#include "data/image_folder.h"
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "tensor/parallel.h"
+
+// stb_image's functions are compiled here, static, so they cannot clash with another copy in the
+// program (libstb, an application's own).
+#define STB_IMAGE_STATIC
+#define STB_IMAGE_IMPLEMENTATION
+#include <stb/stb_image.h>
+
+namespace loom::data {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool is_image_file(const fs::path& path) {
+  std::string ext = path.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  for (const char* known : {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tga", ".pgm", ".ppm"})
+    if (ext == known) return true;
+  return false;
+}
+
+bool is_hidden(const fs::path& path) { return path.filename().string().starts_with("."); }
+
+struct StbiFree {
+  void operator()(stbi_uc* p) const { stbi_image_free(p); }
+};
+
+// One decoded file: [C, H, W] and its pixels interleaved (HWC), or what went wrong.
+struct Decoded {
+  std::unique_ptr<stbi_uc, StbiFree> pixels;
+  Shape shape;
+  std::string error;
+};
+
+Decoded decode(const std::string& path, int channels) {
+  Decoded out;
+  std::ifstream file(path, std::ios::binary | std::ios::ate);
+  if (!file) {
+    out.error = "cannot open";
+    return out;
+  }
+  const std::streamsize size = file.tellg();
+  if (size <= 0 || size > (std::streamsize{1} << 30)) {
+    out.error = "cannot decode image: file of " + std::to_string(size) + " bytes";
+    return out;
+  }
+  std::vector<stbi_uc> bytes(static_cast<size_t>(size));
+  file.seekg(0);
+  if (!file.read(reinterpret_cast<char*>(bytes.data()), size)) {
+    out.error = "cannot read";
+    return out;
+  }
+  int width = 0, height = 0, file_channels = 0;
+  out.pixels.reset(stbi_load_from_memory(bytes.data(), static_cast<int>(size), &width, &height,
+                                         &file_channels, channels));
+  if (!out.pixels) {
+    out.error = std::string("cannot decode image: ") + stbi_failure_reason();
+    return out;
+  }
+  out.shape = {channels ? channels : file_channels, height, width};
+  return out;
+}
+
+// HWC -> CHW.
+void to_planes(const stbi_uc* hwc, const Shape& shape, uint8_t* chw) {
+  const int64_t c_count = shape[0], hw = shape[1] * shape[2];
+  for (int64_t c = 0; c < c_count; ++c)
+    for (int64_t p = 0; p < hw; ++p) chw[c * hw + p] = hwc[p * c_count + c];
+}
+
+}  // namespace
+
+struct ImageFolder::Loaded {
+  ImagesAndLabels split;
+  std::vector<std::string> classes;
+  std::vector<std::string> files;
+};
+
+namespace {
+
+std::vector<fs::directory_entry> list_dir(const fs::path& dir) {
+  try {
+    return {fs::directory_iterator(dir), fs::directory_iterator()};
+  } catch (const fs::filesystem_error& e) {
+    throw IOError(detail::str("ImageFolder: ", dir.string(), ": cannot list: ", e.what()));
+  }
+}
+
+}  // namespace
+
+ImageFolder::Loaded ImageFolder::load(const std::string& dir, int channels) {
+  LOOM_CHECK(channels >= 0 && channels <= 4, ValueError,
+             "ImageFolder: expected channels 0 (as in the files), 1, 2, 3 or 4; got ", channels);
+  LOOM_CHECK(fs::is_directory(dir), IOError, "ImageFolder: ", dir, ": no such directory");
+  Loaded loaded;
+  for (const fs::directory_entry& entry : list_dir(dir))
+    if (entry.is_directory() && !is_hidden(entry.path()))
+      loaded.classes.push_back(entry.path().filename().string());
+  std::sort(loaded.classes.begin(), loaded.classes.end());
+  LOOM_CHECK(!loaded.classes.empty(), IOError, "ImageFolder: ", dir,
+             ": no class folders (expected one sub-folder of images per class)");
+
+  std::vector<int64_t> labels;
+  for (size_t k = 0; k < loaded.classes.size(); ++k) {
+    const fs::path folder = fs::path(dir) / loaded.classes[k];
+    std::vector<std::string> paths;
+    for (const fs::directory_entry& entry : list_dir(folder))
+      if (entry.is_regular_file() && !is_hidden(entry.path()) && is_image_file(entry.path()))
+        paths.push_back(entry.path().string());
+    LOOM_CHECK(!paths.empty(), IOError, "ImageFolder: ", folder.string(),
+               ": no images (expected files ending in .png, .jpg, .jpeg, .bmp, .gif, .tga, "
+               ".pgm or .ppm)");
+    std::sort(paths.begin(), paths.end());
+    for (std::string& path : paths) {
+      loaded.files.push_back(std::move(path));
+      labels.push_back(static_cast<int64_t>(k));
+    }
+  }
+
+  const int64_t n = static_cast<int64_t>(loaded.files.size());
+  Decoded first = decode(loaded.files[0], channels);
+  LOOM_CHECK(first.error.empty(), IOError, "ImageFolder: ", loaded.files[0], ": ", first.error);
+  const Shape shape = first.shape;
+  const int64_t image_bytes = shape_numel(shape);
+  Tensor images = empty({n, shape[0], shape[1], shape[2]}, kUInt8);
+  uint8_t* out = images.data_ptr<uint8_t>();
+  to_planes(first.pixels.get(), shape, out);
+
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  parallel_for(1, n, 8, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      Decoded image = decode(loaded.files[i], channels);
+      if (!image.error.empty()) {
+        errors[i] = image.error;
+      } else if (image.shape != shape) {
+        errors[i] = detail::str("image is ", image.shape, " [C, H, W] but ", loaded.files[0],
+                                " is ", shape, "; all images must have the same size and channels",
+                                channels ? "" : " (pass channels to convert them)");
+      } else {
+        to_planes(image.pixels.get(), shape, out + i * image_bytes);
+      }
+    }
+  });
+  for (int64_t i = 1; i < n; ++i)
+    LOOM_CHECK(errors[i].empty(), IOError, "ImageFolder: ", loaded.files[i], ": ", errors[i]);
+
+  loaded.split = {images, tensor<int64_t>(labels, {n})};
+  return loaded;
+}
+
+ImageFolder::ImageFolder(const std::string& dir, int channels) : ImageFolder(load(dir, channels)) {}
+
+ImageFolder::ImageFolder(Loaded loaded)
+    : TensorDataset(loaded.split.images, loaded.split.labels,
+                    static_cast<int64_t>(loaded.classes.size()), "ImageFolder"),
+      classes_(std::move(loaded.classes)),
+      files_(std::move(loaded.files)) {}
+
+}  // namespace loom::data
