@@ -32,7 +32,15 @@ namespace loom::autograd {
 namespace {
 std::atomic<uint64_t> next_sequence_nr{0};
 thread_local bool grad_mode = true;
+// The callbacks of the backward pass running on this thread (null when none runs).
+thread_local std::vector<std::function<void()>>* final_callbacks = nullptr;
 }  // namespace
+
+void queue_callback(std::function<void()> fn) {
+  LOOM_CHECK(final_callbacks != nullptr, AutogradError,
+             "queue_callback: no backward pass is running on this thread");
+  final_callbacks->push_back(std::move(fn));
+}
 
 Node::Node(std::string name, std::vector<Edge> next_edges, std::vector<TensorMeta> outputs)
     : name_(std::move(name)),
@@ -132,6 +140,14 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
   LOOM_CHECK(roots.size() == grad_roots.size(), ValueError, "backward: ", roots.size(),
              " tensors but ", grad_roots.size(), " gradients");
   NoGradGuard no_grad;  // backward computes with kernels; nothing it does is recorded
+  std::vector<std::function<void()>> callbacks;
+  struct CallbackScope {  // this pass's callback list while it runs (backward may nest)
+    std::vector<std::function<void()>>* saved;
+    explicit CallbackScope(std::vector<std::function<void()>>* mine) : saved(final_callbacks) {
+      final_callbacks = mine;
+    }
+    ~CallbackScope() { final_callbacks = saved; }
+  } callback_scope(&callbacks);
 
   // Seed: one gradient per root, into the root's edge.
   std::unordered_map<Node*, std::vector<Tensor>> buffers;
@@ -238,6 +254,10 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
       }
       if (--dependencies[next] == 0) ready.push(next);
     }
+  }
+  for (size_t i = 0; i < callbacks.size(); ++i) {  // a callback may queue another
+    std::function<void()> fn = std::move(callbacks[i]);
+    fn();
   }
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -114,6 +115,12 @@ class EnableGradGuard {
 // only for one-element roots). Gradients accumulate into the .grad of the leaves reached.
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots,
               bool retain_graph = false);
+
+// Runs `fn` once the backward pass now running on this thread has processed its whole graph,
+// just before backward() returns (callbacks in the order queued; one that throws ends backward
+// with its exception). For hooks that must act after the last gradient arrived: the DDP reducer
+// waits for its buckets here. AutogradError when no backward is running.
+void queue_callback(std::function<void()> fn);
 
 }  // namespace loom::autograd
 

@@ -21,10 +21,12 @@
 
 #include "loom.h"
 #include "tensor/conv.h"
+#include "torch_peer.h"
 
 namespace {
 
 using loom::Tensor;
+using loom::bench::TorchPeer;
 using nlohmann::json;
 
 struct Layer {
@@ -56,58 +58,6 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// conv_torch.py --serve behind two pipes; one JSON line per request.
-class TorchPeer {
- public:
-  bool start(const std::string& python, const std::string& script, int threads) {
-    int to_child[2], from_child[2];
-    if (pipe(to_child) != 0 || pipe(from_child) != 0) return false;
-    pid_ = fork();
-    if (pid_ < 0) return false;
-    if (pid_ == 0) {
-      dup2(to_child[0], STDIN_FILENO);
-      dup2(from_child[1], STDOUT_FILENO);
-      close(to_child[1]);
-      close(from_child[0]);
-      const std::string t = std::to_string(threads);
-      execl(python.c_str(), python.c_str(), script.c_str(), "--serve", "--threads", t.c_str(),
-            static_cast<char*>(nullptr));
-      std::printf("{\"error\": \"cannot run %s\"}\n", python.c_str());
-      std::fflush(stdout);
-      _exit(1);
-    }
-    close(to_child[0]);
-    close(from_child[1]);
-    to_ = fdopen(to_child[1], "w");
-    from_ = fdopen(from_child[0], "r");
-    header_ = read();
-    return header_.is_object() && !header_.contains("error");
-  }
-  const json& header() const { return header_; }
-  json request(const std::string& line) {
-    std::fprintf(to_, "%s\n", line.c_str());
-    std::fflush(to_);
-    return read();
-  }
-  ~TorchPeer() {
-    if (to_) std::fclose(to_);
-    if (from_) std::fclose(from_);
-    if (pid_ > 0) waitpid(pid_, nullptr, 0);
-  }
-
- private:
-  json read() {
-    std::string line;
-    for (int ch; (ch = std::fgetc(from_)) != EOF && ch != '\n';)
-      line.push_back(static_cast<char>(ch));
-    return json::parse(line, nullptr, /*allow_exceptions=*/false);
-  }
-  pid_t pid_ = -1;
-  FILE* to_ = nullptr;
-  FILE* from_ = nullptr;
-  json header_;
-};
-
 struct Times {
   double forward_ms = 0, backward_ms = 0;
 };
@@ -118,7 +68,7 @@ int main(int argc, char** argv) {
   int threads = 2, repeats = 7, only = -1;
   int64_t batch = 64;
   bool with_torch = true;
-  std::string python = "/usr/bin/python3", algorithm = "auto";
+  std::string python = LOOM_TORCH_PYTHON, algorithm = "auto";
   std::string script = (std::filesystem::path(__FILE__).parent_path() / "conv_torch.py").string();
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -163,7 +113,8 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
 
   TorchPeer torch;
-  const bool have_torch = with_torch && torch.start(python, script, threads);
+  const bool have_torch = with_torch && !python.empty() &&
+                          torch.start(python, script, {"--threads", std::to_string(threads)});
   if (with_torch && !have_torch)
     std::printf("PyTorch not measured: %s\n", torch.header().is_object()
                                                   ? torch.header().value("error", "?").c_str()

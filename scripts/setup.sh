@@ -2,16 +2,19 @@
 # scripts/setup.sh — installs what loom needs to build, test and run its main job, from
 # Debian's packages (run as root). Quick when everything is already there.
 #   scripts/setup.sh           build and test dependencies, and the Fashion-MNIST data
-#   scripts/setup.sh --torch   also python3-torch (golden fixtures, PyTorch benchmarks)
+#   scripts/setup.sh --torch   also python3-torch (golden fixtures, PyTorch benchmarks, the
+#                              interop tests) and the `safetensors` Python package from PyPI,
+#                              in .pydeps/ (Debian 12 does not package it)
 set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config ccache
   libeigen3-dev libgtest-dev googletest nlohmann-json3-dev libcli11-dev zlib1g-dev libstb-dev
+  libgloo-dev
   dataset-fashion-mnist
 )
 if [[ "${1:-}" == "--torch" ]]; then
-  packages+=(python3-torch python3-numpy)
+  packages+=(python3-torch python3-numpy python3-pip)
 fi
 
 missing=()
@@ -23,4 +26,13 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if [[ "${1:-}" == "--torch" ]]; then
+  root="$(cd "$(dirname "$0")/.." && pwd)"
+  if ! PYTHONPATH="$root/.pydeps" /usr/bin/python3 -c "import safetensors" 2>/dev/null; then
+    echo "setup: installing the safetensors Python package into $root/.pydeps"
+    /usr/bin/python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+      --target "$root/.pydeps" safetensors
+  fi
 fi

@@ -218,3 +218,33 @@ TEST(Engine, InPlaceOnSplitPieceIsRefused) {
   std::vector<Tensor> pieces = split(x * 1.0, 2);
   EXPECT_LOOM_ERROR(pieces[1].mul_(2.0), AutogradError, {"mul_", "view"});
 }
+
+TEST(Engine, QueuedCallbacksRunAfterTheWholeGraph) {
+  // Two leaves; the hook of the first one reached queues a callback, which must see both
+  // gradients (it runs after the last node), and run once per backward.
+  Tensor a = tensor<double>({1, 2}).requires_grad_();
+  Tensor b = tensor<double>({3, 4}).requires_grad_();
+  int calls = 0;
+  bool queued = false, saw_both = false;
+  auto hook = [&](Tensor&) {
+    if (queued) return;
+    queued = true;
+    autograd::queue_callback([&] {
+      ++calls;
+      saw_both = a.grad().defined() && b.grad().defined();
+    });
+    EXPECT_EQ(calls, 0);  // not run yet
+  };
+  a.register_post_accumulate_grad_hook(hook);
+  b.register_post_accumulate_grad_hook(hook);
+  sum(a * b).backward();
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(saw_both);
+  EXPECT_LOOM_ERROR(autograd::queue_callback([] {}), AutogradError,
+                    {"queue_callback", "no backward"});
+  // A callback that throws ends backward with its exception.
+  Tensor c = tensor<double>({1}).requires_grad_();
+  c.register_post_accumulate_grad_hook(
+      [](Tensor&) { autograd::queue_callback([] { throw DistError("reducer failed"); }); });
+  EXPECT_THROW(sum(c * 2.0).backward(), DistError);
+}

@@ -1,0 +1,55 @@
+// apps/resnet18_cifar/train.h — the training run behind resnet18_cifar: the options its flags
+// set, the datasets and transforms each dataset gets, and the loop (train an epoch, evaluate,
+// report, checkpoint), kept apart from the command line so that each piece reads on its own.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+#include "data/transforms.h"
+
+namespace resnet18_cifar {
+
+struct Options {
+  std::string data_dir;                   // empty: the dataset's default place
+  std::string dataset = "fashion-mnist";  // cifar10 | fashion-mnist | synthetic
+  int64_t synthetic_size = 5000;          // training images of the synthetic dataset
+  int epochs = 2;
+  int64_t batch_size = 128;
+  double lr = 0.2;  // the peak for onecycle, the start for cosine and step
+  double momentum = 0.9;
+  double weight_decay = 5e-4;
+  bool nesterov = false;
+  std::string schedule = "onecycle";  // onecycle | cosine | step
+  int64_t width = 64;
+  uint64_t seed = 0;
+  int threads = 0;  // 0: every core
+  int workers = 2;  // data loader threads
+  std::string checkpoint_dir;
+  std::string resume;
+  bool eval_only = false;
+  int64_t max_steps = -1;  // stop after this many optimizer steps in all (-1: no limit)
+  std::string log_json;
+};
+
+// A dataset split with the transforms the recipe uses for it and its normalisation constants.
+struct Split {
+  std::shared_ptr<const loom::data::Dataset> dataset;
+  loom::data::Pipeline transforms;
+};
+struct Data {
+  Split train, test;
+  std::vector<float> mean, std;
+  std::string description;  // "Fashion-MNIST (60000 train, 10000 test) from DIR"
+};
+// IOError (with the path) when the files are missing or malformed.
+Data load_data(const Options& options);
+
+// Trains (or, with eval_only, evaluates) as the options say; prints progress and returns the
+// final test accuracy in [0, 1].
+double run(const Options& options);
+
+}  // namespace resnet18_cifar

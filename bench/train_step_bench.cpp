@@ -1,0 +1,121 @@
+// bench/train_step_bench.cpp — one training step of ResNet-18 (CIFAR stem, full width by
+// default) at batch 64 on 2 threads, float32: zero_grad, forward, cross-entropy, backward and an
+// SGD step (nesterov momentum 0.9, weight decay 5e-4), in images per second, beside PyTorch's
+// same step measured in the same run by bench/train_step_torch.py. The two alternate step by
+// step (the machine is shared: load falls on both alike); medians of the repetitions. The ratio
+// is loom images/s over PyTorch images/s: above 1, loom is faster.
+//
+//   train_step_bench [--threads N (2)] [--batch B (64)] [--width W (64)] [--repeats R (7)]
+//                    [--no-torch] [--python PATH] [--script PATH]
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "loom.h"
+#include "optim/sgd.h"
+#include "torch_peer.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 2, repeats = 7;
+  int64_t batch = 64, width = 64;
+  bool with_torch = true;
+  std::string python = LOOM_TORCH_PYTHON;
+  std::string script =
+      (std::filesystem::path(__FILE__).parent_path() / "train_step_torch.py").string();
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
+    if (arg == "--threads")
+      threads = std::stoi(next());
+    else if (arg == "--batch")
+      batch = std::stoll(next());
+    else if (arg == "--width")
+      width = std::stoll(next());
+    else if (arg == "--repeats")
+      repeats = std::stoi(next());
+    else if (arg == "--no-torch")
+      with_torch = false;
+    else if (arg == "--python")
+      python = next();
+    else if (arg == "--script")
+      script = next();
+    else {
+      std::fprintf(stderr,
+                   "usage: %s [--threads N] [--batch B] [--width W] [--repeats R] [--no-torch] "
+                   "[--python PATH] [--script PATH]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  loom::set_num_threads(threads);
+  loom::manual_seed(0);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  loom::bench::TorchPeer torch;
+  const bool have_torch = with_torch && !python.empty() &&
+                          torch.start(python, script,
+                                      {"--threads", std::to_string(threads), "--batch",
+                                       std::to_string(batch), "--width", std::to_string(width)});
+  if (with_torch && !have_torch)
+    std::printf("PyTorch not measured: %s\n", torch.header().is_object()
+                                                  ? torch.header().value("error", "?").c_str()
+                                                  : "no Python with torch (pass --python)");
+
+  auto model = loom::nn::resnet18({.width = width, .in_channels = 3, .num_classes = 10});
+  model->train();
+  loom::optim::SGD opt(model->parameters(),
+                       {.lr = 0.05, .momentum = 0.9, .weight_decay = 5e-4, .nesterov = true});
+  const loom::Tensor x = loom::randn({batch, 3, 32, 32});
+  const loom::Tensor y = loom::randint(0, 10, {batch});
+  auto loom_step = [&] {
+    const auto start = Clock::now();
+    opt.zero_grad();
+    loom::Tensor loss = loom::cross_entropy(model->forward(x), y);
+    loss.backward();
+    opt.step();
+    return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  };
+  auto torch_step = [&] { return torch.request("step").value("ms", 0.0); };
+
+  for (int i = 0; i < 2; ++i) {  // warm-up: caches, scratch memory, PyTorch's first calls
+    loom_step();
+    if (have_torch) torch_step();
+  }
+  std::vector<double> loom_ms, torch_ms;
+  for (int r = 0; r < repeats; ++r) {
+    loom_ms.push_back(loom_step());
+    if (have_torch) torch_ms.push_back(torch_step());
+  }
+
+  const double loom_ips = batch / (median(loom_ms) / 1e3);
+  std::printf(
+      "ResNet-18 (CIFAR stem, width %lld) training step, batch %lld, %d threads, "
+      "float32; median of %d\n",
+      static_cast<long long>(width), static_cast<long long>(batch), threads, repeats);
+  std::printf("| | step ms | images/s |\n|---|---|---|\n");
+  std::printf("| loom | %.0f | %.1f |\n", median(loom_ms), loom_ips);
+  if (have_torch) {
+    const double torch_ips = batch / (median(torch_ms) / 1e3);
+    std::printf("| PyTorch %s | %.0f | %.1f |\n", torch.header().value("torch", "?").c_str(),
+                median(torch_ms), torch_ips);
+    std::printf("loom / PyTorch images/s: %.2f\n", loom_ips / torch_ips);
+  }
+  return 0;
+}

@@ -1,0 +1,64 @@
+#!/usr/bin/python3
+# bench/train_step_torch.py — PyTorch's side of bench/train_step_bench.cpp: one training step
+# (zero_grad, forward, cross-entropy, backward, SGD with nesterov momentum and weight decay) of
+# the same ResNet-18 (tools/torch_resnet.py: torchvision's structure, CIFAR stem) on the same
+# batch shape. Run as a co-process with --serve: prints a header line, then answers
+#   step -> {"ms": t}     (one timed training step)
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+
+
+def say(obj):
+    print(json.dumps(obj), flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--serve", action="store_true")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--width", type=int, default=64)
+    args = parser.parse_args()
+    try:
+        import torch
+        from torch_resnet import ResNet
+    except ImportError as e:
+        say({"error": f"no torch: {e}"})
+        return 0
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = ResNet(depth=18, width=args.width, in_channels=3, num_classes=10, cifar_stem=True)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True,
+                          weight_decay=5e-4)
+    x = torch.randn(args.batch, 3, 32, 32)
+    y = torch.randint(0, 10, (args.batch,))
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+
+    say({"torch": torch.__version__, "threads": torch.get_num_threads(),
+         "mkldnn": torch.backends.mkldnn.is_available()})
+    if not args.serve:
+        return 0
+    for line in sys.stdin:
+        words = line.split()
+        if words and words[0] == "step":
+            start = time.perf_counter()
+            step()
+            say({"ms": (time.perf_counter() - start) * 1e3})
+        elif words:
+            say({"error": f"unknown request {words[0]}"})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

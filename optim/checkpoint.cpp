@@ -1,0 +1,74 @@
+// optim/checkpoint.cpp — training checkpoints (Note [Checkpoint layout]).
+
+#include "optim/checkpoint.h"
+
+#include "tensor/random.h"
+
+namespace loom::optim {
+
+namespace {
+
+constexpr const char* kOptimizerPrefix = "optimizer.";
+
+int64_t read_int(const Metadata& meta, const std::string& key, const std::string& path) {
+  auto it = meta.find(key);
+  LOOM_CHECK(it != meta.end(), ValueError, "load_checkpoint: ", path, " has no '", key,
+             "' in its metadata: not a loom training checkpoint");
+  try {
+    size_t used = 0;
+    const long long v = std::stoll(it->second, &used);
+    if (used == it->second.size()) return v;
+  } catch (const std::exception&) {
+  }
+  throw ValueError(detail::str("load_checkpoint: ", path, ": metadata '", key,
+                               "' is not an integer: '", it->second, "'"));
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const nn::Module& model, const Optimizer& optimizer,
+                     const LRSchedule* schedule, const TrainingProgress& progress,
+                     const Metadata& info) {
+  NamedTensors tensors = model.state_dict();
+  const Generator::State g = default_generator().state();
+  Metadata meta = {{"format", "pt"},
+                   {"loom.checkpoint", "1"},
+                   {"loom.epoch", std::to_string(progress.epoch)},
+                   {"loom.step", std::to_string(progress.step)},
+                   {"loom.batch", std::to_string(progress.batch)},
+                   {"generator.seed", std::to_string(g.seed)},
+                   {"generator.offset", std::to_string(g.offset)}};
+  for (const auto& [key, value] : info) meta.emplace(key, value);  // ours win on a clash
+  optimizer.save_state(tensors, meta, kOptimizerPrefix);
+  if (schedule) schedule->save_state(tensors, meta, "schedule.");
+  save_safetensors(path, tensors, meta);
+}
+
+TrainingProgress load_checkpoint(const std::string& path, nn::Module& model, Optimizer* optimizer,
+                                 LRSchedule* schedule, bool restore_generator) {
+  const SafetensorsFile file = load_safetensors(path);
+  const Metadata& meta = file.metadata;
+  TrainingProgress progress;
+  progress.epoch = read_int(meta, "loom.epoch", path);
+  progress.step = read_int(meta, "loom.step", path);
+  progress.batch = read_int(meta, "loom.batch", path);
+
+  NamedTensors weights;
+  for (const auto& [name, t] : file.tensors)
+    if (name.rfind(kOptimizerPrefix, 0) != 0) weights.emplace_back(name, t);
+  model.load_state_dict(weights);
+  if (optimizer) optimizer->load_state(file, kOptimizerPrefix);
+  if (schedule) schedule->load_state(file, "schedule.");
+  if (restore_generator) {
+    const auto seed = static_cast<uint64_t>(std::stoull(meta.at("generator.seed")));
+    const auto offset = static_cast<uint64_t>(std::stoull(meta.at("generator.offset")));
+    default_generator().set_state({seed, offset});
+  }
+  return progress;
+}
+
+Metadata read_checkpoint_metadata(const std::string& path) {
+  return load_safetensors(path).metadata;
+}
+
+}  // namespace loom::optim

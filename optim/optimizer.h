@@ -1,0 +1,115 @@
+// optim/optimizer.h — the base of loom's optimizers: the parameters, the learning rate that the
+// schedules of optim/schedule.h drive, zero_grad, and the per-parameter state with its
+// checkpoint form (the save_state/load_state convention of the trainer).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tensor/safetensors.h"
+#include "tensor/tensor.h"
+
+namespace loom::optim {
+
+using Metadata = std::map<std::string, std::string>;
+
+// Note [Optimizer state in checkpoints]
+// save_state appends, under `prefix`:
+//   metadata  <prefix>optimizer    the class ("SGD", "Adam", "AdamW"); load_state refuses another
+//             <prefix>num_params   how many parameters; load_state refuses another count
+//             <prefix>lr and the class's hyper-parameters (numbers written to round-trip)
+//   tensors   <prefix>state.<i>.<buffer>  each buffer of parameter i, shaped like it
+//             <prefix>state.<i>.step      [] int64, the steps parameter i took
+// A parameter that never had a gradient has no state and no keys, as in PyTorch's state_dict.
+// load_state restores the hyper-parameters too (PyTorch's load_state_dict restores the param
+// groups), checks every key, shape and count before it changes anything, and converts the
+// buffers to the parameter's dtype. The tensors save_state appends are the live buffers, not
+// copies: write the file before the next step.
+class Optimizer {
+ public:
+  // params: leaf tensors that require grad, float32 or float64, each given once.
+  Optimizer(std::string name, std::vector<Tensor> params, double lr);
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update of every parameter that has a gradient (the others are skipped and keep their
+  // state), in place, under NoGradGuard.
+  virtual void step() = 0;
+  // set_to_none: drop the gradients (the default, as in PyTorch 2); otherwise zero them in place.
+  void zero_grad(bool set_to_none = true);
+
+  double lr() const { return lr_; }
+  void set_lr(double lr);  // ValueError when negative or not finite
+  const std::vector<Tensor>& params() const { return params_; }
+  const std::string& name() const { return name_; }
+  // The number of steps parameter i has taken with a gradient (0 before its first).
+  int64_t param_steps(size_t i) const;
+  // The momentum a one-cycle schedule cycles (PyTorch's cycle_momentum): SGD's momentum, Adam's
+  // beta1. The base class has none (NotImplementedError).
+  virtual double momentum() const;
+  virtual void set_momentum(double momentum);
+
+  virtual void save_state(NamedTensors& tensors, Metadata& meta, const std::string& prefix) const;
+  virtual void load_state(const SafetensorsFile& file, const std::string& prefix) = 0;
+
+ protected:
+  // What an optimizer keeps for one parameter; `initialized` once it took its first step.
+  struct ParamState {
+    bool initialized = false;
+    int64_t steps = 0;
+    std::vector<Tensor> buffers;  // named by buffer_names(), shaped like the parameter
+  };
+
+  // The names of the buffers each parameter keeps under the current hyper-parameters.
+  virtual std::vector<std::string> buffer_names() const = 0;
+  // The class's hyper-parameters, lr excluded, as metadata values.
+  virtual Metadata hyper_parameters() const = 0;
+
+  // The gradient of parameter i for an update: undefined when it has none; checked against the
+  // parameter (shape, dtype, device) and made contiguous.
+  Tensor update_grad(size_t i) const;
+  // The storage an update of parameter i writes: the parameter itself when contiguous, a
+  // contiguous copy otherwise, which finish_update copies back. finish_update also bumps the
+  // parameter's version (autograd sees the in-place change).
+  Tensor update_target(size_t i) const;
+  void finish_update(size_t i, const Tensor& target) const;
+  // State of parameter i, creating its zero buffers on first use.
+  ParamState& state_for(size_t i);
+
+  // For load_state: the file's metadata value at prefix+key (ValueError naming it if absent),
+  // parsed as a number or a boolean.
+  std::string read_meta(const SafetensorsFile& file, const std::string& prefix,
+                        const std::string& key) const;
+  double read_double(const SafetensorsFile& file, const std::string& prefix,
+                     const std::string& key) const;
+  bool read_bool(const SafetensorsFile& file, const std::string& prefix,
+                 const std::string& key) const;
+  // Checks the class (<prefix>optimizer) and the parameter count; load_state calls it first.
+  void check_kind(const SafetensorsFile& file, const std::string& prefix) const;
+  // Reads every parameter's state for the given buffer names without changing this optimizer;
+  // the caller commits it with commit_state once everything read back.
+  std::vector<ParamState> read_state(const SafetensorsFile& file, const std::string& prefix,
+                                     const std::vector<std::string>& names) const;
+  void commit_state(std::vector<ParamState> state, double lr);
+
+  std::vector<ParamState> state_;
+
+ private:
+  std::string name_;
+  std::vector<Tensor> params_;
+  double lr_;
+};
+
+// Numbers in checkpoint metadata: the shortest text that reads back to the same double.
+std::string format_double(double value);
+// Parses all of `text` as a double; ValueError naming `what` otherwise.
+double parse_double(const std::string& text, const std::string& what);
+
+// Elements per thread below which a fused update stays on one thread (waking the others costs
+// more than the work).
+inline constexpr int64_t kUpdateGrain = 1 << 15;
+
+}  // namespace loom::optim

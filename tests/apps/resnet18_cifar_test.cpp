@@ -1,0 +1,161 @@
+// tests/apps/resnet18_cifar_test.cpp — the resnet18_cifar program as a user runs it: a run cut
+// short and resumed gives the same numbers as the run that never stopped; --eval-only reproduces
+// the last test accuracy; the JSON log and checkpoints hold what they promise; bad input exits
+// with status 2 and a message that says what is wrong, never a crash. Small synthetic runs.
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const std::string kApp = std::string(LOOM_BINARY_DIR) + "/apps/resnet18_cifar";
+
+struct Result {
+  int status = -1;
+  std::string output;  // stdout and stderr
+};
+
+Result run_app(const std::string& args) {
+  Result r;
+  const std::string command = kApp + " " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return r;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;) r.output.append(buf, n);
+  const int raw = pclose(pipe);
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw);
+  return r;
+}
+
+std::vector<json> read_log(const fs::path& path) {
+  std::vector<json> lines;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) lines.push_back(json::parse(line));
+  return lines;
+}
+
+class App : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(kApp)) GTEST_SKIP() << kApp << " is not built (LOOM_BUILD_APPS=OFF)";
+    dir_ = fs::temp_directory_path() /
+           ("loom_app_test_" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  fs::path dir_;
+};
+
+const std::string kSmall =
+    "--dataset synthetic --synthetic-size 192 --width 4 --batch-size 32 --epochs 2 --workers 1 "
+    "--threads 1 ";
+
+TEST_F(App, AResumedRunMatchesTheUninterruptedOne) {
+  Result straight = run_app(kSmall + "--log-json " + path("a.json"));
+  ASSERT_EQ(straight.status, 0) << straight.output;
+  const std::vector<json> a = read_log(path("a.json"));
+  ASSERT_EQ(a.size(), 2u);
+
+  // Cut after 4 of the 6 steps of epoch 1, then resume from the end-of-run checkpoint.
+  Result cut = run_app(kSmall + "--max-steps 4 --checkpoint-dir " + path("ckpt") + " --log-json " +
+                       path("b.json"));
+  ASSERT_EQ(cut.status, 0) << cut.output;
+  EXPECT_NE(cut.output.find("stopped by --max-steps"), std::string::npos) << cut.output;
+  ASSERT_TRUE(fs::exists(path("ckpt/last.safetensors")));
+  EXPECT_FALSE(fs::exists(path("ckpt/epoch-001.safetensors")));  // epoch 1 never finished
+  Result resumed = run_app(kSmall + "--resume " + path("ckpt/last.safetensors") +
+                           " --checkpoint-dir " + path("ckpt") + " --log-json " + path("b.json"));
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  const std::vector<json> b = read_log(path("b.json"));
+  ASSERT_EQ(b.size(), 3u);  // the cut epoch, its resumed rest, epoch 2
+  EXPECT_FALSE(b[0]["complete"].get<bool>());
+  EXPECT_EQ(b[0]["steps"], 4);
+  // The end of epoch 1 and all of epoch 2 are the same numbers, bit for bit.
+  EXPECT_EQ(b[1]["test_loss"], a[0]["test_loss"]);
+  EXPECT_EQ(b[1]["test_acc"], a[0]["test_acc"]);
+  for (const char* key : {"train_loss", "train_acc", "test_loss", "test_acc", "steps"})
+    EXPECT_EQ(b[2][key], a[1][key]) << key;
+  EXPECT_TRUE(fs::exists(path("ckpt/epoch-001.safetensors")));
+  EXPECT_TRUE(fs::exists(path("ckpt/epoch-002.safetensors")));
+
+  // The JSON line has every field the issue names.
+  for (const char* key :
+       {"epoch", "train_loss", "train_acc", "test_loss", "test_acc", "images_per_s", "seconds"})
+    EXPECT_TRUE(a[1].contains(key)) << key;
+  EXPECT_GT(a[1]["images_per_s"].get<double>(), 0.0);
+}
+
+TEST_F(App, EvalOnlyReproducesTheLastTestAccuracyAndCheckpointsDescribeTheModel) {
+  Result train = run_app(kSmall + "--epochs 1 --checkpoint-dir " + path("ckpt") + " --log-json " +
+                         path("a.json"));
+  ASSERT_EQ(train.status, 0) << train.output;
+  Result eval = run_app(kSmall + "--eval-only --resume " + path("ckpt/last.safetensors") +
+                        " --log-json " + path("e.json"));
+  ASSERT_EQ(eval.status, 0) << eval.output;
+  EXPECT_EQ(read_log(path("e.json")).back()["test_acc"], read_log(path("a.json"))[0]["test_acc"]);
+
+  const loom::SafetensorsFile file = loom::load_safetensors(path("ckpt/epoch-001.safetensors"));
+  EXPECT_EQ(file.metadata.at("model"), "resnet18");
+  EXPECT_EQ(file.metadata.at("width"), "4");
+  EXPECT_EQ(file.metadata.at("in_channels"), "3");
+  EXPECT_EQ(file.metadata.at("num_classes"), "10");
+  EXPECT_EQ(json::parse(file.metadata.at("mean")).size(), 3u);
+  EXPECT_EQ(json::parse(file.metadata.at("std")).size(), 3u);
+  EXPECT_TRUE(file.contains("layer4.1.bn2.running_var"));
+}
+
+TEST_F(App, BadInputExitsWithStatusTwoAndSaysWhy) {
+  Result missing = run_app("--dataset cifar10 --data " + path("nowhere"));
+  EXPECT_EQ(missing.status, 2);
+  EXPECT_NE(missing.output.find("nowhere"), std::string::npos) << missing.output;
+
+  // A Fashion-MNIST directory whose label file is cut short.
+  fs::create_directories(path("fm"));
+  for (const char* name : {"train-images-idx3-ubyte", "t10k-images-idx3-ubyte",
+                           "train-labels-idx1-ubyte", "t10k-labels-idx1-ubyte"}) {
+    std::ofstream f(path("fm/") + name, std::ios::binary);
+    const bool images = std::string(name).find("images") != std::string::npos;
+    const unsigned char header[] = {0, 0, 8, static_cast<unsigned char>(images ? 3 : 1),
+                                    0, 0, 0, 4};
+    f.write(reinterpret_cast<const char*>(header), sizeof header);
+    if (images) {
+      const unsigned char dims[] = {0, 0, 0, 28, 0, 0, 0, 28};
+      f.write(reinterpret_cast<const char*>(dims), sizeof dims);
+      f << std::string(4 * 28 * 28, '\0');
+    } else {
+      f << std::string(2, '\0');  // 2 of the 4 labels
+    }
+  }
+  Result truncated = run_app("--dataset fashion-mnist --data " + path("fm"));
+  EXPECT_EQ(truncated.status, 2);
+  EXPECT_NE(truncated.output.find("labels-idx1-ubyte"), std::string::npos) << truncated.output;
+
+  Result garbage_checkpoint = run_app(kSmall + "--resume " + path("fm/t10k-labels-idx1-ubyte"));
+  EXPECT_EQ(garbage_checkpoint.status, 2);
+  EXPECT_NE(garbage_checkpoint.output.find("t10k-labels-idx1-ubyte"), std::string::npos);
+
+  EXPECT_EQ(run_app("--dataset imagenet").status, 2);
+  EXPECT_EQ(run_app("--epochs 0").status, 2);
+  EXPECT_EQ(run_app("--eval-only").status, 2);
+  Result help = run_app("--help");
+  EXPECT_EQ(help.status, 0);
+  for (const char* flag :
+       {"--data", "--dataset", "--epochs", "--batch-size", "--lr", "--momentum", "--weight-decay",
+        "--nesterov", "--schedule", "--width", "--seed", "--threads", "--checkpoint-dir",
+        "--resume", "--eval-only", "--max-steps", "--log-json"})
+    EXPECT_NE(help.output.find(flag), std::string::npos) << flag;
+}
+
+}  // namespace
