@@ -107,8 +107,14 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
     autograd::NoGradGuard no_grad;
     kernels::add_scalar_(num_batches_tracked, 1.0);
   }
+  if (sync_ && is_training()) return sync_->forward(*this, x);
   return batch_norm(x, running_mean, running_var, weight, bias, use_batch_stats, options.momentum,
                     options.eps);
+}
+
+void BatchNorm2d::set_sync(std::shared_ptr<BatchNormSync> sync) {
+  sync_ = std::move(sync);
+  set_type_name(sync_ ? "SyncBatchNorm" : "BatchNorm2d");
 }
 
 std::string BatchNorm2d::extra_repr() const {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <initializer_list>
+#include <memory>
 #include <string>
 
 #include "autograd/ops/conv.h"
@@ -44,6 +45,18 @@ class Conv2d : public Module {
   Tensor weight, bias;
 };
 
+class BatchNorm2d;
+
+// The cross-replica half of SyncBatchNorm. nn/ knows nothing of distribution: dist/ supplies
+// the implementation (statistics gathered over a process group) and
+// dist::convert_sync_batchnorm installs it into a model's BatchNorm2d layers in place.
+class BatchNormSync {
+ public:
+  virtual ~BatchNormSync() = default;
+  // The training-mode forward of `bn` on x with statistics over every replica's batch.
+  virtual Tensor forward(BatchNorm2d& bn, const Tensor& x) = 0;
+};
+
 struct BatchNormOptions {
   double eps = 1e-5;
   double momentum = 0.1;  // running = (1 - momentum) running + momentum batch
@@ -53,17 +66,24 @@ struct BatchNormOptions {
 
 // Batch normalisation over N, H, W per channel. Training: batch statistics, and the running
 // mean and (unbiased) variance updated in place, num_batches_tracked counted. Eval: the running
-// statistics (or the batch's, when track_running_stats is off).
+// statistics (or the batch's, when track_running_stats is off). With a BatchNormSync installed
+// (set_sync) the training statistics are those of every replica's batch together, and the
+// module prints as SyncBatchNorm.
 class BatchNorm2d : public Module {
  public:
   explicit BatchNorm2d(int64_t num_features, BatchNormOptions options = {});
   Tensor forward(const Tensor& x) override;
   std::string extra_repr() const override;
+  void set_sync(std::shared_ptr<BatchNormSync> sync);
+  bool is_sync() const { return sync_ != nullptr; }
 
   const int64_t num_features;
   const BatchNormOptions options;
   Tensor weight, bias;                                    // [C], when affine
   Tensor running_mean, running_var, num_batches_tracked;  // when track_running_stats
+
+ private:
+  std::shared_ptr<BatchNormSync> sync_;
 };
 
 class ReLU : public Module {

@@ -78,6 +78,8 @@ class Module {
   virtual std::string extra_repr() const { return ""; }
 
  protected:
+  // For modules that change role in place (BatchNorm2d becoming SyncBatchNorm).
+  void set_type_name(std::string name) { type_name_ = std::move(name); }
   // Registration, in the order that defines key order. Names must be unique and non-empty and
   // contain no '.' (ValueError). An undefined tensor registers an absent entry (bias=False):
   // it is listed nowhere, as in PyTorch.

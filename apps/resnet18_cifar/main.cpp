@@ -4,13 +4,18 @@
 //
 //   resnet18_cifar --dataset fashion-mnist --epochs 2 --width 16 --nesterov
 //   resnet18_cifar --dataset cifar10 --data DIR/cifar-10-batches-bin --epochs 30
+//   resnet18_cifar --nproc 2 --sync-bn ...       (two data-parallel CPU workers)
 //
 // Exit status: 0 done, 2 bad input (flags, missing or malformed data, unusable checkpoint).
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <vector>
 
+#include "dist/launch.h"
+#include "dist/store.h"
 #include "tensor/error.h"
 #include "train.h"
 
@@ -47,6 +52,20 @@ int main(int argc, char** argv) {
   app.add_option("--max-steps", o.max_steps, "stop after this many optimizer steps in all")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--log-json", o.log_json, "append one JSON object per epoch to this file");
+  app.add_option("--nproc", o.nproc,
+                 "data-parallel CPU worker processes to start (each with cores/N threads)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--backend", o.backend, "process group backend (gloo)")
+      ->check(CLI::IsMember({"gloo", "nccl"}));
+  app.add_flag("--sync-bn", o.sync_bn, "batch-norm statistics over every rank (SyncBatchNorm)");
+  app.add_flag("--scale-lr", o.scale_lr, "multiply the lr by the world size (linear scaling)");
+  app.add_option("--max-restarts", o.max_restarts,
+                 "with --nproc: restart the workers from the last checkpoint after a failure")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--print-buckets", o.print_buckets, "print the DDP bucket plan");
+  app.add_option("--trace", o.trace,
+                 "write a Chrome trace (chrome://tracing, Perfetto) of every rank's steps: data, "
+                 "forward, backward, each bucket's allreduce, optimizer");
   try {
     app.parse(argc, argv);
     if (o.eval_only && o.resume.empty())
@@ -56,6 +75,19 @@ int main(int argc, char** argv) {
     return status == 0 ? 0 : 2;
   }
   try {
+    if (o.nproc > 1 && !loom::dist::launched_by_launcher()) {
+      // Start the workers: this same program, without --nproc, under dist::launch (what loomrun
+      // does), which gives each its rank in the environment.
+      std::vector<std::string> args(argv + 1, argv + argc);
+      args = loom::dist::strip_flag(args, "--nproc", true);
+      args = loom::dist::strip_flag(args, "--max-restarts", true);
+      args.insert(args.begin(), loom::dist::current_executable());
+      loom::dist::LaunchOptions launch;
+      launch.nproc_per_node = o.nproc;
+      launch.master_port = 0;
+      launch.max_restarts = o.max_restarts;
+      return loom::dist::launch(launch, args);
+    }
     resnet18_cifar::run(o);
   } catch (const loom::Error& e) {
     std::fprintf(stderr, "resnet18_cifar: %s\n", e.what());

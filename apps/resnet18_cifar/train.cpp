@@ -6,6 +6,17 @@
 // Resuming restores the weights, optimizer, schedule, generator, epoch and step, and the loader
 // skips the batches already trained: the data order and augmentation are functions of (seed,
 // epoch, sample index), so the resumed run sees exactly the batches the uninterrupted one did.
+//
+// Note [resnet18_cifar in parallel]
+// Started by a launcher (loomrun, torchrun --no-python, or this program's own --nproc, which
+// re-launches itself through dist::launch), each process is one rank: it joins the store and a
+// gloo process group, wraps the model in DistributedDataParallel (SyncBatchNorm first with
+// --sync-bn), and trains on its DistributedSampler share; --batch-size is per process, so the
+// global batch is batch x world (--scale-lr multiplies the lr by the world size). Every rank
+// evaluates a strided shard of the test set; the metrics are summed over ranks with one
+// allreduce. Only rank 0 prints, logs and writes checkpoints. After a failure the launcher
+// restarts every rank with LOOM_RESTART_COUNT > 0: they resume from
+// <checkpoint-dir>/last.safetensors, written at the end of every epoch.
 
 #include "train.h"
 
@@ -15,6 +26,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -23,6 +35,12 @@
 #include "data/idx.h"
 #include "data/loader.h"
 #include "data/synthetic.h"
+#include "dist/ddp.h"
+#include "dist/process_group.h"
+#include "dist/sampler.h"
+#include "dist/store.h"
+#include "dist/sync_batchnorm.h"
+#include "dist/trace.h"
 #include "loom.h"
 #include "optim/checkpoint.h"
 #include "optim/schedule.h"
@@ -79,25 +97,75 @@ class ProgressBar {
   Clock::time_point last_{};
 };
 
-struct Evaluation {
-  double loss = 0, accuracy = 0;
+// Sums over the samples a rank saw, so that ranks can add them up.
+struct Totals {
+  double loss = 0, correct = 0, seen = 0;
+  double mean_loss() const { return seen > 0 ? loss / seen : 0.0; }
+  double accuracy() const { return seen > 0 ? correct / seen : 0.0; }
 };
 
-Evaluation evaluate(nn::Module& model, data::DataLoader& loader) {
+// Rank r of W takes test samples r, r + W, ...: every sample once over all ranks (no padding).
+class ShardSampler : public data::Sampler {
+ public:
+  ShardSampler(int64_t n, int rank, int world) : n_(n), rank_(rank), world_(world) {}
+  std::vector<int64_t> indices(int64_t) const override {
+    std::vector<int64_t> out;
+    for (int64_t i = rank_; i < n_; i += world_) out.push_back(i);
+    return out;
+  }
+
+ private:
+  int64_t n_;
+  int rank_, world_;
+};
+
+Totals evaluate(nn::Module& model, data::DataLoader& loader) {
   model.eval();
   NoGradGuard no_grad;
-  double loss_sum = 0, correct = 0;
-  int64_t seen = 0;
+  Totals t;
   loader.start_epoch(0);
   while (auto batch = loader.next()) {
     const Tensor logits = model.forward(batch->images);
-    const int64_t n = batch->labels.size(0);
-    loss_sum += cross_entropy(logits, batch->labels).item() * static_cast<double>(n);
-    correct += sum(argmax(logits, 1) == batch->labels).item();
-    seen += n;
+    const auto n = static_cast<double>(batch->labels.size(0));
+    t.loss += cross_entropy(logits, batch->labels).item() * n;
+    t.correct += sum(argmax(logits, 1) == batch->labels).item();
+    t.seen += n;
   }
   model.train();
-  return {seen ? loss_sum / seen : 0.0, seen ? correct / seen : 0.0};
+  return t;
+}
+
+// The job this process belongs to (one rank of one when not launched).
+struct Job {
+  int rank = 0, world = 1;
+  std::shared_ptr<dist::Store> store;
+  std::shared_ptr<dist::ProcessGroup> group;
+  bool parallel() const { return group != nullptr; }
+  bool leader() const { return rank == 0; }
+  // Element-wise sums over ranks of a few numbers.
+  std::vector<double> sum(std::vector<double> v) const {
+    if (!group) return v;
+    Tensor t = tensor<double>(v, {static_cast<int64_t>(v.size())});
+    group->allreduce(t, dist::ReduceOp::Sum)->wait();
+    return t.to_vector<double>();
+  }
+  Totals sum(const Totals& t) const {
+    const std::vector<double> v = sum(std::vector<double>{t.loss, t.correct, t.seen});
+    return {v[0], v[1], v[2]};
+  }
+};
+
+Job join_job(const Options& o) {
+  Job job;
+  if (!dist::launched_by_launcher()) return job;
+  LOOM_CHECK(o.backend == "gloo", ValueError, "--backend ", o.backend,
+             " is not available on CPUs (gloo is); nccl comes with the CUDA backend");
+  const dist::Environment env = dist::environment_from_env();
+  job.rank = env.rank;
+  job.world = env.world_size;
+  job.store = dist::rendezvous(env, std::chrono::minutes(5));
+  job.group = dist::make_gloo_process_group(job.store, env.rank, env.world_size);
+  return job;
 }
 
 std::unique_ptr<optim::LRSchedule> make_schedule(const Options& o, optim::Optimizer& opt,
@@ -156,7 +224,13 @@ Data load_data(const Options& o) {
 double run(const Options& o) {
   if (o.threads > 0) set_num_threads(o.threads);
   manual_seed(o.seed);
-  const bool tty = isatty(STDOUT_FILENO) != 0;
+  const Job job = join_job(o);
+  const bool tty = job.leader() && isatty(STDOUT_FILENO) != 0;
+  auto say = [&](const char* format, auto... args) {
+    if (!job.leader()) return;
+    std::printf(format, args...);
+    std::fflush(stdout);
+  };
 
   const Data data = load_data(o);
   const Shape image = data.train.transforms.output_shape(data.train.dataset->image_shape());
@@ -166,36 +240,59 @@ double run(const Options& o) {
 
   data::LoaderOptions train_options{
       .batch_size = o.batch_size, .shuffle = true, .seed = o.seed, .num_workers = o.workers};
+  std::shared_ptr<const data::Sampler> train_sampler, test_sampler;
+  int64_t train_share = data.train.dataset->size();
+  if (job.parallel()) {
+    train_sampler = std::make_shared<dist::DistributedSampler>(data.train.dataset->size(), job.rank,
+                                                               job.world, /*shuffle=*/true, o.seed);
+    test_sampler = std::make_shared<ShardSampler>(data.test.dataset->size(), job.rank, job.world);
+    train_share = train_sampler->size();
+  }
   // A last batch of one sample cannot be batch-normalised in training: drop it in that case.
-  train_options.drop_last = data.train.dataset->size() % o.batch_size == 1;
-  data::DataLoader train_loader(data.train.dataset, data.train.transforms, train_options);
+  train_options.drop_last = train_share % o.batch_size == 1;
+  data::DataLoader train_loader(data.train.dataset, data.train.transforms, train_options,
+                                train_sampler);
   data::DataLoader test_loader(data.test.dataset, data.test.transforms,
                                {.batch_size = std::max<int64_t>(o.batch_size, 256),
                                 .shuffle = false,
                                 .seed = o.seed,
-                                .num_workers = o.workers});
+                                .num_workers = o.workers},
+                               test_sampler);
   const int64_t steps_per_epoch = train_loader.batches_per_epoch();
   const int64_t total_steps = std::max<int64_t>(1, steps_per_epoch * o.epochs);
 
+  const double lr = o.lr * (o.scale_lr ? job.world : 1);
   optim::SGD optimizer(
       model->parameters(),
-      {.lr = o.lr, .momentum = o.momentum, .weight_decay = o.weight_decay, .nesterov = o.nesterov});
-  auto schedule = make_schedule(o, optimizer, total_steps);
+      {.lr = lr, .momentum = o.momentum, .weight_decay = o.weight_decay, .nesterov = o.nesterov});
+  Options with_lr = o;
+  with_lr.lr = lr;
+  auto schedule = make_schedule(with_lr, optimizer, total_steps);
 
+  // A restarted job (the launcher sets LOOM_RESTART_COUNT) resumes from its last checkpoint.
+  std::string resume = o.resume;
+  const char* restarts = std::getenv("LOOM_RESTART_COUNT");
+  const std::string last =
+      o.checkpoint_dir.empty()
+          ? std::string()
+          : (std::filesystem::path(o.checkpoint_dir) / "last.safetensors").string();
+  if (resume.empty() && restarts && std::atoi(restarts) > 0 && !last.empty() &&
+      std::filesystem::exists(last))
+    resume = last;
   optim::TrainingProgress progress;
-  if (!o.resume.empty()) {
-    progress = o.eval_only ? optim::load_checkpoint(o.resume, *model)
-                           : optim::load_checkpoint(o.resume, *model, &optimizer, schedule.get());
-    std::printf("resumed from %s: %lld epochs and %lld steps done\n", o.resume.c_str(),
-                static_cast<long long>(progress.epoch), static_cast<long long>(progress.step));
+  if (!resume.empty()) {
+    progress = o.eval_only ? optim::load_checkpoint(resume, *model)
+                           : optim::load_checkpoint(resume, *model, &optimizer, schedule.get());
+    say("resumed from %s: %lld epochs and %lld steps done\n", resume.c_str(),
+        static_cast<long long>(progress.epoch), static_cast<long long>(progress.step));
   }
 
-  std::printf("resnet18_cifar: ResNet-18 width %lld (%lld parameters), %s\n",
-              static_cast<long long>(o.width), static_cast<long long>(model->num_parameters()),
-              data.description.c_str());
+  say("resnet18_cifar: ResNet-18 width %lld (%lld parameters), %s\n",
+      static_cast<long long>(o.width), static_cast<long long>(model->num_parameters()),
+      data.description.c_str());
   std::FILE* log = nullptr;
-  if (!o.log_json.empty()) {
-    log = std::fopen(o.log_json.c_str(), o.resume.empty() ? "w" : "a");
+  if (!o.log_json.empty() && job.leader()) {
+    log = std::fopen(o.log_json.c_str(), resume.empty() ? "w" : "a");
     LOOM_CHECK(log != nullptr, IOError, "cannot open the JSON log ", o.log_json);
   }
   auto log_line = [&](const nlohmann::json& j) {
@@ -205,17 +302,31 @@ double run(const Options& o) {
   };
 
   if (o.eval_only) {
-    const Evaluation test = evaluate(*model, test_loader);
-    std::printf("test loss %.4f  test accuracy %.2f%%\n", test.loss, 100 * test.accuracy);
-    log_line({{"epoch", progress.epoch}, {"test_loss", test.loss}, {"test_acc", test.accuracy}});
+    const Totals test = job.sum(evaluate(*model, test_loader));
+    say("test loss %.4f  test accuracy %.2f%%\n", test.mean_loss(), 100 * test.accuracy());
+    log_line({{"epoch", progress.epoch},
+              {"test_loss", test.mean_loss()},
+              {"test_acc", test.accuracy()}});
     if (log) std::fclose(log);
-    return test.accuracy;
+    return test.accuracy();
   }
 
-  std::printf(
-      "batch %lld, %d threads, %d loader workers; SGD lr %g momentum %g%s weight decay "
-      "%g, schedule %s; %lld steps per epoch\n",
-      static_cast<long long>(o.batch_size), get_num_threads(), o.workers, o.lr, o.momentum,
+  // The network the training steps run through: the model, or DDP around it.
+  std::shared_ptr<dist::DistributedDataParallel> ddp;
+  if (job.parallel()) {
+    if (o.sync_bn) dist::convert_sync_batchnorm(*model, job.group);
+    ddp = std::make_shared<dist::DistributedDataParallel>(model, job.group);
+    say("data parallel: world size %d (%s), global batch %lld, effective lr %g%s; %zu DDP "
+        "buckets\n",
+        job.world, job.group->backend().c_str(), static_cast<long long>(o.batch_size * job.world),
+        lr, o.sync_bn ? ", SyncBatchNorm" : "", ddp->reducer().buckets().size());
+    if (o.print_buckets) say("%s", ddp->bucket_plan().c_str());
+  }
+  nn::Module& net = ddp ? static_cast<nn::Module&>(*ddp) : *model;
+
+  say("batch %lld, %d threads, %d loader workers; SGD lr %g momentum %g%s weight decay %g, "
+      "schedule %s; %lld steps per epoch\n",
+      static_cast<long long>(o.batch_size), get_num_threads(), o.workers, lr, o.momentum,
       o.nesterov ? " (nesterov)" : "", o.weight_decay, o.schedule.c_str(),
       static_cast<long long>(steps_per_epoch));
 
@@ -225,100 +336,148 @@ double run(const Options& o) {
                                 {"num_classes", std::to_string(data.train.dataset->num_classes())},
                                 {"dataset", o.dataset},
                                 {"mean", floats_json(data.mean)},
-                                {"std", floats_json(data.std)}};
+                                {"std", floats_json(data.std)},
+                                {"world_size", std::to_string(job.world)}};
   auto checkpoint = [&](const std::string& name) {
-    if (o.checkpoint_dir.empty()) return;
+    if (o.checkpoint_dir.empty() || !job.leader()) return;
     std::filesystem::create_directories(o.checkpoint_dir);
     const std::string path = (std::filesystem::path(o.checkpoint_dir) / name).string();
     optim::save_checkpoint(path, *model, optimizer, schedule.get(), progress, info);
   };
 
   ProgressBar bar(tty);
-  Evaluation test;
+  dist::Trace trace(job.rank);
+  double overlap_total = 0;
+  int64_t overlap_steps = 0;
+  Totals test;
   bool stopped = false, evaluated = false;
   for (int64_t epoch = progress.epoch; epoch < o.epochs && !stopped; ++epoch) {
     if (o.max_steps >= 0 && progress.step >= o.max_steps) break;
     const auto epoch_start = Clock::now();
     const int64_t skip = progress.batch;
     train_loader.start_epoch(epoch, skip);
-    model->train();
-    double loss_sum = 0, correct = 0, train_seconds = 0, first_step_seconds = 0;
-    int64_t seen = 0, first_step_images = 0, trained = 0;
+    net.train();
+    Totals train;
+    double train_seconds = 0, first_step_seconds = 0, overlap_sum = 0;
+    int64_t first_step_images = 0, trained = 0;
+    double data_start = dist::steady_seconds();
     while (auto batch = train_loader.next()) {
       if (o.max_steps >= 0 && progress.step >= o.max_steps) {
         stopped = true;
         break;
       }
       const auto step_start = Clock::now();
+      const double t0 = dist::steady_seconds();
       optimizer.zero_grad();
-      const Tensor logits = model->forward(batch->images);
+      const Tensor logits = net.forward(batch->images);
       Tensor loss = cross_entropy(logits, batch->labels);
+      const double t1 = dist::steady_seconds();
       loss.backward();
+      const double t2 = dist::steady_seconds();
       optimizer.step();
       schedule->step();
-      const int64_t n = batch->labels.size(0);
+      if (!o.trace.empty()) {
+        const double t3 = dist::steady_seconds();
+        trace.add("data", "data", data_start, t0);
+        trace.add("forward", "compute", t0, t1);
+        trace.add("backward", "compute", t1, t2);
+        trace.add("optimizer", "compute", t2, t3);
+        if (ddp) {
+          const dist::ReducerTimeline& tl = ddp->reducer().timeline();
+          for (size_t b = 0; b < tl.launched.size(); ++b)
+            trace.add("allreduce bucket " + std::to_string(b), "communication",
+                      tl.start + tl.launched[b], tl.start + tl.completed[b], 1);
+        }
+      }
+      const auto n = batch->labels.size(0);
       {
         NoGradGuard no_grad;
-        loss_sum += loss.item() * static_cast<double>(n);
-        correct += sum(argmax(logits, 1) == batch->labels).item();
+        train.loss += loss.item() * static_cast<double>(n);
+        train.correct += sum(argmax(logits, 1) == batch->labels).item();
       }
       const double step_seconds = seconds_since(step_start);
       if (trained == 0) {
         first_step_seconds = step_seconds;
         first_step_images = n;
       }
+      if (ddp) {
+        const double overlap = ddp->reducer().timeline().overlap();
+        overlap_sum += overlap;
+        overlap_total += overlap;
+        ++overlap_steps;
+      }
       train_seconds += step_seconds;
-      seen += n;
+      train.seen += static_cast<double>(n);
       ++trained;
       ++progress.step;
       progress.batch = skip + trained;
-      const double ips = trained > 1 ? (seen - first_step_images) /
-                                           std::max(1e-9, train_seconds - first_step_seconds)
-                                     : n / std::max(1e-9, step_seconds);
+      const double ips =
+          job.world * (trained > 1 ? (train.seen - first_step_images) /
+                                         std::max(1e-9, train_seconds - first_step_seconds)
+                                   : n / std::max(1e-9, step_seconds));
       const double eta = (steps_per_epoch - progress.batch) * train_seconds / trained;
-      bar.update(static_cast<int>(epoch + 1), progress.batch, steps_per_epoch, loss_sum / seen,
-                 correct / seen, ips, eta);
+      bar.update(static_cast<int>(epoch + 1), progress.batch, steps_per_epoch, train.mean_loss(),
+                 train.accuracy(), ips, eta);
+      data_start = dist::steady_seconds();
     }
     bar.clear();
-    const double images_per_s =
-        trained > 1 ? (seen - first_step_images) / (train_seconds - first_step_seconds)
-                    : (trained == 1 ? seen / train_seconds : 0.0);
+    // Images per second of the whole job: every rank's training images over this rank's
+    // training time, the first step left out.
+    const double local_ips =
+        trained > 1 ? (train.seen - first_step_images) / (train_seconds - first_step_seconds)
+                    : (trained == 1 ? train.seen / train_seconds : 0.0);
     if (!stopped) {
       progress.epoch = epoch + 1;
       progress.batch = 0;
     }
-    test = evaluate(*model, test_loader);
+    const Totals train_all = job.sum(train);
+    test = job.sum(evaluate(*model, test_loader));
     evaluated = true;
+    const double images_per_s = local_ips * job.world;
     const double seconds = seconds_since(epoch_start);
-    const double train_loss = seen ? loss_sum / seen : 0.0, train_acc = seen ? correct / seen : 0.0;
-    std::printf(
-        "epoch %lld/%d  train loss %.4f  acc %.2f%%  test loss %.4f  acc %.2f%%  "
-        "%.0f img/s  data wait %.1f s  %.1f s%s\n",
-        static_cast<long long>(epoch + 1), o.epochs, train_loss, 100 * train_acc, test.loss,
-        100 * test.accuracy, images_per_s, train_loader.wait_seconds(), seconds,
+    std::string extra;
+    if (ddp && trained > 0) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "  allreduce overlap %.0f%%", 100 * overlap_sum / trained);
+      extra = buf;
+    }
+    say("epoch %lld/%d  train loss %.4f  acc %.2f%%  test loss %.4f  acc %.2f%%  %.0f img/s  "
+        "data wait %.1f s%s  %.1f s%s\n",
+        static_cast<long long>(epoch + 1), o.epochs, train_all.mean_loss(),
+        100 * train_all.accuracy(), test.mean_loss(), 100 * test.accuracy(), images_per_s,
+        train_loader.wait_seconds(), extra.c_str(), seconds,
         stopped ? "  (stopped by --max-steps)" : "");
-    std::fflush(stdout);
     log_line({{"epoch", epoch + 1},
-              {"train_loss", train_loss},
-              {"train_acc", train_acc},
-              {"test_loss", test.loss},
-              {"test_acc", test.accuracy},
+              {"train_loss", train_all.mean_loss()},
+              {"train_acc", train_all.accuracy()},
+              {"test_loss", test.mean_loss()},
+              {"test_acc", test.accuracy()},
               {"images_per_s", images_per_s},
               {"seconds", seconds},
               {"steps", progress.step},
+              {"world_size", job.world},
               {"complete", !stopped}});
     if (!stopped) {
       char name[48];
       std::snprintf(name, sizeof name, "epoch-%03lld.safetensors",
                     static_cast<long long>(epoch + 1));
       checkpoint(name);
+      checkpoint("last.safetensors");  // what a restarted job resumes from
     }
   }
-  if (!evaluated) test = evaluate(*model, test_loader);  // nothing left to train
+  if (!evaluated) test = job.sum(evaluate(*model, test_loader));  // nothing left to train
   checkpoint("last.safetensors");
   if (log) std::fclose(log);
-  std::printf("test accuracy %.2f%%\n", 100 * test.accuracy);
-  return test.accuracy;
+  if (overlap_steps > 0)
+    say("communication hidden behind backward: %.0f%% of the allreduce time (mean over %lld "
+        "steps)\n",
+        100 * overlap_total / overlap_steps, static_cast<long long>(overlap_steps));
+  if (!o.trace.empty()) {
+    trace.write(o.trace, job.store.get(), job.world);
+    say("trace of %zu events per rank written to %s\n", trace.size(), o.trace.c_str());
+  }
+  say("test accuracy %.2f%%\n", 100 * test.accuracy());
+  return test.accuracy();
 }
 
 }  // namespace resnet18_cifar

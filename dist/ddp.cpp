@@ -1,0 +1,365 @@
+// dist/ddp.cpp — the bucketed reducer and DistributedDataParallel (Note [The bucketed reducer]).
+
+#include "dist/ddp.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <sstream>
+#include <unordered_set>
+
+#include "autograd/graph.h"
+#include "tensor/copy.h"
+#include "tensor/elementwise.h"
+#include "tensor/index.h"
+#include "tensor/view.h"
+
+namespace loom::dist {
+
+namespace k = kernels;
+
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// ------------------------------------------------------------------ communication hooks
+
+class AllreduceHook : public CommHook {
+ public:
+  std::string name() const override { return "allreduce"; }
+  PendingReduction start(ProcessGroup& group, GradBucket& bucket) override {
+    Tensor buffer = bucket.buffer;
+    const double scale = 1.0 / group.size();
+    return {group.allreduce(buffer, ReduceOp::Sum),
+            [buffer, scale] { k::mul_scalar_(buffer, scale); }};
+  }
+};
+
+// Each rank's buffer travels in 16 bits; the sum is taken in float32 on every rank.
+class CompressHook : public CommHook {
+ public:
+  explicit CompressHook(DType wire) : wire_(wire) {}
+  std::string name() const override {
+    return wire_ == kFloat16 ? "fp16_compress" : "bf16_compress";
+  }
+  PendingReduction start(ProcessGroup& group, GradBucket& bucket) override {
+    Tensor buffer = bucket.buffer;
+    Tensor compressed = k::to_dtype(buffer, wire_);
+    std::vector<Tensor> gathered;
+    for (int r = 0; r < group.size(); ++r) gathered.push_back(empty(compressed.sizes(), wire_));
+    const double scale = 1.0 / group.size();
+    auto work = group.allgather(gathered, compressed);
+    return {work, [buffer, gathered, scale] {
+              Tensor sum = zeros(buffer.sizes(), kFloat32);
+              for (const Tensor& g : gathered) k::add_(sum, k::to_dtype(g, kFloat32));
+              k::mul_scalar_(sum, scale);
+              k::copy_(buffer, sum);
+            }};
+  }
+
+ private:
+  DType wire_;
+};
+
+}  // namespace
+
+std::shared_ptr<CommHook> allreduce_hook() { return std::make_shared<AllreduceHook>(); }
+std::shared_ptr<CommHook> fp16_compress_hook() { return std::make_shared<CompressHook>(kFloat16); }
+std::shared_ptr<CommHook> bf16_compress_hook() { return std::make_shared<CompressHook>(kBFloat16); }
+
+// ------------------------------------------------------------------ broadcast
+
+void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors, int root) {
+  // One flat buffer per dtype: one collective instead of one per tensor.
+  std::map<DType, std::vector<Tensor>> by_dtype;
+  for (const Tensor& t : tensors)
+    if (t.defined() && t.numel() > 0) by_dtype[t.dtype()].push_back(t);
+  NoGradGuard no_grad;
+  for (auto& [dtype, list] : by_dtype) {
+    std::vector<Tensor> flat;
+    for (const Tensor& t : list) flat.push_back(k::view(k::contiguous(t), {t.numel()}));
+    Tensor buffer = flat.size() == 1 ? k::clone(flat[0]) : k::cat(flat, 0);
+    group.broadcast(buffer, root)->wait();
+    int64_t offset = 0;
+    for (const Tensor& t : list) {
+      k::copy_(t, k::view(k::narrow(buffer, 0, offset, t.numel()), t.sizes()));
+      t.bump_version();
+      offset += t.numel();
+    }
+  }
+}
+
+// ------------------------------------------------------------------ timeline
+
+double ReducerTimeline::overlap() const {
+  double total = 0, hidden = 0;
+  for (size_t b = 0; b < launched.size(); ++b) {
+    const double span = std::max(0.0, completed[b] - launched[b]);
+    total += span;
+    hidden += std::clamp(backward_seconds - launched[b], 0.0, span);
+  }
+  return total > 0 ? hidden / total : 0.0;
+}
+
+// ------------------------------------------------------------------ the reducer
+
+Reducer::Reducer(std::vector<Tensor> params, std::vector<std::string> names,
+                 std::shared_ptr<ProcessGroup> group, DDPOptions options)
+    : params_(std::move(params)),
+      names_(std::move(names)),
+      group_(std::move(group)),
+      options_(options),
+      hook_(allreduce_hook()) {
+  LOOM_CHECK(group_ != nullptr, ValueError, "DistributedDataParallel: the process group is null");
+  LOOM_CHECK(options_.first_bucket_bytes > 0 && options_.bucket_bytes > 0, ValueError,
+             "DistributedDataParallel: bucket sizes must be positive; got first_bucket_bytes=",
+             options_.first_bucket_bytes, " bucket_bytes=", options_.bucket_bytes);
+  std::vector<size_t> order(params_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;  // reverse
+  build_buckets(order);
+  for (size_t i = 0; i < params_.size(); ++i)
+    hook_handles_.push_back(
+        params_[i].register_post_accumulate_grad_hook([this, i](Tensor&) { mark_ready(i); }));
+}
+
+Reducer::~Reducer() {
+  for (size_t i = 0; i < params_.size(); ++i)
+    params_[i].remove_post_accumulate_grad_hook(hook_handles_[i]);
+}
+
+void Reducer::register_comm_hook(std::shared_ptr<CommHook> hook) {
+  LOOM_CHECK(hook != nullptr, ValueError, "register_comm_hook: the hook is null");
+  LOOM_CHECK(iterations_ == 0 && !expecting_backward_, ValueError,
+             "register_comm_hook: register the hook before the first backward");
+  hook_ = std::move(hook);
+}
+
+void Reducer::build_buckets(const std::vector<size_t>& order) {
+  NoGradGuard no_grad;
+  buckets_.clear();
+  where_.assign(params_.size(), {0, 0});
+  views_.assign(params_.size(), Tensor());
+  // Close a bucket once it reaches its cap (the first one's is smaller); a dtype change closes
+  // it too (one flat buffer has one dtype).
+  std::vector<std::vector<size_t>> groups;
+  int64_t bytes = 0, cap = options_.first_bucket_bytes;
+  for (size_t i : order) {
+    const Tensor& p = params_[i];
+    if (groups.empty() || bytes >= cap || params_[groups.back().front()].dtype() != p.dtype()) {
+      if (!groups.empty()) cap = options_.bucket_bytes;  // the first bucket is closed
+      groups.emplace_back();
+      bytes = 0;
+    }
+    groups.back().push_back(i);
+    bytes += static_cast<int64_t>(p.nbytes());
+  }
+  for (const std::vector<size_t>& members : groups) {
+    Bucket bucket;
+    bucket.params = members;
+    int64_t numel = 0;
+    for (size_t i : members) {
+      bucket.offsets.push_back(numel);
+      numel += params_[i].numel();
+    }
+    bucket.buffer = zeros({numel}, params_[members.front()].dtype());
+    for (size_t pos = 0; pos < members.size(); ++pos) {
+      const size_t i = members[pos];
+      Tensor& p = params_[i];
+      views_[i] = k::view(k::narrow(bucket.buffer, 0, bucket.offsets[pos], p.numel()), p.sizes());
+      where_[i] = {buckets_.size(), pos};
+      if (Tensor g = p.grad(); g.defined()) k::copy_(views_[i], g);
+      p.set_grad(views_[i]);
+    }
+    buckets_.push_back(std::move(bucket));
+  }
+}
+
+void Reducer::prepare_for_backward(const Tensor& output) {
+  expecting_backward_ = require_sync_;
+  callback_queued_ = false;
+  ready_.assign(params_.size(), false);
+  pending_.clear();
+  for (const Bucket& b : buckets_) pending_.push_back(b.params.size());
+  next_launch_ = 0;
+  inflight_.clear();
+  unused_.clear();
+  if (!expecting_backward_ || !options_.find_unused_parameters) return;
+
+  // The parameters whose AccumulateGrad node the output's graph cannot reach.
+  std::unordered_set<autograd::Node*> seen;
+  std::vector<autograd::Node*> stack;
+  if (autograd::Edge root = autograd::gradient_edge(output); root.valid()) {
+    seen.insert(root.node.get());
+    stack.push_back(root.node.get());
+  }
+  while (!stack.empty()) {
+    autograd::Node* n = stack.back();
+    stack.pop_back();
+    for (const autograd::Edge& e : n->next_edges())
+      if (e.valid() && seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    autograd::AutogradMeta* m = autograd::meta_or_null(params_[i]);
+    const auto acc = m ? m->grad_accumulator.lock() : nullptr;
+    if (!acc || !seen.count(acc.get())) unused_.push_back(i);
+  }
+}
+
+void Reducer::mark_ready(size_t i) {
+  if (!expecting_backward_ || ready_[i]) return;
+  if (!callback_queued_) {
+    callback_queued_ = true;
+    backward_start_ = now_seconds();
+    timeline_.start = backward_start_;
+    timeline_.launched.assign(buckets_.size(), 0.0);
+    timeline_.completed.assign(buckets_.size(), 0.0);
+    autograd::queue_callback([this] { finalize(); });
+    for (size_t u : unused_) {  // they will get no gradient: zero, and ready now
+      k::fill_(views_[u], 0.0);
+      params_[u].set_grad(views_[u]);
+      ready_[u] = true;
+      if (--pending_[where_[u].first] == 0) launch_ready_buckets();
+    }
+    if (ready_[i]) return;
+  }
+  if (options_.rebuild_buckets && !rebuilt_) arrival_.push_back(i);
+  // The gradient must live in the bucket: it does unless zero_grad(set_to_none) dropped the
+  // view and AccumulateGrad made a fresh tensor, which is then copied in (once per step).
+  Tensor g = params_[i].grad();
+  if (!(g.defined() && g.is_alias_of(views_[i]) && g.data() == views_[i].data())) {
+    NoGradGuard no_grad;
+    if (g.defined())
+      k::copy_(views_[i], g);
+    else
+      k::fill_(views_[i], 0.0);
+    params_[i].set_grad(views_[i]);
+  }
+  ready_[i] = true;
+  if (--pending_[where_[i].first] == 0) launch_ready_buckets();
+}
+
+void Reducer::launch_ready_buckets() {
+  while (next_launch_ < buckets_.size() && pending_[next_launch_] == 0) {
+    Bucket& b = buckets_[next_launch_];
+    GradBucket view{static_cast<int>(next_launch_), b.buffer, {}};
+    for (size_t i : b.params) view.names.push_back(names_[i]);
+    timeline_.launched[next_launch_] = now_seconds() - backward_start_;
+    inflight_.push_back(hook_->start(*group_, view));
+    ++next_launch_;
+  }
+}
+
+void Reducer::finalize() {
+  expecting_backward_ = false;
+  const double backward_end = now_seconds();
+  if (next_launch_ < buckets_.size()) {
+    for (PendingReduction& r : inflight_) r.work->wait();  // leave no collective behind
+    std::vector<std::string> missing;
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (!ready_[i]) missing.push_back(names_[i]);
+    std::ostringstream msg;
+    msg << "DistributedDataParallel: " << missing.size()
+        << " parameters received no gradient in this backward, so their buckets could not be "
+           "reduced:";
+    for (size_t k = 0; k < missing.size() && k < 10; ++k) msg << " " << missing[k];
+    if (missing.size() > 10) msg << " ...";
+    msg << ". If the model does not use every parameter in every step, construct DDP with "
+           "find_unused_parameters = true.";
+    throw ValueError(msg.str());
+  }
+  NoGradGuard no_grad;
+  for (size_t b = 0; b < inflight_.size(); ++b) {
+    inflight_[b].work->wait();
+    if (inflight_[b].finish) inflight_[b].finish();
+    const double done = inflight_[b].work->finished_at();
+    timeline_.completed[b] = (done > 0 ? done : now_seconds()) - backward_start_;
+  }
+  timeline_.backward_seconds = backward_end - backward_start_;
+  inflight_.clear();
+  ++iterations_;
+
+  if (options_.rebuild_buckets && !rebuilt_) {
+    // Rank 0's arrival order, for everyone; parameters that never arrived go last.
+    rebuilt_ = true;
+    std::vector<int64_t> order(params_.size());
+    std::vector<bool> placed(params_.size(), false);
+    size_t n = 0;
+    for (size_t i : arrival_)
+      if (!placed[i]) {
+        placed[i] = true;
+        order[n++] = static_cast<int64_t>(i);
+      }
+    for (size_t i = params_.size(); i-- > 0;)
+      if (!placed[i]) order[n++] = static_cast<int64_t>(i);
+    Tensor t = tensor<int64_t>(order, {static_cast<int64_t>(order.size())});
+    group_->broadcast(t, 0)->wait();
+    std::vector<size_t> agreed;
+    for (int64_t v : t.to_vector<int64_t>()) agreed.push_back(static_cast<size_t>(v));
+    build_buckets(agreed);
+    arrival_.clear();
+  }
+}
+
+std::string Reducer::plan() const {
+  std::ostringstream out;
+  int64_t total = 0;
+  for (const Bucket& b : buckets_) total += b.bytes();
+  char line[160];
+  std::snprintf(line, sizeof line, "DDP bucket plan: %zu parameters in %zu buckets, %.2f MiB%s\n",
+                params_.size(), buckets_.size(), total / 1048576.0,
+                rebuilt_ ? " (rebuilt from the order gradients arrived)" : "");
+  out << line;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const Bucket& bucket = buckets_[b];
+    std::snprintf(line, sizeof line, "  bucket %zu: %.2f MiB, %zu parameters\n", b,
+                  bucket.bytes() / 1048576.0, bucket.params.size());
+    out << line;
+    for (size_t i : bucket.params) {
+      const std::string shape = detail::str(params_[i].sizes());
+      std::snprintf(line, sizeof line, "    %-40s %-18s %8.1f KiB\n", names_[i].c_str(),
+                    shape.c_str(), params_[i].nbytes() / 1024.0);
+      out << line;
+    }
+  }
+  return out.str();
+}
+
+// ------------------------------------------------------------------ DistributedDataParallel
+
+DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module,
+                                                 std::shared_ptr<ProcessGroup> group,
+                                                 DDPOptions options)
+    : nn::Module("DistributedDataParallel"),
+      module_(register_module("module", std::move(module))),
+      group_(std::move(group)),
+      options_(options) {
+  LOOM_CHECK(group_ != nullptr, ValueError, "DistributedDataParallel: the process group is null");
+  // Every replica starts from rank 0's weights and buffers.
+  std::vector<Tensor> state;
+  for (auto& [name, t] : module_->state_dict()) state.push_back(t);
+  if (group_->size() > 1) broadcast_coalesced(*group_, state, 0);
+  std::vector<Tensor> params;
+  std::vector<std::string> names;
+  for (auto& [name, p] : module_->named_parameters())
+    if (p.requires_grad()) {
+      params.push_back(p);
+      names.push_back(name);
+    }
+  reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), group_, options_);
+}
+
+void DistributedDataParallel::sync_buffers() {
+  broadcast_coalesced(*group_, module_->buffers(), 0);
+}
+
+Tensor DistributedDataParallel::forward(const Tensor& input) {
+  if (options_.broadcast_buffers && group_->size() > 1 && is_training()) sync_buffers();
+  Tensor output = module_->forward(input);
+  if (autograd::grad_enabled() && output.requires_grad()) reducer_->prepare_for_backward(output);
+  return output;
+}
+
+}  // namespace loom::dist

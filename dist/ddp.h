@@ -1,0 +1,191 @@
+// dist/ddp.h — DistributedDataParallel: every rank holds a replica of the model, computes the
+// gradients of its own share of the batch, and the bucketed reducer averages the gradients
+// across ranks while backward is still running, as PyTorch's DDP does.
+//
+// Note [The bucketed reducer]
+// 1. Plan. Parameters are taken in reverse order of registration (the order backward tends to
+//    produce their gradients: the last layer first) and packed into buckets: the first bucket
+//    holds about first_bucket_bytes (1 MiB: a small bucket gets communication going early), the
+//    others about bucket_bytes (25 MiB). Each bucket owns one flat buffer; each parameter's .grad
+//    is a view into it, so AccumulateGrad writes gradients straight into the buffer that gets
+//    reduced (no copy; gradient_as_bucket_view in PyTorch).
+// 2. Hooks. A post-accumulate-grad hook on every parameter marks it ready. When the last
+//    parameter of a bucket is ready, the bucket's allreduce starts at once, asynchronously, and
+//    backward goes on computing the gradients of earlier layers while it travels: that is the
+//    overlap. Buckets are launched strictly in plan order (bucket b waits for b - 1), so every
+//    rank issues the same collectives in the same order, whatever order its hooks fire in.
+// 3. Finish. The first hook of an iteration queues a callback that runs when backward ends
+//    (autograd::queue_callback): it waits for every bucket, divides by the world size, and the
+//    gradients are in place for the optimizer. A parameter that got no gradient leaves its
+//    bucket unlaunched: with find_unused_parameters the forward pass traced which parameters
+//    the loss can reach and the others are marked ready (with zero gradients) up front; without
+//    it, the callback raises an error naming them.
+// 4. Rebuild. After the first iteration the plan is rebuilt once from the order in which
+//    gradients really arrived on rank 0 (broadcast, so all ranks agree).
+// no_sync() skips steps 2-3: gradients accumulate locally until a synchronised backward.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/process_group.h"
+#include "nn/module.h"
+
+namespace loom::dist {
+
+// A bucket as a communication hook sees it: the flat gradients of its parameters.
+struct GradBucket {
+  int index = 0;
+  Tensor buffer;                   // 1-D, the parameters' gradients back to back
+  std::vector<std::string> names;  // the parameters, in buffer order
+};
+
+// What a hook started: the communication's handle, and what to do once it completed so that
+// `buffer` holds the average over ranks of every rank's buffer.
+struct PendingReduction {
+  std::shared_ptr<Work> work;
+  std::function<void()> finish;
+};
+
+class CommHook {
+ public:
+  virtual ~CommHook() = default;
+  virtual std::string name() const = 0;
+  virtual PendingReduction start(ProcessGroup& group, GradBucket& bucket) = 0;
+};
+
+// allreduce(sum) in the buffer's dtype, then / world size: the default.
+std::shared_ptr<CommHook> allreduce_hook();
+// The gradients travel in float16 / bfloat16 (half the bytes); every rank's compressed buffer
+// is gathered and summed in float32, so only the rounding to 16 bits is lost, never the sum.
+std::shared_ptr<CommHook> fp16_compress_hook();
+std::shared_ptr<CommHook> bf16_compress_hook();
+
+struct DDPOptions {
+  int64_t first_bucket_bytes = int64_t{1} << 20;
+  int64_t bucket_bytes = int64_t{25} << 20;
+  bool broadcast_buffers = true;  // rank 0's buffers (running statistics) before each forward
+  bool find_unused_parameters = false;
+  bool rebuild_buckets = true;  // Note [The bucketed reducer], step 4
+};
+
+// One bucket of the plan.
+struct Bucket {
+  std::vector<size_t> params;  // indices into the parameter list
+  std::vector<int64_t> offsets;
+  Tensor buffer;
+  int64_t bytes() const { return buffer.defined() ? static_cast<int64_t>(buffer.nbytes()) : 0; }
+};
+
+// What the last synchronised backward did, for reports: per bucket, when its allreduce was
+// launched and when it completed, relative to the start of backward (the first hook).
+struct ReducerTimeline {
+  double start = 0;             // the first hook, in steady-clock seconds
+  double backward_seconds = 0;  // first hook to the end-of-backward callback
+  std::vector<double> launched, completed;
+  // The share of the communication time that passed while backward was still computing.
+  double overlap() const;
+};
+
+class Reducer {
+ public:
+  Reducer(std::vector<Tensor> params, std::vector<std::string> names,
+          std::shared_ptr<ProcessGroup> group, DDPOptions options);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Called by DDP's forward when a backward will follow: resets the iteration and, with
+  // find_unused_parameters, finds the parameters `output` does not depend on.
+  void prepare_for_backward(const Tensor& output);
+  void set_require_sync(bool on) { require_sync_ = on; }
+  bool require_sync() const { return require_sync_; }
+  void register_comm_hook(std::shared_ptr<CommHook> hook);
+
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  // The plan as a table: bucket, size, parameters (names and shapes).
+  std::string plan() const;
+  const ReducerTimeline& timeline() const { return timeline_; }
+  int64_t iterations() const { return iterations_; }
+
+ private:
+  void build_buckets(const std::vector<size_t>& order);
+  void mark_ready(size_t index);
+  void launch_ready_buckets();
+  void finalize();
+
+  std::vector<Tensor> params_;
+  std::vector<std::string> names_;
+  std::shared_ptr<ProcessGroup> group_;
+  DDPOptions options_;
+  std::shared_ptr<CommHook> hook_;
+  std::vector<int> hook_handles_;
+
+  std::vector<Bucket> buckets_;
+  std::vector<std::pair<size_t, size_t>> where_;  // param -> (bucket, position in bucket)
+  std::vector<Tensor> views_;                     // param -> its view into a bucket buffer
+
+  // The iteration in flight.
+  bool require_sync_ = true;
+  bool expecting_backward_ = false, callback_queued_ = false;
+  std::vector<bool> ready_;
+  std::vector<size_t> pending_;  // per bucket: parameters not yet ready
+  size_t next_launch_ = 0;
+  std::vector<PendingReduction> inflight_;
+  std::vector<size_t> unused_;
+  std::vector<size_t> arrival_;  // the order of the first iteration's gradients
+  int64_t iterations_ = 0;
+  bool rebuilt_ = false;
+  double backward_start_ = 0;
+  ReducerTimeline timeline_;
+};
+
+class DistributedDataParallel : public nn::Module {
+ public:
+  // Broadcasts rank 0's parameters and buffers, plans the buckets and hooks the parameters.
+  DistributedDataParallel(nn::ModulePtr module, std::shared_ptr<ProcessGroup> group,
+                          DDPOptions options = {});
+
+  Tensor forward(const Tensor& input) override;
+  nn::Module& module() { return *module_; }
+  const nn::ModulePtr& module_ptr() const { return module_; }
+  ProcessGroup& group() { return *group_; }
+  Reducer& reducer() { return *reducer_; }
+
+  // While the guard lives, backward passes accumulate gradients locally (no communication);
+  // the next backward outside it reduces the accumulated sum.
+  class NoSync {
+   public:
+    explicit NoSync(Reducer& r) : reducer_(r), previous_(r.require_sync()) {
+      r.set_require_sync(false);
+    }
+    ~NoSync() { reducer_.set_require_sync(previous_); }
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    Reducer& reducer_;
+    bool previous_;
+  };
+  [[nodiscard]] std::unique_ptr<NoSync> no_sync() { return std::make_unique<NoSync>(*reducer_); }
+
+  void register_comm_hook(std::shared_ptr<CommHook> hook) {
+    reducer_->register_comm_hook(std::move(hook));
+  }
+  std::string bucket_plan() const { return reducer_->plan(); }
+
+ private:
+  void sync_buffers();
+
+  nn::ModulePtr module_;
+  std::shared_ptr<ProcessGroup> group_;
+  DDPOptions options_;
+  std::unique_ptr<Reducer> reducer_;
+};
+
+// Every tensor of `tensors` from rank `root`, coalesced into one flat buffer per dtype.
+void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors, int root = 0);
+
+}  // namespace loom::dist

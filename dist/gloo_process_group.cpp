@@ -1,0 +1,832 @@
+// dist/gloo_process_group.cpp — ProcessGroupGloo: collectives on CPU tensors over gloo's TCP
+// transport. One worker thread per group runs the collectives in call order, each preceded by
+// the fingerprint check of Note [Collective checks] (process_group.h); send and recv are posted
+// at once from the caller's thread, so that two ranks can exchange without deadlocking a queue.
+#include <arpa/inet.h>
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string_view>
+#include <thread>
+#include <type_traits>
+
+#include "dist/process_group.h"
+#include "tensor/error.h"
+
+namespace loom::dist {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double now_seconds() {
+  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+}
+
+// The time left until `deadline`, at least 1 ms (gloo reads 0 as "no timeout").
+Milliseconds time_left(Clock::time_point deadline) {
+  const auto left = std::chrono::ceil<Milliseconds>(deadline - Clock::now());
+  return std::max(left, Milliseconds(1));
+}
+
+Bytes to_bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
+std::string to_text(const Bytes& b) { return std::string(b.begin(), b.end()); }
+
+// ---------------------------------------------------------------- gloo's rendezvous store
+
+// gloo publishes each rank's addresses through this adapter over a loom store.
+class GlooStore final : public gloo::rendezvous::Store {
+ public:
+  GlooStore(std::shared_ptr<dist::Store> store, Milliseconds timeout)
+      : store_(std::move(store)), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_->set(key, Bytes(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    const Bytes value = store_->get(key, timeout_);
+    return std::vector<char>(value.begin(), value.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { store_->wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    store_->wait(keys, timeout);
+  }
+
+ private:
+  std::shared_ptr<dist::Store> store_;
+  Milliseconds timeout_;
+};
+
+// ---------------------------------------------------------------- where gloo listens
+
+// Note [Gloo address]
+//   Each rank's gloo device listens on one address, which the others learn through the store.
+//   LOOM_GLOO_IFACE (an interface name such as eth0) or LOOM_GLOO_HOST (an address or host name
+//   of this machine) choose it. Otherwise it is this machine's address on the route to
+//   MASTER_ADDR: 127.0.0.1 when rank 0 is on this machine through loopback, and the interface
+//   that reaches rank 0 when it is elsewhere, which is what the other machines can reach too.
+//   Without MASTER_ADDR (a single machine), 127.0.0.1.
+
+// The local address the kernel would use to reach `host` ("" when it has no route).
+std::string local_address_toward(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), "9", &hints, &found) != 0) return "";
+  std::string address;
+  for (addrinfo* ai = found; ai != nullptr && address.empty(); ai = ai->ai_next) {
+    const int fd = ::socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    // connect() on a UDP socket sends nothing: it only picks the route and the source address.
+    if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      char text[INET6_ADDRSTRLEN] = {};
+      const void* raw =
+          local.ss_family == AF_INET
+              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+      if (::inet_ntop(local.ss_family, raw, text, sizeof(text)) != nullptr) address = text;
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return address;
+}
+
+gloo::transport::tcp::attr device_attr() {
+  gloo::transport::tcp::attr attr;
+  const char* iface = std::getenv("LOOM_GLOO_IFACE");
+  const char* host = std::getenv("LOOM_GLOO_HOST");
+  const char* master = std::getenv("MASTER_ADDR");
+  if (iface != nullptr && *iface != '\0') {
+    attr.iface = iface;
+    return attr;
+  }
+  if (host != nullptr && *host != '\0') {
+    attr.hostname = host;
+  } else {
+    attr.hostname = master != nullptr && *master != '\0' ? local_address_toward(master) : "";
+    if (attr.hostname.empty()) attr.hostname = "127.0.0.1";
+  }
+  // gloo reads garbage (and crashes) when it cannot resolve the name: check it first.
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(attr.hostname.c_str(), nullptr, &hints, &found);
+  if (rc != 0) {
+    throw DistError(detail::str("ProcessGroupGloo: cannot resolve '", attr.hostname,
+                                "', the address to listen on (from ",
+                                host != nullptr && *host != '\0' ? "LOOM_GLOO_HOST" : "MASTER_ADDR",
+                                "): ", ::gai_strerror(rc)));
+  }
+  ::freeaddrinfo(found);
+  return attr;
+}
+
+// ---------------------------------------------------------------- SIGPIPE
+
+// Note [SIGPIPE]
+//   gloo writes to its sockets with writev, which raises SIGPIPE when the peer has gone; by
+//   default that kills the process before gloo can report the error. (Python ignores SIGPIPE,
+//   which is why PyTorch never meets it.) loom leaves the process's disposition alone: the
+//   threads that touch gloo's sockets run with SIGPIPE blocked (the group's worker and gloo's
+//   event loop for good: they start inside such a scope and inherit it; a caller's thread for
+//   the duration of the call), and a SIGPIPE raised meanwhile is discarded, so the write fails
+//   with EPIPE and gloo reports it as an error like any other.
+class ScopedSigpipeBlock {
+ public:
+  ScopedSigpipeBlock() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+  }
+  ~ScopedSigpipeBlock() {
+    if (sigismember(&old_, SIGPIPE)) return;  // blocked before us: leave it so
+    sigset_t pending;
+    sigpending(&pending);
+    if (sigismember(&pending, SIGPIPE)) {
+      const timespec now{0, 0};
+      sigtimedwait(&pipe_, nullptr, &now);
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  ScopedSigpipeBlock(const ScopedSigpipeBlock&) = delete;
+  ScopedSigpipeBlock& operator=(const ScopedSigpipeBlock&) = delete;
+
+ private:
+  sigset_t pipe_, old_;
+};
+
+// ---------------------------------------------------------------- reductions
+
+// Half and bfloat16 compute in float; every other type in itself.
+template <typename T>
+using Compute =
+    std::conditional_t<std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>, float, T>;
+
+template <typename T>
+T reduce_one(T a, T b, ReduceOp op) {
+  using C = Compute<T>;
+  const C x = static_cast<C>(a), y = static_cast<C>(b);
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg:
+      if constexpr (std::is_integral_v<T>) {  // wraps around, as integer tensors do elsewhere
+        using U = std::make_unsigned_t<T>;
+        return static_cast<T>(static_cast<U>(static_cast<U>(x) + static_cast<U>(y)));
+      } else {
+        return static_cast<T>(x + y);
+      }
+    case ReduceOp::Max:
+    case ReduceOp::Min:
+      if constexpr (!std::is_integral_v<T>) {  // NaN wins, as in PyTorch's max and min
+        if (x != x) return a;
+        if (y != y) return b;
+      }
+      return (op == ReduceOp::Max ? x < y : y < x) ? b : a;
+  }
+  return a;
+}
+
+template <typename T>
+gloo::AllreduceOptions::Func reduce_function(ReduceOp op) {
+  // gloo calls it with out == a (in place) or three distinct buffers, on n elements.
+  return [op](void* out, const void* a, const void* b, size_t n) {
+    T* o = static_cast<T*>(out);
+    const T* x = static_cast<const T*>(a);
+    const T* y = static_cast<const T*>(b);
+    for (size_t i = 0; i < n; ++i) o[i] = reduce_one(x[i], y[i], op);
+  };
+}
+
+// Avg is Sum followed by this (integers divide with truncation toward zero).
+template <typename T>
+void divide(T* data, int64_t n, int divisor) {
+  using C = Compute<T>;
+  for (int64_t i = 0; i < n; ++i)
+    data[i] = static_cast<T>(static_cast<C>(data[i]) / static_cast<C>(divisor));
+}
+
+// The dtypes gloo reduces here: every dtype but bool.
+template <typename F>
+void dispatch_reducible(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::Float32:
+      return f.template operator()<float>();
+    case DType::Float64:
+      return f.template operator()<double>();
+    case DType::Float16:
+      return f.template operator()<Half>();
+    case DType::BFloat16:
+      return f.template operator()<BFloat16>();
+    case DType::Int64:
+      return f.template operator()<int64_t>();
+    case DType::Int32:
+      return f.template operator()<int32_t>();
+    case DType::UInt8:
+      return f.template operator()<uint8_t>();
+    default:
+      throw DTypeError(detail::str(op,
+                                   ": gloo reduces float32, float64, float16, bfloat16, int64, "
+                                   "int32 and uint8 tensors; got ",
+                                   dtype));
+  }
+}
+
+// ---------------------------------------------------------------- checking arguments
+
+void check_tensor(const char* op, const Tensor& t) {
+  LOOM_CHECK(t.defined(), ValueError, op, ": expected a defined tensor");
+  LOOM_CHECK(t.is_cpu(), DeviceError, op, ": the gloo process group takes CPU tensors; got one on ",
+             t.device());
+  LOOM_CHECK(t.is_contiguous(), ValueError, op, ": expected a contiguous tensor; got sizes ",
+             t.sizes(), " strides ", t.strides());
+}
+
+void check_like(const char* op, const char* what, const Tensor& t, const Tensor& like) {
+  check_tensor(op, t);
+  LOOM_CHECK(t.dtype() == like.dtype(), DTypeError, op, ": ", what, " is ", t.dtype(),
+             ", expected ", like.dtype());
+  LOOM_CHECK(t.sizes() == like.sizes(), ShapeError, op, ": ", what, " has shape ", t.sizes(),
+             ", expected ", like.sizes());
+}
+
+void check_reducible(const char* op, DType dtype) {
+  dispatch_reducible(dtype, op, []<typename T>() {});
+}
+
+std::string shape_detail(const Tensor& t) { return detail::str(t.dtype(), " x ", t.numel()); }
+
+// ---------------------------------------------------------------- Work
+
+// A collective's handle: completed by the worker thread.
+class CollectiveWork final : public Work {
+ public:
+  CollectiveWork(std::string description, Milliseconds default_timeout)
+      : description_(std::move(description)), default_timeout_(default_timeout) {}
+
+  bool is_completed() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return done_;
+  }
+
+  // Without a timeout, waits as long as the operation may take: it fails by itself, with its
+  // diagnosis, once it has run for the group's timeout (the wait gives up only if it somehow
+  // has not, twice over).
+  void wait(Milliseconds timeout) override {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (timeout > Milliseconds(0)) {
+      if (!cv_.wait_for(lock, timeout, [&] { return done_; })) gave_up(timeout);
+    } else {
+      while (!done_) {
+        cv_.wait_for(lock, Milliseconds(100), [&] { return done_; });
+        const double started = started_.load();
+        const double limit = 2.0 * std::chrono::duration<double>(default_timeout_).count() + 10.0;
+        if (!done_ && started > 0 && now_seconds() - started > limit) {
+          gave_up(std::chrono::duration_cast<Milliseconds>(std::chrono::duration<double>(limit)));
+        }
+      }
+    }
+    if (failed_) throw DistError(error_);  // a fresh exception for each waiter and thread
+  }
+
+  double started_at() const override { return started_.load(); }
+  double finished_at() const override { return finished_.load(); }
+
+  const std::string& description() const { return description_; }
+  [[noreturn]] void gave_up(Milliseconds waited) const {
+    throw DistError(detail::str(description_, ": wait() gave up after ", waited.count(),
+                                " ms; the operation is still queued or running"));
+  }
+  void start() { started_ = now_seconds(); }
+  // An empty `error` means success.
+  void finish(std::string error) {
+    if (started_.load() == 0) started_ = now_seconds();
+    finished_ = now_seconds();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      failed_ = !error.empty();
+      error_ = std::move(error);
+      done_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  const std::string description_;
+  const Milliseconds default_timeout_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  bool failed_ = false;
+  std::string error_;
+  std::atomic<double> started_{0}, finished_{0};
+};
+
+// What the group's collectives and its send/recv handles share.
+struct GroupState {
+  std::shared_ptr<gloo::Context> context;
+  std::mutex mutex;
+  std::string broken;  // the first failure; the group refuses new work once it is set
+
+  // Records the first failure and closes every connection of this rank, so that peers blocked
+  // in a collective with it fail at once instead of waiting for their timeout.
+  void fail(const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!broken.empty()) return;
+      broken = why;
+    }
+    try {
+      context->closeConnections();
+    } catch (const std::exception&) {
+      // Already closed or closing: the peers learn of it either way.
+    }
+  }
+  std::string failure() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return broken;
+  }
+};
+
+// A send or recv: posted at once; wait() waits for gloo to finish it. Keep the handle until
+// then: dropping it withdraws the tensor's buffer from gloo.
+class PointToPointWork final : public Work {
+ public:
+  PointToPointWork(std::string description, std::shared_ptr<GroupState> state,
+                   std::unique_ptr<gloo::transport::UnboundBuffer> buffer, Tensor tensor,
+                   bool is_send, Milliseconds default_timeout)
+      : description_(std::move(description)),
+        state_(std::move(state)),
+        buffer_(std::move(buffer)),
+        tensor_(std::move(tensor)),
+        is_send_(is_send),
+        default_timeout_(default_timeout),
+        started_(now_seconds()) {}
+
+  // Turns true once wait() has returned (gloo cannot be asked without blocking).
+  bool is_completed() const override { return done_.load(); }
+
+  // For send and recv the timeout is the operation's own: it fails (and breaks the group, as
+  // a collective's timeout does) when the peer has not matched it in time.
+  void wait(Milliseconds timeout) override {
+    if (timeout <= Milliseconds(0)) timeout = default_timeout_;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!done_) {
+      ScopedSigpipeBlock no_sigpipe;  // Note [SIGPIPE]
+      try {
+        if (!buffer_) {
+          // Nothing to transfer (an empty tensor).
+        } else if (is_send_ ? !buffer_->waitSend(timeout) : !buffer_->waitRecv(timeout)) {
+          throw DistError(description_ + " was aborted");
+        }
+      } catch (const std::exception& e) {
+        const std::string why =
+            detail::str(description_, " failed within ", timeout.count(), " ms: ", e.what());
+        error_ = why;
+        state_->fail(why);
+      }
+      finished_ = now_seconds();
+      done_ = true;
+    }
+    if (!error_.empty()) throw DistError(error_);
+  }
+
+  double started_at() const override { return started_; }
+  double finished_at() const override { return finished_.load(); }
+
+ private:
+  const std::string description_;
+  std::shared_ptr<GroupState> state_;
+  std::unique_ptr<gloo::transport::UnboundBuffer> buffer_;
+  Tensor tensor_;  // keeps the memory gloo reads or writes alive
+  const bool is_send_;
+  const Milliseconds default_timeout_;
+  const double started_;
+  std::atomic<double> finished_{0};
+  std::mutex mutex_;  // one waiter at a time
+  std::atomic<bool> done_{false};
+  std::string error_;  // empty: success; written before done_
+};
+
+// ---------------------------------------------------------------- the process group
+
+std::atomic<int> next_group_id{0};
+
+class ProcessGroupGloo final : public ProcessGroup {
+ public:
+  ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size, ProcessGroupOptions options)
+      : ProcessGroup(rank, size),
+        options_(options),
+        // Groups are numbered in the order they are made: the same on every rank.
+        store_(std::make_shared<PrefixStore>("pg" + std::to_string(next_group_id++), store)),
+        state_(std::make_shared<GroupState>()) {
+    store_->set_timeout(options_.timeout);
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    context->setTimeout(options_.timeout);
+    const gloo::transport::tcp::attr attr = device_attr();
+    ScopedSigpipeBlock no_sigpipe;  // Note [SIGPIPE]: gloo's loop and our worker inherit it
+    try {
+      auto device = gloo::transport::tcp::CreateDevice(attr);
+      GlooStore gloo_store(std::make_shared<PrefixStore>("gloo", store_), options_.timeout);
+      context->connectFullMesh(gloo_store, device);
+    } catch (const std::exception& e) {
+      throw DistError(detail::str("ProcessGroupGloo: rank ", rank, " of ", size,
+                                  " could not connect to its peers (listening on ",
+                                  attr.iface.empty() ? attr.hostname : "interface " + attr.iface,
+                                  "; see LOOM_GLOO_HOST): ", e.what()));
+    }
+    state_->context = context;
+    worker_ = std::thread([this] { worker_loop(); });
+  }
+
+  // Runs what is queued (each collective is bounded by the timeout), then stops the worker.
+  ~ProcessGroupGloo() override {
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      stop_ = true;
+    }
+    queue_cv_.notify_all();
+    worker_.join();
+  }
+
+  std::string backend() const override { return "gloo"; }
+
+  std::shared_ptr<Work> allreduce(Tensor t, ReduceOp op) override {
+    check_tensor("allreduce", t);
+    check_reducible("allreduce", t.dtype());
+    return enqueue("allreduce", shape_detail(t) + ", " + to_string(op), /*full_sync=*/true,
+                   [this, t, op](uint32_t tag, Milliseconds timeout) {
+                     allreduce_in_place(t.data(), t.numel(), t.dtype(), op, tag, timeout);
+                   });
+  }
+
+  std::shared_ptr<Work> broadcast(Tensor t, int root) override {
+    check_tensor("broadcast", t);
+    LOOM_CHECK(root >= 0 && root < size_, ValueError, "broadcast: root ", root,
+               " is not a rank of this group of ", size_);
+    return enqueue("broadcast", shape_detail(t) + ", root " + std::to_string(root),
+                   /*full_sync=*/false, [this, t, root](uint32_t tag, Milliseconds timeout) {
+                     if (t.nbytes() == 0 || size_ == 1) return;
+                     gloo::BroadcastOptions opts(state_->context);
+                     opts.setOutput(static_cast<uint8_t*>(t.data()), t.nbytes());
+                     opts.setRoot(root);
+                     opts.setTag(tag);
+                     opts.setTimeout(timeout);
+                     gloo::broadcast(opts);
+                   });
+  }
+
+  std::shared_ptr<Work> allgather(std::vector<Tensor> out, Tensor input) override {
+    check_tensor("allgather", input);
+    LOOM_CHECK(static_cast<int>(out.size()) == size_, ValueError, "allgather: expected ", size_,
+               " output tensors (one per rank); got ", out.size());
+    for (const Tensor& o : out) check_like("allgather", "an output", o, input);
+    return enqueue("allgather", shape_detail(input), /*full_sync=*/true,
+                   [this, out, input](uint32_t tag, Milliseconds timeout) {
+                     const size_t nbytes = input.nbytes();
+                     if (nbytes == 0) return;
+                     if (size_ == 1) {
+                       std::memmove(out[0].data(), input.data(), nbytes);
+                       return;
+                     }
+                     std::vector<uint8_t> gathered(nbytes * size_);
+                     gloo::AllgatherOptions opts(state_->context);
+                     opts.setInput(static_cast<uint8_t*>(input.data()), nbytes);
+                     opts.setOutput(gathered.data(), gathered.size());
+                     opts.setTag(tag);
+                     opts.setTimeout(timeout);
+                     gloo::allgather(opts);
+                     for (int r = 0; r < size_; ++r)
+                       std::memcpy(out[r].data(), gathered.data() + r * nbytes, nbytes);
+                   });
+  }
+
+  // An allreduce of every rank's inputs laid end to end, of which this rank keeps its piece:
+  // twice the traffic of a true reduce-scatter, and simple.
+  std::shared_ptr<Work> reduce_scatter(Tensor out, std::vector<Tensor> inputs,
+                                       ReduceOp op) override {
+    check_tensor("reduce_scatter", out);
+    check_reducible("reduce_scatter", out.dtype());
+    LOOM_CHECK(static_cast<int>(inputs.size()) == size_, ValueError, "reduce_scatter: expected ",
+               size_, " input tensors (one per rank); got ", inputs.size());
+    for (const Tensor& in : inputs) check_like("reduce_scatter", "an input", in, out);
+    Tensor flat = loom::empty({size_ * out.numel()}, out.dtype());
+    return enqueue("reduce_scatter", shape_detail(out) + ", " + to_string(op), /*full_sync=*/true,
+                   [this, out, inputs, flat, op](uint32_t tag, Milliseconds timeout) {
+                     const size_t nbytes = out.nbytes();
+                     auto* bytes = static_cast<uint8_t*>(flat.data());
+                     for (int r = 0; r < size_; ++r)
+                       std::memcpy(bytes + r * nbytes, inputs[r].data(), nbytes);
+                     allreduce_in_place(bytes, flat.numel(), flat.dtype(), op, tag, timeout);
+                     std::memcpy(out.data(), bytes + rank_ * nbytes, nbytes);
+                   });
+  }
+
+  std::shared_ptr<Work> barrier() override {
+    return enqueue("barrier", "", /*full_sync=*/true, [this](uint32_t tag, Milliseconds timeout) {
+      if (size_ == 1) return;
+      gloo::BarrierOptions opts(state_->context);
+      opts.setTag(tag);
+      opts.setTimeout(timeout);
+      gloo::barrier(opts);
+    });
+  }
+
+  std::shared_ptr<Work> send(Tensor t, int dst, int tag) override {
+    return point_to_point("send", t, dst, tag, /*is_send=*/true);
+  }
+  std::shared_ptr<Work> recv(Tensor t, int src, int tag) override {
+    return point_to_point("recv", t, src, tag, /*is_send=*/false);
+  }
+
+ private:
+  using Body = std::function<void(uint32_t tag, Milliseconds timeout)>;
+  struct Task {
+    std::shared_ptr<CollectiveWork> work;
+    int64_t seq = 0;
+    std::string fingerprint;  // "allreduce(float32 x 1000, sum)"
+    bool full_sync = false;   // every rank's data reaches every rank (not broadcast)
+    Body body;
+  };
+
+  void throw_if_broken(const std::string& what) {
+    const std::string failure = state_->failure();
+    LOOM_CHECK(failure.empty(), DistError, what,
+               ": the process group is unusable after an earlier failure: ", failure);
+  }
+
+  std::shared_ptr<Work> enqueue(const std::string& name, const std::string& details, bool full_sync,
+                                Body body) {
+    std::shared_ptr<CollectiveWork> work;
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      throw_if_broken(name);
+      const int64_t seq = next_seq_++;
+      std::string description = name + " #" + std::to_string(seq);
+      if (!details.empty()) description += " (" + details + ")";
+      work = std::make_shared<CollectiveWork>(std::move(description), options_.timeout);
+      queue_.push_back(Task{work, seq, name + "(" + details + ")", full_sync, std::move(body)});
+    }
+    queue_cv_.notify_all();
+    return work;
+  }
+
+  std::shared_ptr<Work> point_to_point(const char* op, const Tensor& t, int peer, int tag,
+                                       bool is_send) {
+    check_tensor(op, t);
+    LOOM_CHECK(peer >= 0 && peer < size_ && peer != rank_, ValueError, op, ": rank ", peer,
+               " is not another rank of this group of ", size_, " (this is rank ", rank_, ")");
+    LOOM_CHECK(tag >= 0, ValueError, op, ": the tag must be non-negative; got ", tag);
+    const std::string description = detail::str(op, is_send ? " to rank " : " from rank ", peer,
+                                                " (", shape_detail(t), ", tag ", tag, ")");
+    throw_if_broken(description);
+    std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+    if (t.nbytes() > 0) {
+      ScopedSigpipeBlock no_sigpipe;  // Note [SIGPIPE]
+      try {
+        buffer = state_->context->createUnboundBuffer(t.data(), t.nbytes());
+        // User tags are gloo slots; gloo's collectives use slots with a high prefix byte.
+        if (is_send) {
+          buffer->send(peer, static_cast<uint64_t>(tag));
+        } else {
+          buffer->recv(peer, static_cast<uint64_t>(tag));
+        }
+      } catch (const std::exception& e) {
+        throw DistError(description + " failed: " + e.what());
+      }
+    }
+    return std::make_shared<PointToPointWork>(description, state_, std::move(buffer), t, is_send,
+                                              options_.timeout);
+  }
+
+  void allreduce_in_place(void* data, int64_t n, DType dtype, ReduceOp op, uint32_t tag,
+                          Milliseconds timeout) {
+    if (n == 0 || size_ == 1) return;
+    dispatch_reducible(dtype, "allreduce", [&]<typename T>() {
+      gloo::AllreduceOptions opts(state_->context);
+      opts.setOutput(static_cast<T*>(data), static_cast<size_t>(n));  // in place
+      opts.setReduceFunction(reduce_function<T>(op));
+      opts.setTag(tag);
+      opts.setTimeout(timeout);
+      gloo::allreduce(opts);
+      if (op == ReduceOp::Avg) divide(static_cast<T*>(data), n, size_);
+    });
+  }
+
+  // ---- the worker
+
+  void worker_loop() {
+    while (true) {
+      std::optional<Task> task;
+      {
+        std::unique_lock<std::mutex> lock(queue_mutex_);
+        queue_cv_.wait(lock, [&] { return stop_ || !queue_.empty() || has_garbage(); });
+        if (!queue_.empty()) {
+          task = std::move(queue_.front());
+          queue_.pop_front();
+        } else if (stop_) {
+          return;
+        }
+      }
+      if (task) {
+        execute(*task);
+      } else {
+        collect_garbage();
+      }
+    }
+  }
+
+  std::string key(int64_t seq, int rank) const {
+    return "coll/" + std::to_string(seq) + "/" + std::to_string(rank);
+  }
+
+  void execute(Task& task) {
+    CollectiveWork& work = *task.work;
+    work.start();
+    const auto begin = Clock::now();
+    const auto deadline = begin + options_.timeout;
+    const std::string failure = state_->failure();
+    if (!failure.empty()) {
+      work.finish(work.description() +
+                  ": the process group is unusable after an earlier failure: " + failure);
+      return;
+    }
+    std::string error;
+    try {
+      if (options_.check_collectives && size_ > 1) check_fingerprint(task, deadline);
+      try {
+        task.body(static_cast<uint32_t>(task.seq), time_left(deadline));
+      } catch (const std::exception& e) {
+        const bool timed_out = Clock::now() + Milliseconds(50) >= deadline ||
+                               std::strstr(e.what(), "imed out") != nullptr;
+        throw DistError(diagnose(task, timed_out, std::string("gloo: ") + e.what()));
+      }
+      if (task.full_sync) synced_upto_ = task.seq;
+    } catch (const DistError& e) {
+      error = e.what();
+    } catch (const std::exception& e) {
+      error = work.description() + " failed: " + e.what();
+    }
+    if (!error.empty()) state_->fail(error);
+    work.finish(std::move(error));
+  }
+
+  // Note [Collective checks]: publish ours, compare with one peer's (rank 0's; rank 0 compares
+  // with the last rank's, so that with two ranks both see a mismatch at once). A rank that
+  // finds a mismatch fails the group, which closes its connections: peers already inside the
+  // collective then fail too and find the mismatch in the store (diagnose).
+  void check_fingerprint(const Task& task, Clock::time_point deadline) {
+    try {
+      store_->set(key(task.seq, rank_), to_bytes(task.fingerprint));
+    } catch (const DistError& e) {
+      throw DistError(task.work->description() +
+                      ": could not publish its fingerprint: " + e.what());
+    }
+    const int peer = rank_ == 0 ? size_ - 1 : 0;
+    Bytes theirs;
+    try {
+      theirs = store_->get(key(task.seq, peer), time_left(deadline));
+    } catch (const DistError& e) {
+      throw DistError(diagnose(task, /*timed_out=*/true, e.what()));
+    }
+    const std::string text = to_text(theirs);
+    if (is_tombstone(text)) {
+      throw DistError(task.work->description() + " failed; " + text.substr(kTombstone.size()));
+    }
+    if (text != task.fingerprint) throw DistError(mismatch(task, peer, text));
+  }
+
+  // A rank that finds peers missing writes this in their place (unless they arrived
+  // meanwhile), so that ranks blocked on their fingerprints learn it at once instead of at
+  // their own timeout; a late rank that does arrive overwrites it.
+  static constexpr std::string_view kTombstone = "(never arrived) ";
+  static bool is_tombstone(const std::string& value) { return value.starts_with(kTombstone); }
+
+  std::string mismatch(const Task& task, int peer, const std::string& theirs) const {
+    return detail::str(task.work->description(),
+                       ": the ranks called different collectives: this rank (", rank_, ") called ",
+                       task.fingerprint, ", rank ", peer, " called ", theirs);
+  }
+
+  // Why a collective failed, from the fingerprints in the store: a rank that called something
+  // else, or the ranks that never arrived.
+  std::string diagnose(const Task& task, bool timed_out, const std::string& cause) {
+    std::string head = task.work->description();
+    head += timed_out ? detail::str(" timed out after ", options_.timeout.count(), " ms")
+                      : std::string(" failed");
+    if (!options_.check_collectives) {
+      return head + " (" + cause +
+             "); with check_collectives on, this message would name the ranks that never arrived";
+    }
+    try {
+      store_->num_keys();
+    } catch (const DistError& e) {
+      return head + "; the store does not answer either (" + e.what() + "); " + cause;
+    }
+    std::vector<int> missing;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      try {
+        const std::string theirs = to_text(store_->get(key(task.seq, r), Milliseconds(0)));
+        if (is_tombstone(theirs)) {
+          missing.push_back(r);
+        } else if (theirs != task.fingerprint) {
+          return mismatch(task, r, theirs);
+        }
+      } catch (const DistError&) {
+        missing.push_back(r);
+      }
+    }
+    std::string never_arrived = "ranks that never arrived: ";
+    for (size_t i = 0; i < missing.size(); ++i)
+      never_arrived += (i ? ", " : "") + std::to_string(missing[i]);
+    std::string message = head + "; ";
+    message +=
+        missing.empty() ? "every rank arrived, so one failed or stalled inside it" : never_arrived;
+    if (!timed_out) message += " (" + cause + ")";
+    const Bytes tombstone = to_bytes(
+        detail::str(kTombstone, never_arrived, " (reported by rank ", rank_,
+                    timed_out ? detail::str(" after its ", options_.timeout.count(), " ms timeout")
+                              : ": " + cause,
+                    ")"));
+    for (int r : missing) {
+      try {
+        store_->compare_set(key(task.seq, r), Bytes{}, tombstone);
+      } catch (const DistError&) {
+        break;  // the store is going away: the message above is all we can do
+      }
+    }
+    return message;
+  }
+
+  // Fingerprint keys are deleted once every rank is known to have read them: after a
+  // collective in which every rank's data reaches every rank (all but broadcast) completed
+  // here, each rank has passed its own check for it and for every collective before. The
+  // deletes run when the queue is empty, off the collectives' path.
+  bool has_garbage() const {
+    return options_.check_collectives && size_ > 1 && deleted_upto_ < synced_upto_;
+  }
+
+  void collect_garbage() {
+    try {
+      store_->delete_key(key(deleted_upto_ + 1, rank_));
+      ++deleted_upto_;
+    } catch (const DistError&) {
+      deleted_upto_ = synced_upto_;  // the store is gone: the group will find out on its own
+    }
+  }
+
+  const ProcessGroupOptions options_;
+  const std::shared_ptr<Store> store_;  // this group's keys: pg<id>/...
+  const std::shared_ptr<GroupState> state_;
+
+  std::mutex queue_mutex_;
+  std::condition_variable queue_cv_;
+  std::deque<Task> queue_;
+  bool stop_ = false;
+  int64_t next_seq_ = 1;
+
+  // Touched by the worker only.
+  int64_t synced_upto_ = 0;   // the last full-sync collective that completed here
+  int64_t deleted_upto_ = 0;  // this rank's fingerprint keys up to here are deleted
+  std::thread worker_;
+};
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> make_gloo_process_group(std::shared_ptr<Store> store, int rank,
+                                                      int size, ProcessGroupOptions options) {
+  LOOM_CHECK(store != nullptr, ValueError, "make_gloo_process_group: the store is null");
+  LOOM_CHECK(size >= 1 && rank >= 0 && rank < size, ValueError, "make_gloo_process_group: rank ",
+             rank, " is outside a group of ", size);
+  LOOM_CHECK(options.timeout > Milliseconds(0), ValueError,
+             "make_gloo_process_group: the timeout must be positive; got ", options.timeout.count(),
+             " ms");
+  return std::make_shared<ProcessGroupGloo>(std::move(store), rank, size, options);
+}
+
+}  // namespace loom::dist

@@ -1,0 +1,80 @@
+// dist/process_group.h — collectives between the ranks of a job, asynchronous: every call
+// returns a Work handle at once and the operation runs in the background, in the order calls
+// were made (the same order on every rank: that is the caller's contract, as in PyTorch).
+// Tensors are reduced in place; on CPUs the backend is gloo over TCP (ProcessGroupGloo); the
+// CUDA issue adds nccl under the same interface.
+//
+// Note [Collective checks]
+// Each collective gets a sequence number (1, 2, ... per process group). Before running it, a
+// rank publishes its fingerprint (op, dtype, element count, root) under "coll/<seq>/<rank>" in
+// the store and compares it with rank 0's: ranks that call different collectives raise
+// DistError naming both fingerprints instead of hanging or reducing the wrong bytes. A
+// collective that does not finish within the timeout raises DistError naming the op, its
+// sequence number and the ranks that never published their fingerprint (never arrived).
+// (Rank 0 compares with the last rank's, so both sides of a two-rank mismatch see it at once;
+// a rank that fails closes its connections, so that peers inside the collective fail too and
+// read the fingerprints to say why. gloo_process_group.cpp has the details.)
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/store.h"
+#include "tensor/tensor.h"
+
+namespace loom::dist {
+
+enum class ReduceOp { Sum, Avg, Max, Min };
+const char* to_string(ReduceOp op);
+
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual bool is_completed() const = 0;
+  // Blocks until done; rethrows the operation's error (DistError). A timeout of zero means
+  // the process group's own timeout, counted from when the operation starts (it then fails by
+  // itself and wait() rethrows why); a positive timeout that passes first raises DistError
+  // while the operation goes on.
+  virtual void wait(Milliseconds timeout = Milliseconds(0)) = 0;
+  // Seconds between the start and the end of the operation on its thread (for timelines).
+  virtual double started_at() const = 0;   // seconds on the steady clock
+  virtual double finished_at() const = 0;  // 0 until completed
+};
+
+struct ProcessGroupOptions {
+  Milliseconds timeout{std::chrono::minutes(5)};
+  bool check_collectives = true;  // Note [Collective checks]
+};
+
+class ProcessGroup {
+ public:
+  ProcessGroup(int rank, int size) : rank_(rank), size_(size) {}
+  virtual ~ProcessGroup() = default;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  virtual std::string backend() const = 0;
+
+  // All ranks: t = op(t of every rank). Contiguous tensors of a floating or integer dtype.
+  virtual std::shared_ptr<Work> allreduce(Tensor t, ReduceOp op = ReduceOp::Sum) = 0;
+  // t of rank `root` to every rank.
+  virtual std::shared_ptr<Work> broadcast(Tensor t, int root = 0) = 0;
+  // out[r] = input of rank r; out has size() tensors shaped like input.
+  virtual std::shared_ptr<Work> allgather(std::vector<Tensor> out, Tensor input) = 0;
+  // out = op over ranks of inputs[rank()] (each rank gives size() inputs shaped like out).
+  virtual std::shared_ptr<Work> reduce_scatter(Tensor out, std::vector<Tensor> inputs,
+                                               ReduceOp op = ReduceOp::Sum) = 0;
+  virtual std::shared_ptr<Work> barrier() = 0;
+  virtual std::shared_ptr<Work> send(Tensor t, int dst, int tag = 0) = 0;
+  virtual std::shared_ptr<Work> recv(Tensor t, int src, int tag = 0) = 0;
+
+ protected:
+  int rank_, size_;
+};
+
+// Gloo over TCP (Debian's libgloo-dev): ranks exchange addresses through `store`.
+std::shared_ptr<ProcessGroup> make_gloo_process_group(std::shared_ptr<Store> store, int rank,
+                                                      int size, ProcessGroupOptions options = {});
+
+}  // namespace loom::dist

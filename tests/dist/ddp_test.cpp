@@ -1,0 +1,386 @@
+// tests/dist/ddp_test.cpp — DistributedDataParallel, SyncBatchNorm and DistributedSampler with
+// real processes (tests/dist/multiprocess.h): two ranks on half batches take the same steps as
+// one process on the whole batch; the bucket plan, gradient views, no_sync,
+// find_unused_parameters, the compression hooks, the broadcasts, and SyncBatchNorm with
+// uneven (and empty) shares. Everything is float64 so that parities are tight, and the
+// references are computed inside the ranks (the parent process never starts threads: it forks).
+
+#include "dist/ddp.h"
+
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+
+#include "dist/sampler.h"
+#include "dist/sync_batchnorm.h"
+#include "multiprocess.h"
+#include "optim/checkpoint.h"
+#include "optim/sgd.h"
+#include "test_util.h"
+
+namespace loom::dist {
+namespace {
+
+using test::Rank;
+using test::run_ranks;
+using test::tensors_close;
+
+std::shared_ptr<ProcessGroup> group_of(Rank& r) {
+  return make_gloo_process_group(r.store, r.rank, r.world_size,
+                                 {.timeout = std::chrono::seconds(10)});
+}
+
+// A small network with every kind of layer the reducer meets (convs, linear, biases), float64.
+std::shared_ptr<nn::Sequential> small_net(uint64_t seed, bool batch_norm = false) {
+  manual_seed(seed);
+  auto net = std::make_shared<nn::Sequential>();
+  net->push_back(nn::make<nn::Conv2d>(2, 4, 3));
+  if (batch_norm) net->push_back(nn::make<nn::BatchNorm2d>(4));
+  net->push_back(nn::make<nn::ReLU>());
+  net->push_back(nn::make<nn::Flatten>());
+  net->push_back(nn::make<nn::Linear>(4 * 3 * 3, 6));
+  net->push_back(nn::make<nn::ReLU>());
+  net->push_back(nn::make<nn::Linear>(6, 3));
+  net->to(kFloat64);
+  return net;
+}
+
+// The global batch of step s: 8 samples; rank r of W takes a contiguous slice.
+std::pair<Tensor, Tensor> global_batch(int step) {
+  Generator g(100 + static_cast<uint64_t>(step));
+  const Generator::State saved = default_generator().state();
+  default_generator().set_state(g.state());
+  Tensor x = randn({8, 2, 5, 5}, kFloat64);
+  Tensor y = randint(0, 3, {8});
+  default_generator().set_state(saved);
+  return {x, y};
+}
+
+std::pair<Tensor, Tensor> share(const std::pair<Tensor, Tensor>& batch, int rank, int world) {
+  const int64_t n = batch.first.size(0) / world;
+  return {batch.first.narrow(0, rank * n, n).contiguous(),
+          batch.second.narrow(0, rank * n, n).contiguous()};
+}
+
+void expect_same_parameters(nn::Module& a, nn::Module& b, double tol) {
+  const NamedTensors pa = a.named_parameters(), pb = b.named_parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i)
+    EXPECT_TRUE(tensors_close(pa[i].second, pb[i].second, tol, tol)) << pa[i].first;
+}
+
+// W ranks on 8 / W samples each against one process on all 8: 5 steps of SGD with momentum on
+// shuffled batches, with the model and optimizer saved and loaded back between steps 2 and 3.
+void check_parity(int world, bool sync_bn = false) {
+  run_ranks(
+      world,
+      [sync_bn](Rank& r) {
+        set_num_threads(1);
+        auto group = group_of(r);
+        // Different seeds per rank: DDP must start every replica from rank 0's weights.
+        auto net = small_net(r.rank == 0 ? 1 : 77 + static_cast<uint64_t>(r.rank), sync_bn);
+        if (sync_bn) {
+          EXPECT_EQ(convert_sync_batchnorm(*net, group), 1);
+        }
+        DistributedDataParallel ddp(net, group, {.first_bucket_bytes = 512, .bucket_bytes = 1024});
+        optim::SGD opt(net->parameters(), {.lr = 0.1, .momentum = 0.9});
+        auto reference = small_net(1, sync_bn);  // one process on the whole batch
+        optim::SGD ref_opt(reference->parameters(), {.lr = 0.1, .momentum = 0.9});
+        expect_same_parameters(*net, *reference, 0);
+        EXPECT_EQ(ddp.reducer().buckets().size(), 2u);
+        const std::string path = "/tmp/loom_ddp_parity_" + std::to_string(r.world_size) + "_" +
+                                 std::to_string(r.rank) + ".safetensors";
+        for (int step = 0; step < 5; ++step) {
+          if (step == 3) {  // save and load back, in the middle of training
+            optim::save_checkpoint(path, *net, opt, nullptr, {.step = step});
+            optim::load_checkpoint(path, *net, &opt);
+            std::remove(path.c_str());
+          }
+          auto batch = global_batch(step);
+          // Shuffle the global batch (the same permutation on every rank).
+          Generator g(500 + static_cast<uint64_t>(step));
+          const Generator::State saved = default_generator().state();
+          default_generator().set_state(g.state());
+          const Tensor perm = argmax(rand({8, 8}), 1);  // any index tensor will do
+          default_generator().set_state(saved);
+          std::vector<int64_t> order(8);
+          std::iota(order.begin(), order.end(), 0);
+          const std::vector<int64_t> keys = perm.to_vector<int64_t>();
+          std::stable_sort(order.begin(), order.end(),
+                           [&](int64_t a, int64_t b) { return keys[a] < keys[b]; });
+          const Tensor index = tensor<int64_t>(order, {8});
+          batch = {index_select(batch.first, 0, index), index_select(batch.second, 0, index)};
+          const auto [x, y] = share(batch, r.rank, r.world_size);
+          opt.zero_grad();
+          cross_entropy(ddp.forward(x), y).backward();
+          // The gradients are views into the bucket buffers.
+          for (const Tensor& p : net->parameters()) {
+            bool in_bucket = false;
+            for (const Bucket& b : ddp.reducer().buckets())
+              in_bucket = in_bucket || p.grad().is_alias_of(b.buffer);
+            EXPECT_TRUE(in_bucket);
+          }
+          opt.step();
+          ref_opt.zero_grad();
+          cross_entropy(reference->forward(batch.first), batch.second).backward();
+          ref_opt.step();
+          expect_same_parameters(*net, *reference, 1e-10);
+        }
+        EXPECT_EQ(ddp.reducer().iterations(), 5);
+        const ReducerTimeline& t = ddp.reducer().timeline();
+        EXPECT_EQ(t.launched.size(), ddp.reducer().buckets().size());
+        EXPECT_GE(t.overlap(), 0.0);
+        EXPECT_LE(t.overlap(), 1.0);
+      },
+      std::chrono::seconds(60));
+}
+
+TEST(DDP, TwoRanksOnShardsMatchOneProcessOnTheWholeBatch) { check_parity(2); }
+TEST(DDP, FourRanksOnShardsMatchOneProcessOnTheWholeBatch) { check_parity(4); }
+TEST(DDP, WithSyncBatchNormTwoRanksMatchOneProcess) { check_parity(2, /*sync_bn=*/true); }
+
+TEST(DDP, GradientsAreAveragedOverRanks) {
+  run_ranks(3, [](Rank& r) {
+    set_num_threads(1);
+    auto model = std::make_shared<nn::Linear>(1, 1, /*bias=*/false);
+    model->to(kFloat64);
+    DistributedDataParallel ddp(model, group_of(r));
+    // d sum(w x) / dw = x = r on rank r: the mean over ranks 0, 1, 2 is 1.
+    sum(ddp.forward(full({1, 1}, static_cast<double>(r.rank), kFloat64))).backward();
+    EXPECT_TRUE(test::values_are(model->weight.grad(), {1.0}, 0));
+  });
+}
+
+TEST(DDP, BucketsFollowReverseRegistrationOrderAndArePrintable) {
+  run_ranks(2, [](Rank& r) {
+    set_num_threads(1);
+    auto net = small_net(1);
+    DistributedDataParallel ddp(net, group_of(r),
+                                {.first_bucket_bytes = 256, .bucket_bytes = 1200});
+    const auto& buckets = ddp.reducer().buckets();
+    // The last registered parameter (the last Linear's bias) is the first of bucket 0.
+    const NamedTensors params = net->named_parameters();
+    ASSERT_FALSE(buckets.empty());
+    EXPECT_EQ(buckets[0].params.front(), params.size() - 1);
+    size_t expected = params.size();
+    for (const Bucket& b : buckets)
+      for (size_t i : b.params) EXPECT_EQ(i, --expected);  // reverse order, every one once
+    EXPECT_EQ(expected, 0u);
+    // Parameters join a bucket until it reaches its cap: the first one (256 bytes) closes with
+    // the 1728-byte weight of the first Linear; the convolution goes to the next.
+    ASSERT_EQ(buckets.size(), 2u);
+    EXPECT_EQ(buckets[0].params, (std::vector<size_t>{5, 4, 3, 2}));
+    EXPECT_EQ(buckets[0].bytes(), (3 + 18 + 6 + 216) * 8);
+    EXPECT_EQ(buckets[1].params, (std::vector<size_t>{1, 0}));
+    const std::string plan = ddp.bucket_plan();
+    EXPECT_NE(plan.find("DDP bucket plan"), std::string::npos);
+    EXPECT_NE(plan.find("5.weight"), std::string::npos) << plan;
+    EXPECT_NE(plan.find("[3, 6]"), std::string::npos) << plan;
+    // After the first iteration the plan is rebuilt from the order gradients arrived.
+    const auto [x, y] = share(global_batch(0), r.rank, r.world_size);
+    cross_entropy(ddp.forward(x), y).backward();
+    EXPECT_NE(ddp.bucket_plan().find("rebuilt"), std::string::npos);
+  });
+}
+
+TEST(DDP, NoSyncAccumulatesLocallyUntilTheNextSynchronisedBackward) {
+  run_ranks(2, [](Rank& r) {
+    set_num_threads(1);
+    auto net = small_net(1);
+    DistributedDataParallel ddp(net, group_of(r));
+    auto reference = small_net(1);
+    // Two micro-batches: the first under no_sync, the second synchronised: the gradients are
+    // the average over ranks of each rank's sum over both micro-batches.
+    for (int micro = 0; micro < 2; ++micro) {
+      const auto [x, y] = share(global_batch(micro), r.rank, r.world_size);
+      if (micro == 0) {
+        auto guard = ddp.no_sync();
+        cross_entropy(ddp.forward(x), y).backward();
+      } else {
+        cross_entropy(ddp.forward(x), y).backward();
+      }
+    }
+    for (int micro = 0; micro < 2; ++micro) {
+      const auto batch = global_batch(micro);
+      cross_entropy(reference->forward(batch.first), batch.second).backward();
+    }
+    const NamedTensors a = net->named_parameters(), b = reference->named_parameters();
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_TRUE(tensors_close(a[i].second.grad(), b[i].second.grad(), 1e-10, 1e-12))
+          << a[i].first;
+  });
+}
+
+// Uses its second Linear only when asked to.
+class Branchy : public nn::Module {
+ public:
+  Branchy() : Module("Branchy") {
+    a = register_module("a", nn::make<nn::Linear>(4, 2));
+    b = register_module("b", nn::make<nn::Linear>(4, 2));
+    to(kFloat64);
+  }
+  Tensor forward(const Tensor& x) override {
+    return use_b ? a->forward(x) + b->forward(x) : a->forward(x);
+  }
+  std::shared_ptr<nn::Linear> a, b;
+  bool use_b = false;
+};
+
+TEST(DDP, UnusedParametersAreNamedOrFoundWhenAsked) {
+  run_ranks(2, [](Rank& r) {
+    set_num_threads(1);
+    auto group = group_of(r);
+    {
+      manual_seed(3);
+      auto model = std::make_shared<Branchy>();
+      DistributedDataParallel ddp(model, group);
+      EXPECT_LOOM_ERROR(sum(ddp.forward(ones({2, 4}, kFloat64))).backward(), ValueError,
+                        {"b.weight", "b.bias", "find_unused_parameters"});
+    }
+    manual_seed(3);
+    auto model = std::make_shared<Branchy>();
+    DistributedDataParallel ddp(model, group, {.find_unused_parameters = true});
+    for (int step = 0; step < 2; ++step) {
+      model->zero_grad();
+      Tensor x = full({2, 4}, static_cast<double>(r.rank + 1), kFloat64);
+      sum(ddp.forward(x)).backward();
+      // d sum(x W^T + c)/dW = column sums of x: ranks give 2 and 4 per element, average 3.
+      EXPECT_TRUE(test::values_are(model->a->weight.grad(), std::vector<double>(8, 3.0)));
+      EXPECT_TRUE(test::values_are(model->b->weight.grad(), std::vector<double>(8, 0.0)));
+    }
+    model->use_b = true;  // now b is used: its gradient arrives and is averaged too
+    model->zero_grad();
+    sum(ddp.forward(full({2, 4}, static_cast<double>(r.rank + 1), kFloat64))).backward();
+    EXPECT_TRUE(test::values_are(model->b->weight.grad(), std::vector<double>(8, 3.0)));
+  });
+}
+
+TEST(DDP, CompressionHooksSendSixteenBitsAndSumInFloat32) {
+  for (const bool bf16 : {false, true}) {
+    run_ranks(2, [bf16](Rank& r) {
+      set_num_threads(1);
+      manual_seed(5);
+      auto model = std::make_shared<nn::Linear>(16, 8);  // float32, as trained
+      DistributedDataParallel ddp(model, group_of(r));
+      ddp.register_comm_hook(bf16 ? bf16_compress_hook() : fp16_compress_hook());
+      manual_seed(10 + static_cast<uint64_t>(r.rank));
+      Tensor x = randn({4, 16});
+      sum(ddp.forward(x)).backward();
+      // The exact average: each rank's gradient is the column sums of its x.
+      const Tensor mine = sum(x, {0});
+      EXPECT_TRUE(model->weight.grad().defined());
+      Tensor total = mine.clone();
+      ddp.group().allreduce(total, ReduceOp::Sum)->wait();
+      const Tensor expected = (total / 2.0).unsqueeze(0).expand({8, 16});
+      const double tol = bf16 ? 2e-2 : 2e-3;  // 8 or 11 bits of mantissa
+      EXPECT_TRUE(tensors_close(model->weight.grad(), expected, tol, tol));
+    });
+  }
+}
+
+TEST(DDP, BuffersFollowRankZeroBeforeEachForward) {
+  run_ranks(2, [](Rank& r) {
+    set_num_threads(1);
+    class WithBuffer : public nn::Module {
+     public:
+      WithBuffer() : Module("WithBuffer") {
+        fc = register_module("fc", nn::make<nn::Linear>(2, 2));
+        count = register_buffer("count", zeros({3}));
+      }
+      Tensor forward(const Tensor& x) override { return fc->forward(x); }
+      std::shared_ptr<nn::Linear> fc;
+      Tensor count;
+    };
+    auto model = std::make_shared<WithBuffer>();
+    DistributedDataParallel ddp(model, group_of(r));
+    model->count.fill_(r.rank == 0 ? 7.0 : -1.0);
+    sum(ddp.forward(ones({1, 2}))).backward();
+    EXPECT_TRUE(test::values_are(model->count, {7, 7, 7}));
+    // State dict keys carry PyTorch's "module." prefix.
+    EXPECT_EQ(ddp.state_dict().front().first, "module.count");
+  });
+}
+
+TEST(SyncBatchNorm, UnevenSharesMatchOneBatchNormOnTheWholeBatch) {
+  run_ranks(2, [](Rank& r) {
+    set_num_threads(1);
+    auto group = group_of(r);
+    manual_seed(8);
+    Tensor whole = randn({8, 3, 2, 2}, kFloat64) * 2.0 + 1.0;
+    Tensor dy = randn({8, 3, 2, 2}, kFloat64);
+    // Rank 0 holds 3 samples, rank 1 holds 5.
+    const int64_t begin = r.rank == 0 ? 0 : 3, count = r.rank == 0 ? 3 : 5;
+    nn::BatchNorm2d sync_bn(3), plain(3);
+    sync_bn.to(kFloat64);
+    plain.to(kFloat64);
+    EXPECT_EQ(convert_sync_batchnorm(sync_bn, group), 1);
+    EXPECT_EQ(sync_bn.type_name(), "SyncBatchNorm");
+    Tensor x = whole.narrow(0, begin, count).contiguous().requires_grad_();
+    Tensor y = sync_bn.forward(x);
+    (y * dy.narrow(0, begin, count)).sum().backward();
+
+    Tensor x_all = whole.clone().requires_grad_();
+    Tensor y_all = plain.forward(x_all);
+    (y_all * dy).sum().backward();
+    EXPECT_TRUE(tensors_close(y, y_all.narrow(0, begin, count), 1e-10, 1e-12));
+    EXPECT_TRUE(tensors_close(x.grad(), x_all.grad().narrow(0, begin, count), 1e-10, 1e-12));
+    EXPECT_TRUE(tensors_close(sync_bn.running_mean, plain.running_mean, 1e-12, 1e-12));
+    EXPECT_TRUE(tensors_close(sync_bn.running_var, plain.running_var, 1e-12, 1e-12));
+    // dweight and dbias are this rank's share; summed over ranks they are the whole batch's.
+    Tensor dw = sync_bn.weight.grad().clone();
+    group->allreduce(dw, ReduceOp::Sum)->wait();
+    EXPECT_TRUE(tensors_close(dw, plain.weight.grad(), 1e-10, 1e-12));
+  });
+}
+
+TEST(SyncBatchNorm, ARankWithNoSamplesStillTakesPart) {
+  run_ranks(2, [](Rank& r) {
+    set_num_threads(1);
+    auto group = group_of(r);
+    manual_seed(9);
+    Tensor whole = randn({4, 2, 3, 3}, kFloat64);
+    nn::BatchNorm2d bn(2), plain(2);
+    bn.to(kFloat64);
+    plain.to(kFloat64);
+    convert_sync_batchnorm(bn, group);
+    Tensor x = (r.rank == 0 ? whole : empty({0, 2, 3, 3}, kFloat64)).clone().requires_grad_();
+    Tensor y = bn.forward(x);
+    y.sum().backward();
+    plain.forward(whole);
+    EXPECT_EQ(y.size(0), r.rank == 0 ? 4 : 0);
+    EXPECT_TRUE(tensors_close(bn.running_mean, plain.running_mean, 1e-12, 1e-12));
+    EXPECT_TRUE(tensors_close(bn.running_var, plain.running_var, 1e-12, 1e-12));
+  });
+}
+
+TEST(DistributedSampler, EqualDisjointSharesThatCoverTheDataset) {
+  const int64_t n = 10;
+  for (const bool drop_last : {false, true}) {
+    std::vector<int> seen(n, 0);
+    size_t per_rank = 0;
+    for (int rank = 0; rank < 3; ++rank) {
+      DistributedSampler s(n, rank, 3, /*shuffle=*/true, /*seed=*/4, drop_last);
+      const std::vector<int64_t> mine = s.indices(2);
+      EXPECT_EQ(static_cast<int64_t>(mine.size()), s.size());
+      if (rank == 0) per_rank = mine.size();
+      EXPECT_EQ(mine.size(), per_rank);  // every rank the same count: matched collectives
+      for (int64_t i : mine) ++seen[static_cast<size_t>(i)];
+      EXPECT_NE(s.indices(2), s.indices(3));  // another epoch, another order
+      EXPECT_EQ(s.indices(2), DistributedSampler(n, rank, 3, true, 4, drop_last).indices(2));
+    }
+    EXPECT_EQ(per_rank, drop_last ? 3u : 4u);
+    int total = 0, missing = 0;
+    for (int c : seen) {
+      total += c;
+      missing += c == 0;
+    }
+    EXPECT_EQ(total, drop_last ? 9 : 12);  // padded by repeating, or cut
+    EXPECT_EQ(missing, drop_last ? 1 : 0);
+  }
+  DistributedSampler ordered(5, 1, 2, /*shuffle=*/false);
+  EXPECT_EQ(ordered.indices(0), (std::vector<int64_t>{1, 3, 0}));
+  EXPECT_LOOM_ERROR(DistributedSampler(5, 2, 2), ValueError, {"DistributedSampler", "rank=2"});
+}
+
+}  // namespace
+}  // namespace loom::dist
