@@ -1,0 +1,297 @@
+// bench/ddp_scaling_bench.cpp — data-parallel scaling on this machine's CPUs: ResNet-18 (CIFAR
+// stem) training steps with 1 rank x 1 thread (the plain model) and with 2 ranks x 1 thread
+// (DistributedDataParallel over gloo), the same batch per rank. It reports the job's images/s
+// (world x batch / median step time on rank 0), the speed-up 2 ranks / 1 rank (ideal 2), the
+// share of the gradient allreduce hidden behind backward (ReducerTimeline::overlap, median over
+// steps), the communication still waited for after backward ended, and the bucket plan.
+//
+// Each configuration is a fresh job: the program re-launches itself through dist::launch with
+// --worker, and rank 0 writes its step times to a file the launching process reads. The two
+// configurations alternate (1 rank, 2 ranks, 1 rank, ...) for --rounds rounds so that load from
+// other processes falls on both alike; the speed-up is the median of the per-round ratios.
+//
+//   ddp_scaling_bench [--width W (32)] [--batch B (32)] [--steps S (8)] [--rounds R (3)]
+//                     [--warmup N (2)] [--bucket-mib M (DDP's default, 25)]
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dist/ddp.h"
+#include "dist/launch.h"
+#include "dist/process_group.h"
+#include "dist/store.h"
+#include "dist_bench.h"
+#include "loom.h"
+#include "optim/sgd.h"
+
+namespace {
+
+namespace dist = loom::dist;
+using loom::bench::ForeignLoad;
+using loom::bench::launch_quietly;
+using loom::bench::ResultFile;
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  int64_t width = 32, batch = 32;
+  int steps = 8, rounds = 3, warmup = 2;
+  double bucket_mib = 0;  // DDPOptions::bucket_bytes in MiB; 0: DDP's default (25)
+  bool worker = false;
+  std::string result;  // the worker's output file (rank 0 writes it)
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto next = [&] {
+      LOOM_CHECK(i + 1 < argc, ValueError, "ddp_scaling_bench: ", arg, " needs a value");
+      return std::string(argv[++i]);
+    };
+    if (arg == "--width")
+      o.width = std::stoll(next());
+    else if (arg == "--batch")
+      o.batch = std::stoll(next());
+    else if (arg == "--steps")
+      o.steps = std::stoi(next());
+    else if (arg == "--rounds")
+      o.rounds = std::stoi(next());
+    else if (arg == "--warmup")
+      o.warmup = std::stoi(next());
+    else if (arg == "--bucket-mib")
+      o.bucket_mib = std::stod(next());
+    else if (arg == "--worker")
+      o.worker = true;
+    else if (arg == "--result")
+      o.result = next();
+    else
+      LOOM_CHECK(false, ValueError, "ddp_scaling_bench: unknown argument ", arg,
+                 "; usage: ddp_scaling_bench [--width W] [--batch B] [--steps S] [--rounds R] "
+                 "[--warmup N] [--bucket-mib M]");
+  }
+  LOOM_CHECK(o.width >= 1 && o.batch >= 1 && o.steps >= 1 && o.rounds >= 1 && o.warmup >= 0 &&
+                 o.bucket_mib >= 0,
+             ValueError,
+             "ddp_scaling_bench: --width, --batch, --steps and --rounds must be >= 1, --warmup "
+             "and --bucket-mib >= 0; got width=",
+             o.width, " batch=", o.batch, " steps=", o.steps, " rounds=", o.rounds,
+             " warmup=", o.warmup, " bucket-mib=", o.bucket_mib);
+  return o;
+}
+
+// ---------------------------------------------------------------- a worker (one rank)
+
+// What rank 0 writes: "buckets <bytes>..." then per timed step "step <ms> <overlap> <after_ms>".
+int run_worker(const Options& o) {
+  loom::set_num_threads(1);
+  const dist::Environment env = dist::environment_from_env();
+  std::shared_ptr<dist::ProcessGroup> group;
+  if (env.world_size > 1) {
+    auto store = dist::rendezvous(env, std::chrono::minutes(2));
+    group = dist::make_gloo_process_group(store, env.rank, env.world_size);
+  }
+
+  loom::manual_seed(0);
+  auto model = loom::nn::resnet18({.width = o.width, .in_channels = 3, .num_classes = 10});
+  model->train();
+  std::shared_ptr<dist::DistributedDataParallel> ddp;
+  dist::DDPOptions ddp_options;
+  if (o.bucket_mib > 0) ddp_options.bucket_bytes = static_cast<int64_t>(o.bucket_mib * 1048576);
+  if (group) ddp = std::make_shared<dist::DistributedDataParallel>(model, group, ddp_options);
+  loom::nn::Module& net = ddp ? static_cast<loom::nn::Module&>(*ddp) : *model;
+  loom::optim::SGD opt(model->parameters(), {.lr = 0.05, .momentum = 0.9, .weight_decay = 5e-4});
+
+  loom::manual_seed(1000 + env.rank);  // each rank its own share of the batch
+  const loom::Tensor x = loom::randn({o.batch, 3, 32, 32});
+  const loom::Tensor y = loom::randint(0, 10, {o.batch});
+
+  std::ofstream out;
+  if (env.rank == 0) {
+    out.open(o.result);
+    LOOM_CHECK(out.good(), ValueError, "ddp_scaling_bench: cannot write ", o.result);
+  }
+  for (int s = 0; s < o.warmup + o.steps; ++s) {
+    const auto start = Clock::now();
+    // Zeroed in place: the gradients stay views into DDP's bucket buffers (no copy per step).
+    opt.zero_grad(/*set_to_none=*/false);
+    loom::Tensor loss = loom::cross_entropy(net.forward(x), y);
+    loss.backward();
+    opt.step();
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    LOOM_CHECK(std::isfinite(loss.item()), ValueError, "ddp_scaling_bench: the loss is ",
+               loss.item(), " at step ", s);
+    if (env.rank != 0 || s < o.warmup) continue;
+    double overlap = 0, after_ms = 0;
+    if (ddp) {
+      const dist::ReducerTimeline& t = ddp->reducer().timeline();
+      overlap = t.overlap();
+      for (const double done : t.completed)
+        after_ms = std::max(after_ms, 1e3 * (done - t.backward_seconds));
+    }
+    out << "step " << ms << " " << overlap << " " << after_ms << "\n";
+  }
+  if (env.rank == 0) {
+    out << "buckets";
+    if (ddp)
+      for (const dist::Bucket& b : ddp->reducer().buckets()) out << " " << b.bytes();
+    out << "\n";
+    out.close();
+    LOOM_CHECK(out.good(), ValueError, "ddp_scaling_bench: cannot write ", o.result);
+  }
+  if (group) group->barrier()->wait();  // rank 0 serves the store: it leaves last
+  return 0;
+}
+
+// ---------------------------------------------------------------- the launching process
+
+// One job's results, as rank 0 saw them.
+struct Run {
+  std::vector<double> step_ms, overlap, after_ms;
+  std::vector<int64_t> bucket_bytes;
+};
+
+Run read_run(const std::string& path) {
+  Run run;
+  std::ifstream in(path);
+  for (std::string tag; in >> tag;) {
+    if (tag == "step") {
+      double ms = 0, overlap = 0, after = 0;
+      in >> ms >> overlap >> after;
+      run.step_ms.push_back(ms);
+      run.overlap.push_back(overlap);
+      run.after_ms.push_back(after);
+    } else if (tag == "buckets") {
+      std::string rest;
+      std::getline(in, rest);
+      std::istringstream bytes(rest);
+      for (int64_t b; bytes >> b;) run.bucket_bytes.push_back(b);
+    }
+  }
+  return run;
+}
+
+int run_launcher(const Options& o, int argc, char** argv) {
+  const ResultFile result("ddp_scaling_bench");
+  const std::string path = result.path;
+  std::vector<std::string> command = {dist::current_executable()};
+  for (int i = 1; i < argc; ++i) command.push_back(argv[i]);
+  command = dist::strip_flag(command, "--rounds", /*has_value=*/true);
+  command.insert(command.end(), {"--worker", "--result", path});
+
+  // One job of `world` ranks; its results, or a failure status.
+  auto run_job = [&](int world, Run& run, double& other_cores) {
+    dist::LaunchOptions launch;
+    launch.nproc_per_node = world;
+    launch.master_port = 0;
+    launch.grace = std::chrono::milliseconds(2000);
+    launch.extra_env = {{"OMP_NUM_THREADS", "1"}};
+    const ForeignLoad others;
+    const int status = launch_quietly(launch, command);
+    other_cores = others.cores();
+    if (status != 0) {
+      std::fprintf(stderr, "ddp_scaling_bench: the %d-rank run failed (status %d)\n", world,
+                   status);
+      return status;
+    }
+    run = read_run(path);
+    if (run.step_ms.size() != static_cast<size_t>(o.steps)) {
+      std::fprintf(stderr, "ddp_scaling_bench: the %d-rank run wrote %zu of %d steps\n", world,
+                   run.step_ms.size(), o.steps);
+      return 1;
+    }
+    return 0;
+  };
+
+  std::printf(
+      "ResNet-18 (CIFAR stem, width %lld), batch %lld per rank, 1 thread per rank, float32, SGD "
+      "momentum 0.9; median of %d steps (after %d warm-up) per run, %d rounds\n\n",
+      static_cast<long long>(o.width), static_cast<long long>(o.batch), o.steps, o.warmup,
+      o.rounds);
+  std::printf(
+      "| round | 1 rank: step ms | images/s | 2 ranks (DDP): step ms | images/s | speed-up | "
+      "overlap | comm after backward ms | others' load, cores (1 rank / 2 ranks) |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::vector<double> single_ms, double_ms, speedups, overlaps, afters;
+  std::vector<double> quiet_speedups;  // rounds in which other processes kept < kQuiet cores busy
+  constexpr double kQuiet = 0.25;
+  std::vector<int64_t> buckets;
+  for (int round = 1; round <= o.rounds; ++round) {
+    Run one, two;
+    double others1 = 0, others2 = 0;
+    if (const int status = run_job(1, one, others1)) return status;
+    if (const int status = run_job(2, two, others2)) return status;
+    const double t1 = median(one.step_ms), t2 = median(two.step_ms);
+    const double ips1 = o.batch / (t1 / 1e3), ips2 = 2 * o.batch / (t2 / 1e3);
+    single_ms.push_back(t1);
+    double_ms.push_back(t2);
+    speedups.push_back(ips2 / ips1);
+    if (others1 < kQuiet && others2 < kQuiet) quiet_speedups.push_back(ips2 / ips1);
+    overlaps.push_back(median(two.overlap));
+    afters.push_back(median(two.after_ms));
+    buckets = two.bucket_bytes;
+    std::printf("| %d | %.0f | %.1f | %.0f | %.1f | %.2f | %.2f | %.1f | %.2f / %.2f |\n", round,
+                t1, ips1, t2, ips2, ips2 / ips1, overlaps.back(), afters.back(), others1, others2);
+    std::fflush(stdout);
+  }
+  const double t1 = median(single_ms), t2 = median(double_ms);
+  std::printf("| median | %.0f | %.1f | %.0f | %.1f | **%.2f** | %.2f | %.1f | |\n", t1,
+              o.batch / (t1 / 1e3), t2, 2 * o.batch / (t2 / 1e3), median(speedups),
+              median(overlaps), median(afters));
+  if (quiet_speedups.empty())
+    std::printf("\nno quiet round (other processes below %.2f cores in both runs)\n", kQuiet);
+  else
+    std::printf("\nspeed-up over the %zu quiet rounds (other processes below %.2f cores): %.2f\n",
+                quiet_speedups.size(), kQuiet, median(quiet_speedups));
+
+  int64_t total = 0;
+  std::string sizes;
+  for (const int64_t b : buckets) {
+    total += b;
+    char text[32];
+    std::snprintf(text, sizeof text, "%s%.2f", sizes.empty() ? "" : ", ", b / 1048576.0);
+    sizes += text;
+  }
+  std::printf(
+      "speed-up = 2-rank images/s / 1-rank images/s (median of the per-round ratios; ideal 2, "
+      "target >= 1.8); overlap = share of the allreduce time spent while backward still ran; "
+      "others' load = cores kept busy by other processes during the run (of %ld here; the "
+      "2-rank job needs 2)\n"
+      "DDP: %zu buckets (%s MiB), %.1f MiB of float32 gradients per step\n",
+      sysconf(_SC_NPROCESSORS_ONLN), buckets.size(), sizes.c_str(), total / 1048576.0);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  try {
+    o = parse(argc, argv);
+    return o.worker ? run_worker(o) : run_launcher(o, argc, argv);
+  } catch (const std::exception& e) {
+    // The messages name the program; a worker's says which rank it is.
+    const char* rank = std::getenv("RANK");
+    if (o.worker) std::fprintf(stderr, "[rank %s] ", rank ? rank : "?");
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}
