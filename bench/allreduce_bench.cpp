@@ -258,15 +258,5 @@ int run_launcher(const Options& o, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options o;
-  try {
-    o = parse(argc, argv);
-    return o.worker ? run_worker(o) : run_launcher(o, argc, argv);
-  } catch (const std::exception& e) {
-    // The messages name the program; a worker's says which rank it is.
-    const char* rank = std::getenv("RANK");
-    if (o.worker) std::fprintf(stderr, "[rank %s] ", rank ? rank : "?");
-    std::fprintf(stderr, "%s\n", e.what());
-    return 1;
-  }
+  return loom::bench::run_bench(argc, argv, parse, run_worker, run_launcher);
 }

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -99,5 +100,23 @@ struct ResultFile {
   ResultFile(const ResultFile&) = delete;
   ResultFile& operator=(const ResultFile&) = delete;
 };
+
+// main() of a benchmark that re-launches itself as its workers: `parse` reads the flags into an
+// options struct with a `worker` field, then the worker or the launching side runs; errors are
+// printed (a worker's with its rank) and exit with status 1.
+template <typename Parse, typename Worker, typename Launcher>
+int run_bench(int argc, char** argv, Parse&& parse, Worker&& worker, Launcher&& launcher) {
+  bool is_worker = false;
+  try {
+    const auto options = parse(argc, argv);
+    is_worker = options.worker;
+    return is_worker ? worker(options) : launcher(options, argc, argv);
+  } catch (const std::exception& e) {
+    const char* rank = std::getenv("RANK");
+    if (is_worker) std::fprintf(stderr, "[rank %s] ", rank ? rank : "?");
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}
 
 }  // namespace loom::bench

@@ -3,7 +3,8 @@ for the machines that have PyTorch but not torchvision: the same modules, names 
 its state_dict has torchvision's keys ("layer1.0.conv1.weight", ...). `cifar_stem` swaps the
 7x7 stride-2 stem and max-pool for a 3x3 stride-1 conv and an Identity, as loom's ResNet does.
 
-Also a small safetensors reader and writer (the `safetensors` package is not needed).
+Also a small safetensors reader (the `safetensors` package is not needed); the writer is
+make_golden.py's save_file, re-exported here.
 """
 import json
 import struct
@@ -11,10 +12,11 @@ import struct
 import torch
 import torch.nn as nn
 
+from make_golden import save_file  # noqa: F401  (re-exported: the small safetensors writer)
+
 DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
           "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8,
           "BOOL": torch.bool}
-NAMES = {v: k for k, v in DTYPES.items()}
 
 
 class BasicBlock(nn.Module):
@@ -66,26 +68,6 @@ class ResNet(nn.Module):
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
         return self.fc(torch.flatten(self.avgpool(x), 1))
-
-
-def save_file(path, tensors, metadata=None):
-    """u64 little-endian header length, JSON header padded with spaces to a multiple of 8, then
-    the tensors' bytes in the order given."""
-    header = {"__metadata__": metadata or {}}
-    blobs, offset = [], 0
-    for name, t in tensors.items():
-        t = t.detach().cpu().contiguous()
-        raw = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
-        raw = raw.to(torch.uint8) if t.dtype == torch.bool else raw
-        data = raw.numpy().tobytes()
-        header[name] = {"dtype": NAMES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
 def load_file(path):
