@@ -1,5 +1,7 @@
 // tensor/storage.cpp — allocation with per-device accounting. CPU memory is 64-byte aligned
 // (a cache line, and the widest vector load), so kernels may use aligned loads on fresh tensors.
+// CUDA memory comes from the caching allocator (tensor/cuda/caching_allocator.h), for the
+// current stream of the device.
 
 #include "tensor/storage.h"
 
@@ -67,8 +69,14 @@ Storage allocate_storage(size_t nbytes, Device device) {
 
 MemoryStats memory_stats(Device device) {
   Accounting& a = accounting();
-  std::lock_guard<std::mutex> lock(a.mutex);
-  return a.per_device[Accounting::key(device)];
+  MemoryStats s;
+  {
+    std::lock_guard<std::mutex> lock(a.mutex);
+    s = a.per_device[Accounting::key(device)];
+  }
+  if (device.is_cuda() && cuda::is_built())
+    s.cached_bytes = cuda::allocator_stats(device.index).cached_bytes;
+  return s;
 }
 
 void reset_peak_memory(Device device) {
@@ -76,6 +84,7 @@ void reset_peak_memory(Device device) {
   std::lock_guard<std::mutex> lock(a.mutex);
   MemoryStats& s = a.per_device[Accounting::key(device)];
   s.peak_bytes = s.current_bytes;
+  if (device.is_cuda() && cuda::is_built()) cuda::reset_peak_allocator_stats(device.index);
 }
 
 }  // namespace loom

@@ -1,48 +1,303 @@
-// tensor/cuda/runtime.cu — device count, allocation and copies through the CUDA runtime. Every
-// call is checked; a failure becomes DeviceError naming the call, the error string and device.
-// (The caching, stream-aware allocator of the CUDA issue replaces the plain cudaMalloc here.)
+// tensor/cuda/runtime.cu — devices, streams, events, pinned memory and copies through the CUDA
+// runtime, and the caching allocator (caching_allocator.h) plugged onto cudaMalloc/cudaFree.
+// Every call is checked (check.h): a failure is a DeviceError naming the call, error and device.
 
 #include <cuda_runtime.h>
 
+#include <cstdio>
+#include <unordered_map>
+
+#include "tensor/cuda/check.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/error.h"
 
 namespace loom::cuda {
 
 namespace {
-void check(cudaError_t status, const char* call, int device) {
-  if (status != cudaSuccess)
-    throw DeviceError(detail::str(call, " failed on cuda:", device, ": ",
-                                  cudaGetErrorString(status)));
+
+cudaStream_t raw_stream(const Stream& s) { return static_cast<cudaStream_t>(s.handle()); }
+
+void check_device(int device) {
+  const int n = device_count();
+  if (device < 0 || device >= n)
+    throw DeviceError(detail::str("cuda:", device, " is not available: ", n,
+                                  " CUDA devices visible (indices count the devices "
+                                  "CUDA_VISIBLE_DEVICES leaves visible)"));
 }
+
+// The device allocator: never destroyed, since tensors may be freed after static destructors.
+CachingAllocator& device_allocator() {
+  static CachingAllocator* allocator = new CachingAllocator(RawAllocator{
+      [](size_t nbytes, int device) -> void* {
+        DeviceGuard guard(device);
+        void* ptr = nullptr;
+        cudaError_t status = cudaMalloc(&ptr, nbytes);
+        if (status == cudaErrorMemoryAllocation) {  // the allocator frees its cache and retries
+          cudaGetLastError();
+          return nullptr;
+        }
+        check_cuda(status, device, "cudaMalloc(", nbytes, " bytes)");
+        return ptr;
+      },
+      [](void* ptr, int device) {  // cudaFree waits for the device: the block is idle after it
+        int previous = 0;
+        if (cudaGetDevice(&previous) != cudaSuccess) return;
+        if (cudaSetDevice(device) == cudaSuccess) cudaFree(ptr);
+        cudaSetDevice(previous);
+      },
+      "cudaMalloc"});
+  return *allocator;
+}
+
+// Each thread's current stream per device; a device not listed uses its default stream.
+std::unordered_map<int, Stream>& current_streams() {
+  thread_local std::unordered_map<int, Stream> streams;
+  return streams;
+}
+
+// The answer of cudaStreamQuery/cudaEventQuery: done, not yet (not an error), or a failure.
+bool finished(cudaError_t status, int device, const char* call) {
+  if (status == cudaErrorNotReady) {
+    cudaGetLastError();
+    return false;
+  }
+  check_cuda(status, device, call);
+  return true;
+}
+
+cudaMemcpyKind memcpy_kind(CopyKind kind) {
+  switch (kind) {
+    case CopyKind::HostToDevice:
+      return cudaMemcpyHostToDevice;
+    case CopyKind::DeviceToHost:
+      return cudaMemcpyDeviceToHost;
+    case CopyKind::DeviceToDevice:
+      return cudaMemcpyDeviceToDevice;
+  }
+  return cudaMemcpyDefault;
+}
+
+const char* kind_name(CopyKind kind) {
+  switch (kind) {
+    case CopyKind::HostToDevice:
+      return "host to device";
+    case CopyKind::DeviceToHost:
+      return "device to host";
+    case CopyKind::DeviceToDevice:
+      return "device to device";
+  }
+  return "?";
+}
+
 }  // namespace
+
+// ---------------------------------------------------------------- devices
 
 bool is_built() { return true; }
 
 int device_count() {
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;  // no driver or no device: zero GPUs
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {  // no driver or no device: zero GPUs
+    cudaGetLastError();
+    return 0;
+  }
   return n;
 }
 
+int current_device() {
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), -1, "cudaGetDevice");
+  return device;
+}
+
+void set_device(int device) {
+  check_device(device);
+  check_cuda(cudaSetDevice(device), device, "cudaSetDevice");
+}
+
+void synchronize(int device) {
+  DeviceGuard guard(device);
+  check_cuda(cudaDeviceSynchronize(), device, "cudaDeviceSynchronize");
+}
+
+DeviceGuard::DeviceGuard(int device) : previous_(current_device()), device_(device) {
+  if (device_ != previous_) set_device(device_);
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (device_ != previous_) cudaSetDevice(previous_);  // a destructor: nothing to report to
+}
+
+// ---------------------------------------------------------------- streams and events
+
+Stream Stream::create(int device) {
+  DeviceGuard guard(device);
+  cudaStream_t stream = nullptr;
+  // Non-blocking: the stream does not wait for the legacy default stream (nor it for this one),
+  // so work on both can overlap; order between them comes from events.
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), device,
+             "cudaStreamCreateWithFlags");
+  // Destroying waits for the stream's work first: blocks cached for this stream id may then be
+  // reused by a new stream that happens to get the same handle.
+  return Stream(device, std::shared_ptr<void>(stream, [device](void* handle) {
+                  int previous = 0;
+                  if (cudaGetDevice(&previous) != cudaSuccess) return;
+                  cudaSetDevice(device);
+                  cudaStreamSynchronize(static_cast<cudaStream_t>(handle));
+                  cudaStreamDestroy(static_cast<cudaStream_t>(handle));
+                  cudaSetDevice(previous);
+                }));
+}
+
+Stream Stream::default_stream(int device) {
+  check_device(device);
+  return Stream(device, nullptr);
+}
+
+Stream Stream::current(int device) {
+  auto& streams = current_streams();
+  auto it = streams.find(device);
+  if (it != streams.end()) return it->second;
+  return default_stream(device);
+}
+
+void Stream::set_current(const Stream& stream) {
+  current_streams().insert_or_assign(stream.device(), stream);
+}
+
+void Stream::synchronize() const {
+  DeviceGuard guard(device_);
+  check_cuda(cudaStreamSynchronize(raw_stream(*this)), device_, "cudaStreamSynchronize");
+}
+
+bool Stream::query() const {
+  DeviceGuard guard(device_);
+  return finished(cudaStreamQuery(raw_stream(*this)), device_, "cudaStreamQuery");
+}
+
+void Stream::wait(const Event& event) const {
+  if (!event.recorded()) return;  // nothing to wait for
+  DeviceGuard guard(device_);
+  check_cuda(cudaStreamWaitEvent(raw_stream(*this), static_cast<cudaEvent_t>(event.handle()), 0),
+             device_, "cudaStreamWaitEvent");
+}
+
+StreamGuard::StreamGuard(const Stream& stream) : previous_(Stream::current(stream.device())) {
+  Stream::set_current(stream);
+}
+
+StreamGuard::~StreamGuard() { current_streams().insert_or_assign(previous_.device(), previous_); }
+
+Event::~Event() {
+  if (handle_) cudaEventDestroy(static_cast<cudaEvent_t>(handle_));
+}
+
+Event::Event(Event&& other) noexcept
+    : timing_(other.timing_), device_(other.device_), handle_(other.handle_) {
+  other.handle_ = nullptr;
+  other.device_ = -1;
+}
+
+Event& Event::operator=(Event&& other) noexcept {
+  std::swap(timing_, other.timing_);
+  std::swap(device_, other.device_);
+  std::swap(handle_, other.handle_);
+  return *this;
+}
+
+void Event::record(const Stream& stream) {
+  DeviceGuard guard(stream.device());
+  if (!handle_) {
+    cudaEvent_t event = nullptr;
+    check_cuda(
+        cudaEventCreateWithFlags(&event, timing_ ? cudaEventDefault : cudaEventDisableTiming),
+        stream.device(), "cudaEventCreateWithFlags");
+    handle_ = event;
+    device_ = stream.device();
+  }
+  if (device_ != stream.device())
+    throw DeviceError(detail::str("Event::record: the event belongs to cuda:", device_,
+                                  " but the stream to cuda:", stream.device()));
+  check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(handle_), raw_stream(stream)), device_,
+             "cudaEventRecord");
+}
+
+void Event::wait(const Stream& stream) const { stream.wait(*this); }
+
+void Event::synchronize() const {
+  if (!handle_) return;
+  check_cuda(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_)), device_,
+             "cudaEventSynchronize");
+}
+
+bool Event::query() const {
+  if (!handle_) return true;
+  return finished(cudaEventQuery(static_cast<cudaEvent_t>(handle_)), device_, "cudaEventQuery");
+}
+
+float Event::elapsed_ms(const Event& end) const {
+  if (!handle_ || !end.handle_ || !timing_ || !end.timing_)
+    throw DeviceError(
+        "Event::elapsed_ms: both events must be created with timing=true and "
+        "recorded");
+  float ms = 0;
+  check_cuda(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(handle_),
+                                  static_cast<cudaEvent_t>(end.handle_)),
+             device_, "cudaEventElapsedTime");
+  return ms;
+}
+
+// ---------------------------------------------------------------- memory
+
 void* allocate(size_t nbytes, int device) {
-  check(cudaSetDevice(device), "cudaSetDevice", device);
+  check_device(device);
+  return device_allocator().allocate(nbytes, device, Stream::current(device).id());
+}
+
+void deallocate(void* ptr, int /*device*/) {
+  // Called from destructors: never throw. The block knows its device and stream.
+  try {
+    device_allocator().free(ptr);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "loom: cuda deallocate: %s\n", e.what());
+  }
+}
+
+void empty_cache() { device_allocator().empty_cache(); }
+
+AllocatorStats allocator_stats(int device) { return device_allocator().stats(device); }
+
+void reset_peak_allocator_stats(int device) { device_allocator().reset_peak(device); }
+
+void* allocate_pinned(size_t nbytes) {
+  if (nbytes == 0) return nullptr;
   void* ptr = nullptr;
-  check(cudaMalloc(&ptr, nbytes), "cudaMalloc", device);
+  check_cuda(cudaHostAlloc(&ptr, nbytes, cudaHostAllocPortable), -1, "cudaHostAlloc(", nbytes,
+             " bytes)");
   return ptr;
 }
 
-void deallocate(void* ptr, int device) {
-  // Called from destructors: report nothing, never throw.
-  if (cudaSetDevice(device) == cudaSuccess) cudaFree(ptr);
+void free_pinned(void* ptr) {
+  if (ptr) cudaFreeHost(ptr);  // never throws
 }
 
+// ---------------------------------------------------------------- copies
+
 void copy_bytes(void* dst, const void* src, size_t nbytes, CopyKind kind, int device) {
-  check(cudaSetDevice(device), "cudaSetDevice", device);
-  cudaMemcpyKind k = kind == CopyKind::HostToDevice   ? cudaMemcpyHostToDevice
-                     : kind == CopyKind::DeviceToHost ? cudaMemcpyDeviceToHost
-                                                      : cudaMemcpyDeviceToDevice;
-  check(cudaMemcpy(dst, src, nbytes, k), "cudaMemcpy", device);
+  if (nbytes == 0) return;
+  // On the current stream, then wait for it: the copy is ordered after the kernels queued there
+  // (a plain cudaMemcpy would not wait for a non-blocking stream).
+  Stream stream = Stream::current(device);
+  copy_bytes_async(dst, src, nbytes, kind, stream);
+  stream.synchronize();
+}
+
+void copy_bytes_async(void* dst, const void* src, size_t nbytes, CopyKind kind,
+                      const Stream& stream) {
+  if (nbytes == 0) return;
+  DeviceGuard guard(stream.device());
+  check_cuda(cudaMemcpyAsync(dst, src, nbytes, memcpy_kind(kind), raw_stream(stream)),
+             stream.device(), "cudaMemcpyAsync(", nbytes, " bytes, ", kind_name(kind), ")");
 }
 
 }  // namespace loom::cuda
