@@ -21,10 +21,6 @@ namespace k = kernels;
 
 namespace {
 
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 // ------------------------------------------------------------------ communication hooks
 
 class AllreduceHook : public CommHook {
@@ -212,7 +208,7 @@ void Reducer::mark_ready(size_t i) {
   if (!expecting_backward_ || ready_[i]) return;
   if (!callback_queued_) {
     callback_queued_ = true;
-    backward_start_ = now_seconds();
+    backward_start_ = steady_seconds();
     timeline_.start = backward_start_;
     timeline_.launched.assign(buckets_.size(), 0.0);
     timeline_.completed.assign(buckets_.size(), 0.0);
@@ -246,7 +242,7 @@ void Reducer::launch_ready_buckets() {
     Bucket& b = buckets_[next_launch_];
     GradBucket view{static_cast<int>(next_launch_), b.buffer, {}};
     for (size_t i : b.params) view.names.push_back(names_[i]);
-    timeline_.launched[next_launch_] = now_seconds() - backward_start_;
+    timeline_.launched[next_launch_] = steady_seconds() - backward_start_;
     inflight_.push_back(hook_->start(*group_, view));
     ++next_launch_;
   }
@@ -254,7 +250,7 @@ void Reducer::launch_ready_buckets() {
 
 void Reducer::finalize() {
   expecting_backward_ = false;
-  const double backward_end = now_seconds();
+  const double backward_end = steady_seconds();
   if (next_launch_ < buckets_.size()) {
     for (PendingReduction& r : inflight_) r.work->wait();  // leave no collective behind
     std::vector<std::string> missing;
@@ -275,7 +271,7 @@ void Reducer::finalize() {
     inflight_[b].work->wait();
     if (inflight_[b].finish) inflight_[b].finish();
     const double done = inflight_[b].work->finished_at();
-    timeline_.completed[b] = (done > 0 ? done : now_seconds()) - backward_start_;
+    timeline_.completed[b] = (done > 0 ? done : steady_seconds()) - backward_start_;
   }
   timeline_.backward_seconds = backward_end - backward_start_;
   inflight_.clear();

@@ -38,10 +38,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double now_seconds() {
-  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
-}
-
 // The time left until `deadline`, at least 1 ms (gloo reads 0 as "no timeout").
 Milliseconds time_left(Clock::time_point deadline) {
   const auto left = std::chrono::ceil<Milliseconds>(deadline - Clock::now());
@@ -305,7 +301,7 @@ class CollectiveWork final : public Work {
         cv_.wait_for(lock, Milliseconds(100), [&] { return done_; });
         const double started = started_.load();
         const double limit = 2.0 * std::chrono::duration<double>(default_timeout_).count() + 10.0;
-        if (!done_ && started > 0 && now_seconds() - started > limit) {
+        if (!done_ && started > 0 && steady_seconds() - started > limit) {
           gave_up(std::chrono::duration_cast<Milliseconds>(std::chrono::duration<double>(limit)));
         }
       }
@@ -321,11 +317,11 @@ class CollectiveWork final : public Work {
     throw DistError(detail::str(description_, ": wait() gave up after ", waited.count(),
                                 " ms; the operation is still queued or running"));
   }
-  void start() { started_ = now_seconds(); }
+  void start() { started_ = steady_seconds(); }
   // An empty `error` means success.
   void finish(std::string error) {
-    if (started_.load() == 0) started_ = now_seconds();
-    finished_ = now_seconds();
+    if (started_.load() == 0) started_ = steady_seconds();
+    finished_ = steady_seconds();
     {
       std::lock_guard<std::mutex> lock(mutex_);
       failed_ = !error.empty();
@@ -385,7 +381,7 @@ class PointToPointWork final : public Work {
         tensor_(std::move(tensor)),
         is_send_(is_send),
         default_timeout_(default_timeout),
-        started_(now_seconds()) {}
+        started_(steady_seconds()) {}
 
   // Turns true once wait() has returned (gloo cannot be asked without blocking).
   bool is_completed() const override { return done_.load(); }
@@ -409,7 +405,7 @@ class PointToPointWork final : public Work {
         error_ = why;
         state_->fail(why);
       }
-      finished_ = now_seconds();
+      finished_ = steady_seconds();
       done_ = true;
     }
     if (!error_.empty()) throw DistError(error_);

@@ -26,6 +26,10 @@
 
 namespace loom::dist {
 
+// Seconds on the steady clock, the time base of Work's timestamps, the reducer's timeline and
+// traces (one clock for all processes of a machine).
+double steady_seconds();
+
 enum class ReduceOp { Sum, Avg, Max, Min };
 const char* to_string(ReduceOp op);
 

@@ -3,19 +3,13 @@
 #include "dist/trace.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "tensor/atomic_file.h"
 #include "tensor/error.h"
 
 namespace loom::dist {
-
-double steady_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 void Trace::add(const std::string& name, const std::string& category, double start, double end,
                 int thread) {
@@ -58,18 +52,9 @@ void Trace::write(const std::string& path, Store* store, int world_size) const {
     all = nlohmann::json::parse(events_json());
   }
   const std::string text = nlohmann::json{{"traceEvents", all}, {"displayTimeUnit", "ms"}}.dump();
-  // Atomic: a temporary file beside the target, then a rename.
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    LOOM_CHECK(f.good(), IOError, "trace: cannot write ", tmp);
-    f << text;
-    f.flush();
-    LOOM_CHECK(f.good(), IOError, "trace: writing ", tmp, " failed");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  LOOM_CHECK(!ec, IOError, "trace: cannot rename ", tmp, " to ", path, ": ", ec.message());
+  AtomicFile file(path, "trace");
+  file.write(text.data(), text.size());
+  file.commit();
 }
 
 }  // namespace loom::dist

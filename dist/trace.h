@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/process_group.h"  // steady_seconds
 #include "dist/store.h"
 
 namespace loom::dist {
@@ -34,7 +35,5 @@ class Trace {
   int rank_;
   std::vector<Event> events_;
 };
-
-double steady_seconds();
 
 }  // namespace loom::dist

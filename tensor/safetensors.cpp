@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <climits>
@@ -18,6 +17,7 @@
 #include <set>
 #include <tuple>
 
+#include "tensor/atomic_file.h"
 #include "tensor/copy.h"
 
 namespace loom {
@@ -292,62 +292,6 @@ SafetensorsFile load_safetensors(const std::string& path) {
 
 // ------------------------------------------------------------------------------------ save
 
-namespace {
-
-template <typename... Args>
-[[noreturn]] void save_error(const std::string& path, const Args&... args) {
-  throw IOError(detail::str("save_safetensors: '", path, "': ", args...));
-}
-
-void write_all(int fd, const void* buffer, size_t n, const std::string& path) {
-  const auto* in = static_cast<const char*>(buffer);
-  while (n > 0) {
-    const ssize_t put = ::write(fd, in, std::min<size_t>(n, 1ull << 30));
-    if (put < 0 && errno == EINTR) continue;
-    if (put < 0) save_error(path, "write failed: ", std::strerror(errno));
-    in += put;
-    n -= static_cast<size_t>(put);
-  }
-}
-
-// The temporary file of one save: removed on destruction unless it was renamed into place.
-class TempFile {
- public:
-  TempFile(const std::string& target, const std::filesystem::path& dir) {
-    static std::atomic<uint64_t> counter{0};
-    const std::string base = std::filesystem::path(target).filename().string();
-    for (int attempt = 0;; ++attempt) {
-      path_ = (dir / ("." + base + ".tmp." + std::to_string(::getpid()) + "." +
-                      std::to_string(counter.fetch_add(1))))
-                  .string();
-      // 0666 so that the umask decides the final mode, as for any new file.
-      fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-      if (fd_ >= 0) return;
-      if (errno != EEXIST || attempt == 100)
-        save_error(target, "cannot create a temporary file in '", dir.string(),
-                   "': ", std::strerror(errno));
-    }
-  }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-  ~TempFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(path_.c_str());
-  }
-  int fd() const { return fd_; }
-  const std::string& path() const { return path_; }
-  // close() may report a failed write back (NFS); call before renaming.
-  int close() { return ::close(std::exchange(fd_, -1)); }
-  void committed() { committed_ = true; }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-  bool committed_ = false;
-};
-
-}  // namespace
-
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata) {
   // Check everything before touching the disk.
@@ -384,25 +328,14 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   text.append((8 - text.size() % 8) % 8, ' ');  // the data buffer starts 8-byte aligned
   const uint64_t header_bytes = text.size();
 
-  std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  if (dir.empty()) dir = ".";
-  TempFile temp(path, dir);
-  write_all(temp.fd(), &header_bytes, 8, path);
-  write_all(temp.fd(), text.data(), text.size(), path);
+  AtomicFile file(path, "save_safetensors");
+  file.write(&header_bytes, 8);
+  file.write(text.data(), text.size());
   for (const auto& [name, t] : tensors) {
     const Tensor dense = kernels::contiguous(t);  // one copy at a time, at most
-    if (dense.nbytes()) write_all(temp.fd(), dense.data(), dense.nbytes(), path);
+    if (dense.nbytes()) file.write(dense.data(), dense.nbytes());
   }
-  if (::fsync(temp.fd()) != 0) save_error(path, "fsync failed: ", std::strerror(errno));
-  if (temp.close() != 0) save_error(path, "close failed: ", std::strerror(errno));
-  if (::rename(temp.path().c_str(), path.c_str()) != 0)
-    save_error(path, "cannot rename the temporary file over it: ", std::strerror(errno));
-  temp.committed();
-
-  // Make the rename itself durable. Filesystems that cannot fsync a directory say EINVAL.
-  ScopedFd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dir_fd.get() >= 0 && ::fsync(dir_fd.get()) != 0 && errno != EINVAL && errno != ENOTSUP)
-    save_error(path, "written, but fsync of its directory failed: ", std::strerror(errno));
+  file.commit();
 }
 
 }  // namespace loom

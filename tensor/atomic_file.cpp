@@ -1,0 +1,79 @@
+// tensor/atomic_file.cpp — AtomicFile: temporary file, fsync, rename, fsync of the directory.
+
+#include "tensor/atomic_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <utility>
+
+#include "tensor/error.h"
+
+namespace loom {
+
+namespace {
+template <typename... Args>
+[[noreturn]] void fail(const std::string& op, const std::string& path, const Args&... args) {
+  throw IOError(detail::str(op, ": '", path, "': ", args...));
+}
+}  // namespace
+
+AtomicFile::AtomicFile(std::string path, std::string op)
+    : path_(std::move(path)), op_(std::move(op)) {
+  std::filesystem::path dir = std::filesystem::path(path_).parent_path();
+  if (dir.empty()) dir = ".";
+  dir_ = dir.string();
+  static std::atomic<uint64_t> counter{0};
+  const std::string base = std::filesystem::path(path_).filename().string();
+  for (int attempt = 0;; ++attempt) {
+    temp_ = (dir / ("." + base + ".tmp." + std::to_string(::getpid()) + "." +
+                    std::to_string(counter.fetch_add(1))))
+                .string();
+    // 0666 so that the umask decides the final mode, as for any new file.
+    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd_ >= 0) return;
+    if (errno != EEXIST || attempt == 100)
+      fail(op_, path_, "cannot create a temporary file in '", dir_, "': ", std::strerror(errno));
+  }
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_) ::unlink(temp_.c_str());
+}
+
+void AtomicFile::write(const void* data, size_t n) {
+  const auto* in = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t put = ::write(fd_, in, std::min<size_t>(n, size_t{1} << 30));
+    if (put < 0 && errno == EINTR) continue;
+    if (put < 0) fail(op_, path_, "write failed: ", std::strerror(errno));
+    in += put;
+    n -= static_cast<size_t>(put);
+  }
+}
+
+void AtomicFile::commit() {
+  if (::fsync(fd_) != 0) fail(op_, path_, "fsync failed: ", std::strerror(errno));
+  // close() may report a failed write back (NFS): check it before renaming.
+  if (::close(std::exchange(fd_, -1)) != 0)
+    fail(op_, path_, "close failed: ", std::strerror(errno));
+  if (::rename(temp_.c_str(), path_.c_str()) != 0)
+    fail(op_, path_, "cannot rename the temporary file over it: ", std::strerror(errno));
+  committed_ = true;
+  // Make the rename itself durable. Filesystems that cannot fsync a directory say EINVAL.
+  const int dir_fd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) return;
+  const int synced = ::fsync(dir_fd);
+  const int error = errno;
+  ::close(dir_fd);
+  if (synced != 0 && error != EINVAL && error != ENOTSUP)
+    fail(op_, path_, "written, but fsync of its directory failed: ", std::strerror(error));
+}
+
+}  // namespace loom
