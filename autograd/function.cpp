@@ -130,6 +130,7 @@ std::vector<Tensor> record_views(const char* name, std::vector<Tensor> outs, con
 }
 
 Tensor record_view(const char* name, Tensor out, const Tensor& input, BackwardFn fn) {
+  if (!any_requires_grad({input})) return out;  // views are hot: no vector when nothing records
   return record_views(name, {std::move(out)}, input, std::move(fn))[0];
 }
 

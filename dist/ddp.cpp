@@ -155,6 +155,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
   for (const std::vector<size_t>& members : groups) {
     Bucket bucket;
     bucket.params = members;
+    for (size_t i : members) bucket.names.push_back(names_[i]);
     int64_t numel = 0;
     for (size_t i : members) {
       bucket.offsets.push_back(numel);
@@ -240,8 +241,7 @@ void Reducer::mark_ready(size_t i) {
 void Reducer::launch_ready_buckets() {
   while (next_launch_ < buckets_.size() && pending_[next_launch_] == 0) {
     Bucket& b = buckets_[next_launch_];
-    GradBucket view{static_cast<int>(next_launch_), b.buffer, {}};
-    for (size_t i : b.params) view.names.push_back(names_[i]);
+    GradBucket view{static_cast<int>(next_launch_), b.buffer, &b.names};
     timeline_.launched[next_launch_] = steady_seconds() - backward_start_;
     inflight_.push_back(hook_->start(*group_, view));
     ++next_launch_;

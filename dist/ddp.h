@@ -38,8 +38,8 @@ namespace loom::dist {
 // A bucket as a communication hook sees it: the flat gradients of its parameters.
 struct GradBucket {
   int index = 0;
-  Tensor buffer;                   // 1-D, the parameters' gradients back to back
-  std::vector<std::string> names;  // the parameters, in buffer order
+  Tensor buffer;                                    // 1-D, the parameters' gradients back to back
+  const std::vector<std::string>* names = nullptr;  // the parameters, in buffer order
 };
 
 // What a hook started: the communication's handle, and what to do once it completed so that
@@ -73,7 +73,8 @@ struct DDPOptions {
 
 // One bucket of the plan.
 struct Bucket {
-  std::vector<size_t> params;  // indices into the parameter list
+  std::vector<size_t> params;      // indices into the parameter list
+  std::vector<std::string> names;  // their names, for comm hooks
   std::vector<int64_t> offsets;
   Tensor buffer;
   int64_t bytes() const { return buffer.defined() ? static_cast<int64_t>(buffer.nbytes()) : 0; }
