@@ -44,13 +44,15 @@ TEST(Linalg, MatmulAgainstTripleLoop) {
 
 TEST(Linalg, BlockedKernelEdgesAndLayouts) {
   // Sizes that are not multiples of the register tile (6 x 16), a depth past one packed block
-  // (256), a width past one B block (3072), every combination of transposed operands, and
-  // accumulation into an existing output (beta).
+  // (256), a width past one B block (3072), rows 4 KiB apart with more than one pass over the
+  // depth (the driver then stages C: Note [Staging C]), every combination of transposed
+  // operands, and accumulation into an existing output (beta).
   manual_seed(9);
   struct Case {
     int64_t m, n, k;
   };
-  for (Case c : {Case{67, 45, 300}, Case{7, 3100, 40}, Case{130, 17, 33}, Case{1, 64, 600}}) {
+  for (Case c : {Case{67, 45, 300}, Case{7, 3100, 40}, Case{130, 17, 33}, Case{1, 64, 600},
+                 Case{13, 1024, 300}}) {
     for (bool ta : {false, true}) {
       for (bool tb : {false, true}) {
         Tensor a = ta ? randn({c.k, c.m}).t() : randn({c.m, c.k});
