@@ -1,23 +1,22 @@
 // tensor/storage.cpp — allocation with per-device accounting. CPU memory is 64-byte aligned
-// (a cache line, and the widest vector load), so kernels may use aligned loads on fresh tensors.
-// CUDA memory comes from the caching allocator (tensor/cuda/caching_allocator.h), for the
-// current stream of the device.
+// (a cache line, and the widest vector load), so kernels may use aligned loads on fresh tensors;
+// large CPU blocks are cached (Note [Host block cache] in tensor/cpu/host_cache.h). CUDA memory
+// comes from the caching allocator (tensor/cuda/caching_allocator.h), for the current stream of
+// the device.
 
 #include "tensor/storage.h"
 
-#include <cstdlib>
 #include <mutex>
 #include <new>
 #include <unordered_map>
 
+#include "tensor/cpu/host_cache.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/error.h"
 
 namespace loom {
 
 namespace {
-
-constexpr size_t kCpuAlignment = 64;
 
 struct Accounting {
   std::mutex mutex;
@@ -42,16 +41,13 @@ Accounting& accounting() {
 Storage allocate_storage(size_t nbytes, Device device) {
   const int64_t accounted = static_cast<int64_t>(nbytes);
   if (device.is_cpu()) {
-    // aligned_alloc needs a size that is a multiple of the alignment, and non-zero.
-    size_t padded =
-        (std::max<size_t>(nbytes, 1) + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
-    void* data = std::aligned_alloc(kCpuAlignment, padded);
+    void* data = cpu::host_allocate(nbytes);
     LOOM_CHECK(data != nullptr, Error, "allocate: out of memory asking for ", nbytes,
                " bytes on the CPU");
     accounting().add(device, accounted);
-    return std::make_shared<StorageImpl>(data, nbytes, device, [device, accounted](void* p) {
-      std::free(p);
-      accounting().add(device, -accounted);
+    return std::make_shared<StorageImpl>(data, nbytes, device, [device, nbytes](void* p) {
+      cpu::host_free(p, nbytes);
+      accounting().add(device, -static_cast<int64_t>(nbytes));
     });
   }
   if (cuda::is_built()) {
@@ -74,6 +70,7 @@ MemoryStats memory_stats(Device device) {
     std::lock_guard<std::mutex> lock(a.mutex);
     s = a.per_device[Accounting::key(device)];
   }
+  if (device.is_cpu()) s.cached_bytes = cpu::host_cache_stats().cached_bytes;
   if (device.is_cuda() && cuda::is_built())
     s.cached_bytes = cuda::allocator_stats(device.index).cached_bytes;
   return s;

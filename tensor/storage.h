@@ -37,8 +37,9 @@ Storage allocate_storage(size_t nbytes, Device device);
 
 // Bytes currently held by loom's tensors on a device, and the most ever held since the last
 // reset; estimates of memory use are checked against these.
-// On CUDA devices, cached_bytes is what the caching allocator keeps for reuse beyond what
-// tensors hold (cuda::allocator_stats has the full picture).
+// cached_bytes is what the allocator keeps for reuse beyond what tensors hold: freed large CPU
+// blocks (cpu::host_cache_stats), or the CUDA caching allocator's free blocks
+// (cuda::allocator_stats has the full picture).
 struct MemoryStats {
   int64_t current_bytes = 0;
   int64_t peak_bytes = 0;
