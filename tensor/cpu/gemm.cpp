@@ -17,7 +17,9 @@
 // The micro-kernel keeps the whole MR x NR = 6 x 16 tile of C in twelve 8-float registers and,
 // per k, loads two vectors of B, broadcasts six values of A and issues twelve FMAs. Packing
 // turns any layout of A and B (transposed or not) into the contiguous streams the kernel reads,
-// and pads partial panels with zeros so the kernel never branches on edges.
+// and pads partial panels with zeros so the kernel never branches on edges. When C's rows are a
+// multiple of 4 KiB apart and K takes several passes, the passes between the first and the last
+// accumulate in a scratch copy of C instead (Note [Staging C] in tensor/cpu/packed_gemm.h).
 
 #include "tensor/cpu/gemm.h"
 

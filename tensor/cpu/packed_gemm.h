@@ -35,10 +35,22 @@ struct Blocking<double> {
   static constexpr int64_t mr = 6, nr = 8, kc = 256, mc = 60, nc = 768;
 };
 
-// c [MR, NR] (row stride ldc) = (accumulate ? c : 0) + sum over p < kc of a[p] (x) b[p], with
-// a packed [kc, MR] and b packed [kc, NR].
+// Where a micro-tile of C is read from and written to: out = (accumulate ? in : 0) + the
+// product. `in` is usually `out`; the staged passes of Note [Staging C] read one buffer and
+// write another.
 template <typename T>
-void micro_kernel(int64_t kc, const T* a, const T* b, T* c, int64_t ldc, bool accumulate) {
+struct CTile {
+  const T* in;
+  int64_t ld_in;
+  T* out;
+  int64_t ld_out;
+  bool accumulate;
+};
+
+// c.out [MR, NR] = (c.accumulate ? c.in : 0) + sum over p < kc of a[p] (x) b[p], with a packed
+// [kc, MR] and b packed [kc, NR].
+template <typename T>
+void micro_kernel(int64_t kc, const T* a, const T* b, const CTile<T>& c) {
   constexpr int64_t mr = Blocking<T>::mr, nr = Blocking<T>::nr;
   T acc[mr][nr] = {};
   for (int64_t p = 0; p < kc; ++p)
@@ -46,7 +58,7 @@ void micro_kernel(int64_t kc, const T* a, const T* b, T* c, int64_t ldc, bool ac
       for (int64_t j = 0; j < nr; ++j) acc[i][j] += a[p * mr + i] * b[p * nr + j];
   for (int64_t i = 0; i < mr; ++i)
     for (int64_t j = 0; j < nr; ++j)
-      c[i * ldc + j] = (accumulate ? c[i * ldc + j] : T(0)) + acc[i][j];
+      c.out[i * c.ld_out + j] = (c.accumulate ? c.in[i * c.ld_in + j] : T(0)) + acc[i][j];
 }
 
 #if LOOM_PACKED_GEMM_SIMD
@@ -56,12 +68,16 @@ void micro_kernel(int64_t kc, const T* a, const T* b, T* c, int64_t ldc, bool ac
 // 12 FMAs instead of 8), or rotated accumulators through moves; written out, the loop is 2
 // loads, 6 broadcasts and 12 FMAs per k, unrolled four times, and runs at about 0.97 of the FMA
 // peak on data in L1 (0.88 for the intrinsics). The C tile is prefetched at the start so its
-// rows (one cache line each, ldc apart) arrive during the products; the A panel streaming from
+// rows (one cache line each, ld apart) arrive during the products; the A panel streaming from
 // L2 is prefetched a few steps ahead. Never inlined, and hidden (no PLT call in the library).
 template <>
 [[gnu::noinline, gnu::visibility("hidden")]] inline void micro_kernel<float>(
-    int64_t kc, const float* a, const float* b, float* c, int64_t ldc, bool accumulate) {
-  for (int i = 0; i < 6; ++i) _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
+    int64_t kc, const float* a, const float* b, const CTile<float>& c) {
+  for (int i = 0; i < 6; ++i) {
+    if (c.accumulate) _mm_prefetch(reinterpret_cast<const char*>(c.in + i * c.ld_in), _MM_HINT_T0);
+    if (c.out != c.in || !c.accumulate)
+      _mm_prefetch(reinterpret_cast<const char*>(c.out + i * c.ld_out), _MM_HINT_T0);
+  }
   int64_t quads = kc / 4, rest = kc % 4;
   // One k: B row in ymm0/ymm1, a[i] broadcast into ymm2/ymm3 alternately, row i of the tile in
   // ymm(4 + 2i) and ymm(5 + 2i).
@@ -126,48 +142,49 @@ template <>
       "dec %[rest]\n\t"
       "jnz 3b\n\t"
       "4:\n\t"
-      // Rows 0-2 of C are addressed from c0, rows 3-5 from c3. Every load comes before any
-      // store: the rows are often a multiple of 4 KiB apart (ldc = 1024 floats), and a load
+      // Rows 0-2 are addressed from in0/out0, rows 3-5 from in3/out3. Every load comes before
+      // any store: rows are often a multiple of 4 KiB apart (ldc = 1024 floats), and a load
       // behind a store whose address has the same low 12 bits waits for that store.
       "test %[accumulate], %[accumulate]\n\t"
       "jz 5f\n\t"
-      "vaddps (%[c0]), %%ymm4, %%ymm4\n\t"
-      "vaddps 32(%[c0]), %%ymm5, %%ymm5\n\t"
-      "vaddps (%[c0],%[ldc],1), %%ymm6, %%ymm6\n\t"
-      "vaddps 32(%[c0],%[ldc],1), %%ymm7, %%ymm7\n\t"
-      "vaddps (%[c0],%[ldc],2), %%ymm8, %%ymm8\n\t"
-      "vaddps 32(%[c0],%[ldc],2), %%ymm9, %%ymm9\n\t"
-      "vaddps (%[c3]), %%ymm10, %%ymm10\n\t"
-      "vaddps 32(%[c3]), %%ymm11, %%ymm11\n\t"
-      "vaddps (%[c3],%[ldc],1), %%ymm12, %%ymm12\n\t"
-      "vaddps 32(%[c3],%[ldc],1), %%ymm13, %%ymm13\n\t"
-      "vaddps (%[c3],%[ldc],2), %%ymm14, %%ymm14\n\t"
-      "vaddps 32(%[c3],%[ldc],2), %%ymm15, %%ymm15\n\t"
+      "vaddps (%[i0]), %%ymm4, %%ymm4\n\t"
+      "vaddps 32(%[i0]), %%ymm5, %%ymm5\n\t"
+      "vaddps (%[i0],%[ldi],1), %%ymm6, %%ymm6\n\t"
+      "vaddps 32(%[i0],%[ldi],1), %%ymm7, %%ymm7\n\t"
+      "vaddps (%[i0],%[ldi],2), %%ymm8, %%ymm8\n\t"
+      "vaddps 32(%[i0],%[ldi],2), %%ymm9, %%ymm9\n\t"
+      "vaddps (%[i3]), %%ymm10, %%ymm10\n\t"
+      "vaddps 32(%[i3]), %%ymm11, %%ymm11\n\t"
+      "vaddps (%[i3],%[ldi],1), %%ymm12, %%ymm12\n\t"
+      "vaddps 32(%[i3],%[ldi],1), %%ymm13, %%ymm13\n\t"
+      "vaddps (%[i3],%[ldi],2), %%ymm14, %%ymm14\n\t"
+      "vaddps 32(%[i3],%[ldi],2), %%ymm15, %%ymm15\n\t"
       "5:\n\t"
-      "vmovups %%ymm4, (%[c0])\n\t"
-      "vmovups %%ymm5, 32(%[c0])\n\t"
-      "vmovups %%ymm6, (%[c0],%[ldc],1)\n\t"
-      "vmovups %%ymm7, 32(%[c0],%[ldc],1)\n\t"
-      "vmovups %%ymm8, (%[c0],%[ldc],2)\n\t"
-      "vmovups %%ymm9, 32(%[c0],%[ldc],2)\n\t"
-      "vmovups %%ymm10, (%[c3])\n\t"
-      "vmovups %%ymm11, 32(%[c3])\n\t"
-      "vmovups %%ymm12, (%[c3],%[ldc],1)\n\t"
-      "vmovups %%ymm13, 32(%[c3],%[ldc],1)\n\t"
-      "vmovups %%ymm14, (%[c3],%[ldc],2)\n\t"
-      "vmovups %%ymm15, 32(%[c3],%[ldc],2)\n\t"
+      "vmovups %%ymm4, (%[o0])\n\t"
+      "vmovups %%ymm5, 32(%[o0])\n\t"
+      "vmovups %%ymm6, (%[o0],%[ldo],1)\n\t"
+      "vmovups %%ymm7, 32(%[o0],%[ldo],1)\n\t"
+      "vmovups %%ymm8, (%[o0],%[ldo],2)\n\t"
+      "vmovups %%ymm9, 32(%[o0],%[ldo],2)\n\t"
+      "vmovups %%ymm10, (%[o3])\n\t"
+      "vmovups %%ymm11, 32(%[o3])\n\t"
+      "vmovups %%ymm12, (%[o3],%[ldo],1)\n\t"
+      "vmovups %%ymm13, 32(%[o3],%[ldo],1)\n\t"
+      "vmovups %%ymm14, (%[o3],%[ldo],2)\n\t"
+      "vmovups %%ymm15, 32(%[o3],%[ldo],2)\n\t"
       "vzeroupper\n\t"
       : [a] "+r"(a), [b] "+r"(b), [quads] "+r"(quads), [rest] "+r"(rest)
-      : [c0] "r"(c), [c3] "r"(c + 3 * ldc), [ldc] "r"(ldc * int64_t{sizeof(float)}),
-        [accumulate] "r"(int64_t{accumulate})
+      : [i0] "r"(c.in), [i3] "r"(c.in + 3 * c.ld_in), [ldi] "r"(c.ld_in * int64_t{sizeof(float)}),
+        [o0] "r"(c.out), [o3] "r"(c.out + 3 * c.ld_out),
+        [ldo] "r"(c.ld_out * int64_t{sizeof(float)}), [accumulate] "r"(int64_t{c.accumulate})
       : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",
         "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
 #undef LOOM_GEMM_K
 }
 
 template <>
-inline void micro_kernel<double>(int64_t kc, const double* a, const double* b, double* c,
-                                 int64_t ldc, bool accumulate) {
+inline void micro_kernel<double>(int64_t kc, const double* a, const double* b,
+                                 const CTile<double>& c) {
   __m256d acc[6][2];
 #pragma GCC unroll 6
   for (int i = 0; i < 6; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_pd();
@@ -182,13 +199,15 @@ inline void micro_kernel<double>(int64_t kc, const double* a, const double* b, d
   }
 #pragma GCC unroll 6
   for (int i = 0; i < 6; ++i) {
-    double* row = c + i * ldc;
-    if (accumulate) {
-      acc[i][0] = _mm256_add_pd(acc[i][0], _mm256_loadu_pd(row));
-      acc[i][1] = _mm256_add_pd(acc[i][1], _mm256_loadu_pd(row + 4));
+    if (c.accumulate) {
+      acc[i][0] = _mm256_add_pd(acc[i][0], _mm256_loadu_pd(c.in + i * c.ld_in));
+      acc[i][1] = _mm256_add_pd(acc[i][1], _mm256_loadu_pd(c.in + i * c.ld_in + 4));
     }
-    _mm256_storeu_pd(row, acc[i][0]);
-    _mm256_storeu_pd(row + 4, acc[i][1]);
+  }
+#pragma GCC unroll 6
+  for (int i = 0; i < 6; ++i) {
+    _mm256_storeu_pd(c.out + i * c.ld_out, acc[i][0]);
+    _mm256_storeu_pd(c.out + i * c.ld_out + 4, acc[i][1]);
   }
 }
 #endif
@@ -203,8 +222,9 @@ inline void micro_kernel<double>(int64_t kc, const double* a, const double* b, d
 // a 32 x 32 image), the six rows of a micro-tile fall into the same set of the L1 cache, beside
 // the B panel the kernel is streaming: each pass over K then costs about 7% more (measured on a
 // 1024^3 GEMM against the same GEMM with 1040-float rows). With more than one pass over K, the
-// driver therefore accumulates into a scratch block of C with a harmless row stride and adds it
-// to C once at the end: one extra read and write of C, for every pass at full speed.
+// passes therefore accumulate in a scratch block with a harmless row stride: the first pass
+// reads C (when accumulating) and writes the block, the middle ones read and write the block,
+// and the last reads the block and writes C. C is touched twice instead of on every pass.
 template <typename T>
 bool rows_alias(int64_t ldc) {
   return ldc * static_cast<int64_t>(sizeof(T)) % 4096 == 0;
@@ -221,18 +241,23 @@ void packed_gemm(int64_t m, int64_t n, int64_t k, ABlock&& a_block, PackB&& pack
   for (int64_t jc = 0; jc < n; jc += B::nc) {
     const int64_t nc = std::min(B::nc, n - jc);
     ScratchFrame frame;
-    // The kernels write `out` (row stride ldo): C itself, or its staged copy.
-    T* out = c + jc;
-    int64_t ldo = ldc;
+    T* staged = nullptr;
+    int64_t lds = 0;
     if (stage) {
-      ldo = (nc + B::nr - 1) / B::nr * B::nr;
-      if (rows_alias<T>(ldo)) ldo += B::nr;
-      out = frame.get<T>(m * ldo);
+      lds = (nc + B::nr - 1) / B::nr * B::nr;
+      if (rows_alias<T>(lds)) lds += B::nr;
+      staged = frame.get<T>(m * lds);
     }
     for (int64_t pc = 0; pc < k; pc += B::kc) {
       const int64_t kc = std::min(B::kc, k - pc);
       pack_b(pc, kc, jc, nc, b_scratch);
-      const bool acc = pc > 0 || (accumulate && !stage);
+      // This pass reads `in` (when accumulating) and writes `out`, both [m, nc].
+      const bool first = pc == 0, last = pc + kc >= k;
+      const T* in = stage && !first ? staged : c + jc;
+      const int64_t ld_in = stage && !first ? lds : ldc;
+      T* out = stage && !last ? staged : c + jc;
+      const int64_t ld_out = stage && !last ? lds : ldc;
+      const bool acc = accumulate || !first;
       for (int64_t ic = 0; ic < m; ic += B::mc) {
         const int64_t mc = std::min(B::mc, m - ic);
         const T* a = a_block(ic, mc, pc, kc, a_scratch);
@@ -241,28 +266,22 @@ void packed_gemm(int64_t m, int64_t n, int64_t k, ABlock&& a_block, PackB&& pack
           const T* b_panel = b_scratch + jr * kc;
           for (int64_t ir = 0; ir < mc; ir += B::mr) {
             const int64_t mr = std::min(B::mr, mc - ir);
-            T* c_tile = out + (ic + ir) * ldo + jr;
+            const T* tile_in = in + (ic + ir) * ld_in + jr;
+            T* tile_out = out + (ic + ir) * ld_out + jr;
             if (mr == B::mr && nr == B::nr) {
-              micro_kernel<T>(kc, a + ir * kc, b_panel, c_tile, ldo, acc);
+              micro_kernel<T>(kc, a + ir * kc, b_panel, {tile_in, ld_in, tile_out, ld_out, acc});
               continue;
             }
-            micro_kernel<T>(kc, a + ir * kc, b_panel, tile, B::nr, false);  // an edge tile
+            // An edge tile: computed whole into `tile`, then the part inside C is kept.
+            micro_kernel<T>(kc, a + ir * kc, b_panel, {tile, B::nr, tile, B::nr, false});
             for (int64_t i = 0; i < mr; ++i)
               for (int64_t j = 0; j < nr; ++j)
-                c_tile[i * ldo + j] = (acc ? c_tile[i * ldo + j] : T(0)) + tile[i * B::nr + j];
+                tile_out[i * ld_out + j] =
+                    (acc ? tile_in[i * ld_in + j] : T(0)) + tile[i * B::nr + j];
           }
         }
       }
     }
-    if (stage)
-      for (int64_t i = 0; i < m; ++i) {
-        T* row = c + i * ldc + jc;
-        const T* staged = out + i * ldo;
-        if (accumulate)
-          for (int64_t j = 0; j < nc; ++j) row[j] += staged[j];
-        else
-          std::copy_n(staged, nc, row);
-      }
   }
 }
 

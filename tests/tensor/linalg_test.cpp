@@ -52,7 +52,7 @@ TEST(Linalg, BlockedKernelEdgesAndLayouts) {
     int64_t m, n, k;
   };
   for (Case c : {Case{67, 45, 300}, Case{7, 3100, 40}, Case{130, 17, 33}, Case{1, 64, 600},
-                 Case{13, 1024, 300}}) {
+                 Case{13, 1024, 300}, Case{7, 1024, 600}}) {
     for (bool ta : {false, true}) {
       for (bool tb : {false, true}) {
         Tensor a = ta ? randn({c.k, c.m}).t() : randn({c.m, c.k});
