@@ -1,7 +1,7 @@
 // tensor/cuda/runtime.h — the CUDA runtime services tensor/ needs: devices, the caching device
 // allocator, streams and events, pinned host memory, synchronous and asynchronous copies.
 // Host-only (no CUDA header): any file may include it. A build without CUDA links
-// tensor/cuda_stubs.cpp instead, whose functions raise DeviceError("loom was built without
+// tensor/cuda/runtime_stubs.cpp instead, whose functions raise DeviceError("loom was built without
 // CUDA"), so CPU-only programs still link and fail clearly.
 //
 // Device indices are those the CUDA runtime shows: with CUDA_VISIBLE_DEVICES=2,3 set, cuda:0 is

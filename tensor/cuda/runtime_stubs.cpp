@@ -1,8 +1,9 @@
-// tensor/cuda_stubs.cpp — linked when loom is built without CUDA (LOOM_CUDA=OFF): every entry
+// tensor/cuda/runtime_stubs.cpp — linked when loom is built without CUDA (LOOM_CUDA=OFF): every entry
 // point of tensor/cuda/runtime.h raises DeviceError, so CUDA requests fail clearly, never
 // silently. What runs in destructors (deallocate, free_pinned, ~Event) does nothing instead.
 
 #include "tensor/cuda/runtime.h"
+#include "tensor/cuda/stubs.h"
 #include "tensor/error.h"
 
 namespace loom::cuda {
@@ -14,6 +15,8 @@ namespace {
                                 "on a machine with the CUDA toolkit)"));
 }
 }  // namespace
+
+void built_without_cuda(const char* op) { unavailable(op); }
 
 bool is_built() { return false; }
 int device_count() { return 0; }
