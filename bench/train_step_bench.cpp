@@ -3,10 +3,11 @@
 // SGD step (nesterov momentum 0.9, weight decay 5e-4), in images per second, beside PyTorch's
 // same step measured in the same run by bench/train_step_torch.py. The two alternate step by
 // step (the machine is shared: load falls on both alike); medians of the repetitions. The ratio
-// is loom images/s over PyTorch images/s: above 1, loom is faster.
+// is loom images/s over PyTorch images/s: above 1, loom is faster. With --device cuda both run
+// on cuda:0, each step timed to the end of its GPU work (a device synchronisation).
 //
 //   train_step_bench [--threads N (2)] [--batch B (64)] [--width W (64)] [--repeats R (7)]
-//                    [--no-torch] [--python PATH] [--script PATH]
+//                    [--device cpu|cuda] [--no-torch] [--python PATH] [--script PATH]
 
 #include <algorithm>
 #include <chrono>
@@ -18,6 +19,7 @@
 
 #include "loom.h"
 #include "optim/sgd.h"
+#include "tensor/cuda/runtime.h"
 #include "torch_peer.h"
 
 namespace {
@@ -36,6 +38,7 @@ int main(int argc, char** argv) {
   int threads = 2, repeats = 7;
   int64_t batch = 64, width = 64;
   bool with_torch = true;
+  std::string device_name = "cpu";
   std::string python = LOOM_TORCH_PYTHON;
   std::string script =
       (std::filesystem::path(__FILE__).parent_path() / "train_step_torch.py").string();
@@ -50,6 +53,8 @@ int main(int argc, char** argv) {
       width = std::stoll(next());
     else if (arg == "--repeats")
       repeats = std::stoi(next());
+    else if (arg == "--device")
+      device_name = next();
     else if (arg == "--no-torch")
       with_torch = false;
     else if (arg == "--python")
@@ -58,43 +63,58 @@ int main(int argc, char** argv) {
       script = next();
     else {
       std::fprintf(stderr,
-                   "usage: %s [--threads N] [--batch B] [--width W] [--repeats R] [--no-torch] "
-                   "[--python PATH] [--script PATH]\n",
+                   "usage: %s [--threads N] [--batch B] [--width W] [--repeats R] "
+                   "[--device cpu|cuda] [--no-torch] [--python PATH] [--script PATH]\n",
                    argv[0]);
       return 2;
     }
   }
+  if (device_name != "cpu" && device_name != "cuda") {
+    std::fprintf(stderr, "--device: cpu or cuda, not %s\n", device_name.c_str());
+    return 2;
+  }
+  const bool on_gpu = device_name == "cuda";
+  if (on_gpu && loom::cuda::device_count() == 0) {
+    std::fprintf(stderr, "--device cuda: no CUDA device visible%s\n",
+                 loom::cuda::is_built() ? "" : " (loom was built without CUDA)");
+    return 2;
+  }
+  const loom::Device device = on_gpu ? loom::Device{loom::DeviceType::CUDA, 0} : loom::kCPU;
   loom::set_num_threads(threads);
   loom::manual_seed(0);
   std::signal(SIGPIPE, SIG_IGN);
 
   loom::bench::TorchPeer torch;
-  const bool have_torch = with_torch && !python.empty() &&
-                          torch.start(python, script,
-                                      {"--threads", std::to_string(threads), "--batch",
-                                       std::to_string(batch), "--width", std::to_string(width)});
+  const bool have_torch =
+      with_torch && !python.empty() &&
+      torch.start(python, script,
+                  {"--threads", std::to_string(threads), "--batch", std::to_string(batch),
+                   "--width", std::to_string(width), "--device", device_name});
   if (with_torch && !have_torch)
     std::printf("PyTorch not measured: %s\n", torch.header().is_object()
                                                   ? torch.header().value("error", "?").c_str()
                                                   : "no Python with torch (pass --python)");
 
   auto model = loom::nn::resnet18({.width = width, .in_channels = 3, .num_classes = 10});
+  model->to(device);
   model->train();
   loom::optim::SGD opt(model->parameters(),
                        {.lr = 0.05, .momentum = 0.9, .weight_decay = 5e-4, .nesterov = true});
-  const loom::Tensor x = loom::randn({batch, 3, 32, 32});
-  const loom::Tensor y = loom::randint(0, 10, {batch});
+  const loom::Tensor x = loom::randn({batch, 3, 32, 32}).to(device);
+  const loom::Tensor y = loom::randint(0, 10, {batch}).to(device);
   auto loom_step = [&] {
     const auto start = Clock::now();
     opt.zero_grad();
     loom::Tensor loss = loom::cross_entropy(model->forward(x), y);
     loss.backward();
     opt.step();
+    if (on_gpu) loom::cuda::synchronize(0);
     return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   };
   auto torch_step = [&] { return torch.request("step").value("ms", 0.0); };
 
-  for (int i = 0; i < 2; ++i) {  // warm-up: caches, scratch memory, PyTorch's first calls
+  // Warm-up: caches, scratch memory, PyTorch's first calls, cuDNN's algorithm searches.
+  for (int i = 0; i < (on_gpu ? 5 : 2); ++i) {
     loom_step();
     if (have_torch) torch_step();
   }
@@ -106,9 +126,10 @@ int main(int argc, char** argv) {
 
   const double loom_ips = batch / (median(loom_ms) / 1e3);
   std::printf(
-      "ResNet-18 (CIFAR stem, width %lld) training step, batch %lld, %d threads, "
-      "float32; median of %d\n",
-      static_cast<long long>(width), static_cast<long long>(batch), threads, repeats);
+      "ResNet-18 (CIFAR stem, width %lld) training step, batch %lld, %s, float32; median of "
+      "%d\n",
+      static_cast<long long>(width), static_cast<long long>(batch),
+      on_gpu ? "cuda:0" : (std::to_string(threads) + " threads").c_str(), repeats);
   std::printf("| | step ms | images/s |\n|---|---|---|\n");
   std::printf("| loom | %.0f | %.1f |\n", median(loom_ms), loom_ips);
   if (have_torch) {

@@ -23,6 +23,7 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     try:
         import torch
@@ -32,21 +33,28 @@ def main():
         return 0
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    device = torch.device("cuda:0" if args.device == "cuda" else "cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        say({"error": "torch sees no CUDA device"})
+        return 0
     model = ResNet(depth=18, width=args.width, in_channels=3, num_classes=10, cifar_stem=True)
+    model.to(device)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True,
                           weight_decay=5e-4)
-    x = torch.randn(args.batch, 3, 32, 32)
-    y = torch.randint(0, 10, (args.batch,))
+    x = torch.randn(args.batch, 3, 32, 32).to(device)
+    y = torch.randint(0, 10, (args.batch,)).to(device)
 
     def step():
         opt.zero_grad(set_to_none=True)
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
 
     say({"torch": torch.__version__, "threads": torch.get_num_threads(),
-         "mkldnn": torch.backends.mkldnn.is_available()})
+         "mkldnn": torch.backends.mkldnn.is_available(), "device": str(device)})
     if not args.serve:
         return 0
     for line in sys.stdin:

@@ -14,6 +14,7 @@
 #endif
 
 #include "autograd/graph.h"
+#include "tensor/cuda/optim.h"
 #include "tensor/dispatch.h"
 #include "tensor/parallel.h"
 
@@ -185,6 +186,14 @@ void AdamBase::step() {
     s.step_size = lr() / (1.0 - std::pow(options_.beta1, step));
     s.bias_correction2_sqrt = std::sqrt(1.0 - std::pow(options_.beta2, step));
     const Tensor target = update_target(i);
+    if (target.is_cuda()) {
+      cuda::adam_update(target, grad, state.buffers[0], state.buffers[1],
+                        options_.amsgrad ? state.buffers[2] : Tensor(),
+                        {options_.beta1, options_.beta2, options_.eps, s.l2, s.decay_factor,
+                         s.step_size, s.bias_correction2_sqrt, decoupled_});
+      finish_update(i, target);
+      continue;
+    }
     dispatch_floating(target.dtype(), name().c_str(), [&]<typename T>() {
       const AdamArrays<T> arrays{target.data_ptr<T>(), grad.data_ptr<T>(),
                                  state.buffers[0].data_ptr<T>(), state.buffers[1].data_ptr<T>(),

@@ -14,6 +14,7 @@
 #include "tensor/dispatch.h"
 #include "tensor/elementwise.h"
 #include "tensor/parallel.h"
+#include "tensor/reduce.h"
 
 namespace loom::optim {
 
@@ -69,6 +70,19 @@ double gradient_power_sum(const T* g, int64_t n, double p) {
 
 // The norm of one gradient.
 double gradient_norm(const Tensor& grad, NormKind kind, double p) {
+  if (grad.is_cuda()) {  // through the device's reductions; one number comes back
+    const Tensor a = k::abs(grad);
+    switch (kind) {
+      case NormKind::L1:
+        return k::sum(a).item();
+      case NormKind::L2:
+        return std::sqrt(k::sum(k::mul(a, a)).item());
+      case NormKind::Inf:
+        return k::amax(a).item();
+      case NormKind::Power:
+        return std::pow(k::sum(k::pow_scalar(a, p)).item(), 1.0 / p);
+    }
+  }
   const Tensor g = k::contiguous(grad);
   return dispatch_floating(g.dtype(), "clip_grad_norm_", [&]<typename T>() {
     const T* data = g.data_ptr<T>();
@@ -104,7 +118,6 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
                " is an undefined tensor");
     const Tensor g = params[i].grad();
     if (!g.defined()) continue;
-    if (g.is_cuda()) k::no_cuda_kernel("clip_grad_norm_");
     grads.push_back(g);
   }
   if (grads.empty()) return 0.0;

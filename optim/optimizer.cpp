@@ -80,7 +80,8 @@ Tensor Optimizer::update_grad(size_t i) const {
   const Tensor& p = params_[i];
   const Tensor g = p.grad();
   if (!g.defined()) return g;
-  if (p.is_cuda() || g.is_cuda()) k::no_cuda_kernel(name_.c_str());
+  LOOM_CHECK(g.device() == p.device(), DeviceError, name_, ": gradient of parameter ", i, " is on ",
+             g.device(), " but the parameter is on ", p.device());
   LOOM_CHECK(g.sizes() == p.sizes(), ShapeError, name_, ": gradient of parameter ", i,
              " has shape=", g.sizes(), " but the parameter has shape=", p.sizes());
   LOOM_CHECK(g.dtype() == p.dtype(), DTypeError, name_, ": gradient of parameter ", i, " is ",

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "autograd/graph.h"
+#include "tensor/cuda/optim.h"
 #include "tensor/dispatch.h"
 #include "tensor/parallel.h"
 
@@ -92,6 +93,13 @@ void SGD::step() {
     ParamState& state = state_for(i);
     ++state.steps;
     const Tensor target = update_target(i);
+    if (target.is_cuda()) {
+      cuda::sgd_update(target, grad, state.buffers.empty() ? Tensor() : state.buffers[0],
+                       {lr(), options_.weight_decay, options_.momentum, options_.dampening,
+                        options_.nesterov, first});
+      finish_update(i, target);
+      continue;
+    }
     dispatch_floating(target.dtype(), "SGD", [&]<typename T>() {
       T* buffer = state.buffers.empty() ? nullptr : state.buffers[0].data_ptr<T>();
       sgd_update<T>(target.data_ptr<T>(), grad.data_ptr<T>(), buffer, target.numel(), options_,

@@ -250,7 +250,7 @@ template <typename T>
 T Tensor::item() const {
   LOOM_CHECK(numel() == 1, ValueError,
              "item: expected a tensor with one element; got shape=", sizes());
-  LOOM_CHECK(is_cpu(), DeviceError, "item: copy the tensor to the CPU first; it is on ", device());
+  if (!is_cpu()) return to(kCPU).item<T>();  // waits for the device, as PyTorch's item() does
   return dispatch_all(dtype(), "item", [&]<typename S>() {
     return static_cast<T>(static_cast<double>(*static_cast<const S*>(data())));
   });
@@ -279,8 +279,7 @@ static void for_each_element(const Tensor& t, F&& f) {
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
-  LOOM_CHECK(is_cpu(), DeviceError, "to_vector: copy the tensor to the CPU first; it is on ",
-             device());
+  if (!is_cpu()) return to(kCPU).to_vector<T>();
   std::vector<T> out;
   out.reserve(numel());
   dispatch_all(dtype(), "to_vector", [&]<typename S>() {

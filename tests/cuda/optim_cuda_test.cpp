@@ -1,0 +1,104 @@
+// tests/cuda/optim_cuda_test.cpp — the optimizers' fused updates on CUDA against the same
+// optimizers on the CPU: a few steps of SGD (plain, momentum, nesterov, weight decay), Adam,
+// AdamW and AMSGrad from the same start, and clip_grad_norm_. Skips without a GPU.
+
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <memory>
+
+#include "cuda/cuda_test_util.h"
+#include "optim/adam.h"
+#include "optim/clip.h"
+#include "optim/sgd.h"
+
+namespace loom::test {
+namespace {
+
+// Runs `steps` updates of the optimizer made by `make` on a CPU copy and a CUDA copy of the same
+// parameters, with the same gradients each step, and compares the parameters.
+template <typename Make>
+void expect_same_steps(Make make, DType dtype, int steps = 4) {
+  manual_seed(3);
+  std::vector<Tensor> cpu = {randn({7, 5}, dtype), randn({1000003}, dtype), randn({3}, dtype)};
+  std::vector<Tensor> gpu;
+  for (Tensor& p : cpu) {
+    p.requires_grad_(true);
+    gpu.push_back(p.detach().to(kCuda0));
+    gpu.back().requires_grad_(true);
+  }
+  auto opt_cpu = make(cpu);
+  auto opt_gpu = make(gpu);
+  for (int s = 0; s < steps; ++s) {
+    for (size_t i = 0; i < cpu.size(); ++i) {
+      const Tensor g = randn(cpu[i].sizes(), dtype);
+      cpu[i].set_grad(g);
+      gpu[i].set_grad(g.to(kCuda0));
+    }
+    opt_cpu->step();
+    opt_gpu->step();
+  }
+  const double tol = dtype == kFloat64 ? 1e-12 : 1e-5;
+  for (size_t i = 0; i < cpu.size(); ++i)
+    EXPECT_TRUE(cuda_matches_cpu(gpu[i].detach(), cpu[i].detach(), tol, tol)) << "parameter " << i;
+}
+
+TEST(CudaOptim, SgdVariantsMatchTheCpu) {
+  LOOM_SKIP_WITHOUT_GPU();
+  for (DType dtype : {kFloat32, kFloat64}) {
+    for (optim::SGDOptions o :
+         {optim::SGDOptions{.lr = 0.1}, optim::SGDOptions{.lr = 0.1, .momentum = 0.9},
+          optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .dampening = 0.1, .weight_decay = 1e-2},
+          optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 5e-4, .nesterov = true}})
+      expect_same_steps(
+          [&](std::vector<Tensor> p) { return std::make_unique<optim::SGD>(std::move(p), o); },
+          dtype);
+  }
+}
+
+TEST(CudaOptim, AdamAdamWAndAmsgradMatchTheCpu) {
+  LOOM_SKIP_WITHOUT_GPU();
+  for (DType dtype : {kFloat32, kFloat64}) {
+    expect_same_steps(
+        [](std::vector<Tensor> p) {
+          return std::make_unique<optim::Adam>(
+              std::move(p), optim::AdamOptions{.lr = 1e-2, .weight_decay = 1e-2});
+        },
+        dtype);
+    expect_same_steps(
+        [](std::vector<Tensor> p) {
+          return std::make_unique<optim::AdamW>(std::move(p), optim::AdamWOptions{.lr = 1e-2});
+        },
+        dtype);
+    expect_same_steps(
+        [](std::vector<Tensor> p) {
+          return std::make_unique<optim::Adam>(std::move(p),
+                                               optim::AdamOptions{.lr = 1e-2, .amsgrad = true});
+        },
+        dtype);
+  }
+}
+
+TEST(CudaOptim, ClipGradNormMatchesTheCpu) {
+  LOOM_SKIP_WITHOUT_GPU();
+  for (double norm_type : {1.0, 2.0, 3.0, std::numeric_limits<double>::infinity()}) {
+    manual_seed(5);
+    Tensor a = randn({300}, kFloat64), b = randn({20, 20}, kFloat64);
+    Tensor ga = a.to(kCuda0), gb = b.to(kCuda0);
+    a.requires_grad_(true);
+    b.requires_grad_(true);
+    ga.requires_grad_(true);
+    gb.requires_grad_(true);
+    a.set_grad(randn({300}, kFloat64));
+    b.set_grad(randn({20, 20}, kFloat64));
+    ga.set_grad(a.grad().to(kCuda0));
+    gb.set_grad(b.grad().to(kCuda0));
+    const double cpu_norm = optim::clip_grad_norm_({a, b}, 1.0, norm_type);
+    const double gpu_norm = optim::clip_grad_norm_({ga, gb}, 1.0, norm_type);
+    EXPECT_NEAR(gpu_norm, cpu_norm, 1e-9 * cpu_norm) << norm_type;
+    EXPECT_TRUE(cuda_matches_cpu(ga.grad(), a.grad(), 1e-12, 1e-12)) << norm_type;
+  }
+}
+
+}  // namespace
+}  // namespace loom::test
