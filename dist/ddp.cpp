@@ -45,11 +45,12 @@ class CompressHook : public CommHook {
     Tensor buffer = bucket.buffer;
     Tensor compressed = k::to_dtype(buffer, wire_);
     std::vector<Tensor> gathered;
-    for (int r = 0; r < group.size(); ++r) gathered.push_back(empty(compressed.sizes(), wire_));
+    for (int r = 0; r < group.size(); ++r)
+      gathered.push_back(empty(compressed.sizes(), wire_, buffer.device()));
     const double scale = 1.0 / group.size();
     auto work = group.allgather(gathered, compressed);
     return {work, [buffer, gathered, scale] {
-              Tensor sum = zeros(buffer.sizes(), kFloat32);
+              Tensor sum = zeros(buffer.sizes(), kFloat32, buffer.device());
               for (const Tensor& g : gathered) k::add_(sum, k::to_dtype(g, kFloat32));
               k::mul_scalar_(sum, scale);
               k::copy_(buffer, sum);
@@ -144,6 +145,9 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
   int64_t bytes = 0, cap = options_.first_bucket_bytes;
   for (size_t i : order) {
     const Tensor& p = params_[i];
+    LOOM_CHECK(p.device() == params_[order.front()].device(), DeviceError,
+               "DistributedDataParallel: parameters on ", params_[order.front()].device(), " and ",
+               p.device(), " (", names_[i], "); each process's model must live on one device");
     if (groups.empty() || bytes >= cap || params_[groups.back().front()].dtype() != p.dtype()) {
       if (!groups.empty()) cap = options_.bucket_bytes;  // the first bucket is closed
       groups.emplace_back();
@@ -161,7 +165,8 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
       bucket.offsets.push_back(numel);
       numel += params_[i].numel();
     }
-    bucket.buffer = zeros({numel}, params_[members.front()].dtype());
+    const Tensor& first = params_[members.front()];
+    bucket.buffer = zeros({numel}, first.dtype(), first.device());
     for (size_t pos = 0; pos < members.size(); ++pos) {
       const size_t i = members[pos];
       Tensor& p = params_[i];

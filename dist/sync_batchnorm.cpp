@@ -36,16 +36,18 @@ class ProcessGroupBatchNormSync : public nn::BatchNormSync {
     // This rank's count, mean and biased variance per channel, as one float64 row
     // [count, mean_0..mean_C-1, var_0..var_C-1] for the allgather.
     const int64_t count = x.size(0) * x.size(2) * x.size(3);
-    Tensor mine = zeros({2 * c + 1}, kFloat64);
+    // The rows travel on x's device (nccl needs GPU tensors) and are combined on the host.
+    Tensor mine = zeros({2 * c + 1}, kFloat64, x.device());
     if (count > 0) {
       const k::BatchNormStats local = k::batch_norm_stats(x, bn.options.eps);
       k::copy_(k::narrow(mine, 0, 1, c), local.mean);
       k::copy_(k::narrow(mine, 0, 1 + c, c), local.var);
     }
-    mine.data_ptr<double>()[0] = static_cast<double>(count);
+    k::fill_(k::narrow(mine, 0, 0, 1), static_cast<double>(count));
     std::vector<Tensor> rows;
-    for (int r = 0; r < world; ++r) rows.push_back(empty({2 * c + 1}, kFloat64));
+    for (int r = 0; r < world; ++r) rows.push_back(empty({2 * c + 1}, kFloat64, x.device()));
     group_->allgather(rows, mine)->wait();
+    for (Tensor& row : rows) row = row.to(kCPU);
 
     // Combine: N = sum n_r; mean = sum n_r mean_r / N; var = sum n_r (var_r + (mean_r - mean)^2) /
     // N.
@@ -69,8 +71,8 @@ class ProcessGroupBatchNormSync : public nn::BatchNormSync {
     }
     k::BatchNormStats stats;
     stats.count = static_cast<int64_t>(total);
-    stats.mean = k::to_dtype(tensor<double>(mean, {c}), x.dtype());
-    stats.var = k::to_dtype(tensor<double>(var, {c}), x.dtype());
+    stats.mean = k::to_dtype(tensor<double>(mean, {c}).to(x.device()), x.dtype());
+    stats.var = k::to_dtype(tensor<double>(var, {c}).to(x.device()), x.dtype());
     stats.invstd = k::batch_norm_invstd(stats.var, bn.options.eps);
     if (bn.running_mean.defined()) {
       NoGradGuard no_grad;
