@@ -303,8 +303,6 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
                name, "' appears twice");
     LOOM_CHECK(t.defined(), ValueError, "save_safetensors: '", path, "': tensor '", name,
                "' is undefined");
-    LOOM_CHECK(t.is_cpu(), DeviceError, "save_safetensors: '", path, "': tensor '", name,
-               "' is on ", t.device(), "; copy it to the CPU first");
   }
 
   // Header: metadata first, then the tensors in the given order, their data back to back.
@@ -332,7 +330,8 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   file.write(&header_bytes, 8);
   file.write(text.data(), text.size());
   for (const auto& [name, t] : tensors) {
-    const Tensor dense = kernels::contiguous(t);  // one copy at a time, at most
+    // One copy at a time, at most: device tensors come to the host one by one.
+    const Tensor dense = t.is_cpu() ? kernels::contiguous(t) : kernels::to_device(t, kCPU);
     if (dense.nbytes()) file.write(dense.data(), dense.nbytes());
   }
   file.commit();

@@ -31,8 +31,8 @@ struct SafetensorsFile {
 // data_offsets are ignored; gaps between tensors' data are allowed, overlaps are not.
 SafetensorsFile load_safetensors(const std::string& path);
 
-// Writes the tensors (CPU only: others raise DeviceError) in the given order, each made
-// contiguous, with the metadata. Names must be unique and not "__metadata__" (ValueError).
+// Writes the tensors in the given order, each made contiguous (a device tensor is copied to the
+// host first, one at a time), with the metadata. Names must be unique and not "__metadata__" (ValueError).
 // The header is padded with spaces to a multiple of 8 bytes, as the Python package does.
 // Atomic: the bytes go to a temporary file in the target's directory, which is fsynced and
 // renamed over the target, then the directory is fsynced. On failure (IOError) the target is
