@@ -3,27 +3,13 @@
 
 #include "tensor/random.h"
 
+#include "tensor/philox.h"
+
 namespace loom {
 
 std::array<uint32_t, 4> philox4x32(uint64_t seed, uint64_t counter, uint64_t subsequence) {
-  constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
-  constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
-  uint32_t c[4] = {static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32),
-                   static_cast<uint32_t>(subsequence), static_cast<uint32_t>(subsequence >> 32)};
-  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
-  for (int round = 0; round < 10; ++round) {
-    const uint64_t p0 = static_cast<uint64_t>(kMul0) * c[0];
-    const uint64_t p1 = static_cast<uint64_t>(kMul1) * c[2];
-    const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
-    const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
-    c[0] = hi1 ^ c[1] ^ k0;
-    c[1] = lo1;
-    c[2] = hi0 ^ c[3] ^ k1;
-    c[3] = lo0;
-    k0 += kWeyl0;
-    k1 += kWeyl1;
-  }
-  return {c[0], c[1], c[2], c[3]};
+  const philox::Lanes r = philox::philox4x32(seed, counter, subsequence);  // tensor/philox.h
+  return {r[0], r[1], r[2], r[3]};
 }
 
 void Generator::manual_seed(uint64_t seed) {

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <mutex>
 
+#include "tensor/philox.h"
+
 namespace loom {
 
 // Note [Philox streams]
@@ -18,11 +20,10 @@ namespace loom {
 // counters used. Dropout and augmentations derive their own (seed, counter) the same way.
 std::array<uint32_t, 4> philox4x32(uint64_t seed, uint64_t counter, uint64_t subsequence = 0);
 
-// A uniform float in [0, 1) from 24 random bits; a double in [0, 1) from 53.
-inline float uniform_float(uint32_t bits) { return (bits >> 8) * (1.0f / 16777216.0f); }
-inline double uniform_double(uint32_t hi, uint32_t lo) {
-  return ((static_cast<uint64_t>(hi) << 21) ^ (lo >> 11)) * (1.0 / 9007199254740992.0);
-}
+// A uniform float in [0, 1) from 24 random bits; a double in [0, 1) from 53. (One definition
+// for host and device code: tensor/philox.h.)
+inline float uniform_float(uint32_t bits) { return philox::uniform_float(bits); }
+inline double uniform_double(uint32_t hi, uint32_t lo) { return philox::uniform_double(hi, lo); }
 
 class Generator {
  public:

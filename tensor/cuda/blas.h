@@ -1,0 +1,20 @@
+// tensor/cuda/blas.h — the precision switches of the library-backed CUDA kernels: whether
+// float32 matrix products (cuBLAS) and convolutions (cuDNN) may round their inputs to TF32 on
+// tensor cores. Host-only; the settings are plain process-wide flags, so they exist (and do
+// nothing) in a build without CUDA too (tensor/cuda/blas.cpp).
+#pragma once
+
+namespace loom::cuda {
+
+// float32 mm/bmm through TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32): about 10 bits of
+// mantissa per input product, several times faster. Default false, as PyTorch's
+// torch.backends.cuda.matmul.allow_tf32.
+void set_allow_tf32(bool allow);
+bool allow_tf32();
+
+// float32 conv2d and its backward through TF32 tensor cores. Default true, as PyTorch's
+// torch.backends.cudnn.allow_tf32; false asks cuDNN for FMA math only (CUDNN_FMA_MATH).
+void set_cudnn_allow_tf32(bool allow);
+bool cudnn_allow_tf32();
+
+}  // namespace loom::cuda

@@ -1,0 +1,897 @@
+// tensor/cuda/norm.cu — batch norm and layer norm on CUDA. Every statistic is a set of sums per
+// channel of x [N, C, S] (layer norm: its rows as channels of [1, M, D], its weight gradient
+// over the columns of [M, D, 1]) taken by one kernel, Note [CUDA channel sums]; normalising and
+// the input gradients are then one thread per element with per-channel coefficients. Sums in
+// double, as tensor/cpu/norm.cpp, whose semantics these follow.
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "tensor/checks.h"
+#include "tensor/cuda/common.cuh"
+#include "tensor/cuda/norm.h"
+#include "tensor/cuda/reduce.h"
+#include "tensor/dispatch.h"
+
+namespace loom::cuda {
+
+// Note [CUDA channel sums]
+// Channel c of x [N, C, S] holds the N S values at (b C + c) S + s, numbered k = b S + s. Blocks
+// (tx, ty) take K sums per channel: tx channels side by side, ty threads per channel taking the
+// values k = y, y + ty, ... of the block's chunk. With S >= 16 a block serves one channel
+// (tx = 1, ty = 256: neighbouring threads read neighbouring s); with a smaller S it serves up to
+// 32 neighbouring channels (ty = 256 / tx: neighbouring threads read neighbouring channels,
+// which are the neighbours in memory when S = 1). When the channels make too few blocks, each
+// channel's values are cut into G chunks (grid.y). A block combines its ty threads in a
+// shared-memory tree and writes its chunk's sums; a second kernel adds each channel's G chunk
+// sums in order and hands the totals to an epilogue (statistics, coefficients, small outputs).
+// Fixed order throughout: the same bits every run, and no atomics.
+
+namespace {
+
+constexpr int kBlock = 256;
+constexpr int64_t kTargetBlocks = 1024;  // fewer blocks than this: split each channel's values
+constexpr int64_t kMinPerThread = 16;    // ... as long as each thread keeps this many
+constexpr int64_t kMaxSplit = 1024;
+constexpr int64_t kMaxGridX = 1 << 20;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int next_pow2(int64_t n, int cap) {  // the smallest power of two >= n, within [1, cap]
+  int p = 1;
+  while (p < n && p < cap) p *= 2;
+  return p;
+}
+__device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+__device__ __forceinline__ float dev_sqrt(float v) { return ::sqrtf(v); }
+__device__ __forceinline__ double dev_sqrt(double v) { return ::sqrt(v); }
+
+template <typename T>
+T* ptr_or_null(const Tensor& t) {
+  return t.defined() ? t.data_ptr<T>() : nullptr;
+}
+
+// x [N, C, *] as [N, C, S].
+struct ChannelShape {
+  int64_t n = 0, c = 0, s = 1;
+  int64_t count() const { return n * s; }  // values per channel
+};
+
+ChannelShape channel_shape(const char* op, const Tensor& x) {
+  LOOM_CHECK(x.dim() >= 2, ShapeError, op, ": expected x of shape [N, C, ...]; got x=", x.sizes());
+  ChannelShape l;
+  l.n = x.size(0);
+  l.c = x.size(1);
+  for (int64_t d = 2; d < x.dim(); ++d) l.s *= x.size(d);
+  return l;
+}
+
+// The DTypeError dispatch_floating raises for a storage or integer dtype, raised before any
+// channel vector is converted (so the message names the op, as on the CPU).
+void require_floating(const char* op, DType dtype) {
+  dispatch_floating(dtype, op, [&]<typename T>() {});
+}
+
+// A vector of `count` values (per channel, per row, ...) as a contiguous tensor of dtype;
+// undefined stays undefined.
+Tensor channel_vector(const char* op, const char* name, const Tensor& t, int64_t count,
+                      DType dtype) {
+  if (!t.defined()) return t;
+  LOOM_CHECK(t.numel() == count, ShapeError, op, ": expected ", name, " with ", count,
+             " elements; got ", name, "=", t.sizes());
+  return contiguous_as(t, dtype);
+}
+
+// ---------------------------------------------------------------- channel sums
+
+template <int K>
+struct Sums {
+  double v[K];
+};
+
+// Note [CUDA channel sums], first pass: f(c, b, idx, acc) adds value idx (of channel c, batch
+// b) to acc; block (x, y) writes its chunk's sums of its channel to partials[c][chunk].
+template <int K, typename F>
+__global__ void __launch_bounds__(kBlock)
+    channel_sums_kernel(F f, ChannelShape cs, int64_t chunk, int64_t chunks, Sums<K>* partials) {
+  __shared__ double smem[K][kBlock];
+  const int x = threadIdx.x, y = threadIdx.y, tx = blockDim.x, ty = blockDim.y;
+  const int slot = y * tx + x;
+  const int64_t start = int64_t(blockIdx.y) * chunk, end = imin(cs.n * cs.s, start + chunk);
+  for (int64_t first = int64_t(blockIdx.x) * tx; first < cs.c; first += int64_t(gridDim.x) * tx) {
+    const int64_t c = first + x;
+    Sums<K> acc = {};
+    if (c < cs.c && start + y < end) {
+      // k = b S + s, stepped by ty without a division per value.
+      int64_t k = start + y, b = k / cs.s, s = k - b * cs.s;
+      const int64_t step_b = ty / cs.s, step_s = ty - step_b * cs.s;
+      for (; k < end; k += ty) {
+        f(c, b, (b * cs.c + c) * cs.s + s, acc);
+        s += step_s;
+        b += step_b;
+        if (s >= cs.s) {
+          s -= cs.s;
+          ++b;
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < K; ++j) smem[j][slot] = acc.v[j];
+    __syncthreads();
+    for (int h = ty / 2; h > 0; h /= 2) {
+      if (y < h)
+#pragma unroll
+        for (int j = 0; j < K; ++j) smem[j][slot] += smem[j][slot + h * tx];
+      __syncthreads();
+    }
+    if (y == 0 && c < cs.c) {
+      Sums<K> total;
+#pragma unroll
+      for (int j = 0; j < K; ++j) total.v[j] = smem[j][x];
+      partials[c * chunks + blockIdx.y] = total;
+    }
+    __syncthreads();
+  }
+}
+
+// Second pass, one thread per channel: its chunk sums in order, then epilogue(c, totals).
+template <int K, typename E>
+__global__ void channel_finish_kernel(E epilogue, const Sums<K>* partials, int64_t channels,
+                                      int64_t chunks) {
+  for (int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < channels;
+       c += int64_t(gridDim.x) * blockDim.x) {
+    Sums<K> total = partials[c * chunks];
+    for (int64_t g = 1; g < chunks; ++g)
+#pragma unroll
+      for (int j = 0; j < K; ++j) total.v[j] += partials[c * chunks + g].v[j];
+    epilogue(c, total);
+  }
+}
+
+// epilogue(c, K sums over channel c of f) for every channel of cs (Note [CUDA channel sums]).
+template <int K, typename F, typename E>
+void channel_sums(const F& f, const E& epilogue, const ChannelShape& cs, const Tensor& like,
+                  const char* name) {
+  if (cs.c == 0) return;
+  const int device = like.device().index;
+  const cudaStream_t stream = stream_of(like);
+  const int64_t count = cs.count();
+  const int tx = cs.s >= 16 ? 1 : next_pow2(cs.c, 32), ty = kBlock / tx;
+  const int64_t blocks_x = ceil_div(cs.c, tx);
+  int64_t chunks = 1;
+  if (blocks_x < kTargetBlocks)
+    chunks = std::clamp<int64_t>(
+        std::min(ceil_div(kTargetBlocks, blocks_x), count / (ty * kMinPerThread)), 1, kMaxSplit);
+  const int64_t chunk = std::max<int64_t>(ceil_div(count, chunks), 1);
+  chunks = std::max<int64_t>(ceil_div(count, chunk), 1);
+  const Tensor scratch = empty({cs.c * chunks * K}, kFloat64, like.device());
+  auto* partials = reinterpret_cast<Sums<K>*>(scratch.data_ptr<double>());
+  const dim3 grid(static_cast<unsigned>(std::min(blocks_x, kMaxGridX)),
+                  static_cast<unsigned>(chunks));
+  channel_sums_kernel<K><<<grid, dim3(tx, ty), 0, stream>>>(f, cs, chunk, chunks, partials);
+  check_launch(name, device);
+  channel_finish_kernel<K>
+      <<<blocks_for(cs.c), kThreads, 0, stream>>>(epilogue, partials, cs.c, chunks);
+  check_launch(name, device);
+}
+
+// One thread per element of x [N, C, S], grid-stride: f(c, i).
+template <typename F>
+__global__ void channel_map_kernel(F f, int64_t total, ChannelShape cs) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x)
+    f((i / cs.s) % cs.c, i);
+}
+
+template <typename F>
+void channel_map(const F& f, const ChannelShape& cs, const Tensor& like, const char* name) {
+  const int64_t total = cs.n * cs.c * cs.s;
+  if (total == 0) return;
+  channel_map_kernel<<<blocks_for(total), kThreads, 0, stream_of(like)>>>(f, total, cs);
+  check_launch(name, like.device().index);
+}
+
+// One thread per index in [0, n): f(i) (per-channel work without sums).
+template <typename F>
+__global__ void each_kernel(F f, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    f(i);
+}
+
+template <typename F>
+void run_each(const F& f, int64_t n, const Tensor& like, const char* name) {
+  if (n == 0) return;
+  each_kernel<<<blocks_for(n), kThreads, 0, stream_of(like)>>>(f, n);
+  check_launch(name, like.device().index);
+}
+
+// ---------------------------------------------------------------- what is summed
+
+template <typename T>
+struct SumAndSquares {  // sum x, sum x^2
+  const T* x;
+  __device__ void operator()(int64_t, int64_t, int64_t i, Sums<2>& acc) const {
+    const double v = static_cast<double>(x[i]);
+    acc.v[0] += v;
+    acc.v[1] += v * v;
+  }
+};
+
+template <typename T>
+struct Values {  // sum x
+  const T* x;
+  __device__ void operator()(int64_t, int64_t, int64_t i, Sums<1>& acc) const {
+    acc.v[0] += static_cast<double>(x[i]);
+  }
+};
+
+template <typename T>
+struct SquaredDeviations {  // sum (x - mean_c)^2, mean in double
+  const T* x;
+  const double* mean;
+  __device__ void operator()(int64_t c, int64_t, int64_t i, Sums<1>& acc) const {
+    const double d = static_cast<double>(x[i]) - mean[c];
+    acc.v[0] += d * d;
+  }
+};
+
+template <typename T>
+struct GradSums {  // sum dy, sum dy (x - mean_c)
+  const T *dy, *x, *mean;
+  __device__ void operator()(int64_t c, int64_t, int64_t i, Sums<2>& acc) const {
+    const double g = static_cast<double>(dy[i]);
+    acc.v[0] += g;
+    acc.v[1] += g * (static_cast<double>(x[i]) - static_cast<double>(mean[c]));
+  }
+};
+
+// ---------------------------------------------------------------- epilogues
+
+struct WriteSums {
+  double *sum, *sum_sq;
+  __device__ void operator()(int64_t c, const Sums<2>& t) const {
+    sum[c] = t.v[0];
+    sum_sq[c] = t.v[1];
+  }
+};
+
+struct WriteMean {
+  double* mean;
+  double count;
+  __device__ void operator()(int64_t c, const Sums<1>& t) const { mean[c] = t.v[0] / count; }
+};
+
+// Batch statistics from the mean and the sum of squared deviations; with scale/shift set, also
+// the affine y = x scale + shift of the training forward:
+//   scale = invstd weight, shift = bias - mean scale.
+template <typename T>
+struct WriteStats {
+  const double* mean_d;
+  double count, eps;
+  T *mean, *var, *invstd;
+  const T *weight, *bias;  // may be null
+  T *scale, *shift;        // null: statistics only
+  __device__ void operator()(int64_t c, const Sums<1>& t) const {
+    const double m = mean_d[c], v = t.v[0] / count, is = 1.0 / ::sqrt(v + eps);
+    mean[c] = static_cast<T>(m);
+    var[c] = static_cast<T>(v);
+    invstd[c] = static_cast<T>(is);
+    if (!scale) return;
+    const double sc = is * (weight ? static_cast<double>(weight[c]) : 1.0);
+    scale[c] = static_cast<T>(sc);
+    shift[c] = static_cast<T>((bias ? static_cast<double>(bias[c]) : 0.0) - m * sc);
+  }
+};
+
+// The (a, b, k) of dx = a dy + b x + k for one channel. Training (sums over `count` values):
+//   dx = w invstd (dy - sum_dy / M - (x - mean) invstd sum_dy_xhat / M)
+// Eval (no sums): dx = w invstd dy.
+struct DxCoefficients {
+  double a, b, k;
+};
+__device__ DxCoefficients dx_coefficients(double weight, double mean, double invstd, bool training,
+                                          double sum_dy, double sum_dy_xhat, double count) {
+  const double a = weight * invstd;
+  if (!training) return {a, 0.0, 0.0};
+  const double b = -a * invstd * sum_dy_xhat / count;
+  return {a, b, -a * sum_dy / count - b * mean};
+}
+
+// Backward epilogue per channel: from sum dy and sum dy (x - mean) to dbias, dweight
+// (= sum dy x_hat) and the dx coefficients (a, b, k in T, 3 per channel).
+template <typename T>
+struct BackwardEpilogue {
+  const T *mean, *invstd, *weight;
+  T *dweight, *dbias, *coef;  // each may be null
+  bool training;
+  double count;
+  __device__ void operator()(int64_t c, const Sums<2>& t) const {
+    const double ic = static_cast<double>(invstd[c]);
+    const double sum_dy = t.v[0], sum_dy_xhat = t.v[1] * ic;
+    if (dweight) dweight[c] = static_cast<T>(sum_dy_xhat);
+    if (dbias) dbias[c] = static_cast<T>(sum_dy);
+    if (!coef) return;
+    const DxCoefficients k =
+        dx_coefficients(weight ? static_cast<double>(weight[c]) : 1.0, static_cast<double>(mean[c]),
+                        ic, training, sum_dy, sum_dy_xhat, count);
+    coef[3 * c] = static_cast<T>(k.a);
+    coef[3 * c + 1] = static_cast<T>(k.b);
+    coef[3 * c + 2] = static_cast<T>(k.k);
+  }
+};
+
+// ---------------------------------------------------------------- element maps
+
+template <typename T>
+struct Affine {  // y = x scale_c + shift_c
+  const T *x, *scale, *shift;
+  T* y;
+  __device__ void operator()(int64_t c, int64_t i) const { y[i] = x[i] * scale[c] + shift[c]; }
+};
+
+// scale = invstd weight, shift = bias - mean scale, from given statistics (one thread each).
+template <typename T>
+struct ScaleShift {
+  const T *mean, *invstd, *weight, *bias;  // weight, bias may be null
+  T *scale, *shift;
+  __device__ void operator()(int64_t c) const {
+    const double sc =
+        static_cast<double>(invstd[c]) * (weight ? static_cast<double>(weight[c]) : 1.0);
+    scale[c] = static_cast<T>(sc);
+    shift[c] = static_cast<T>((bias ? static_cast<double>(bias[c]) : 0.0) -
+                              static_cast<double>(mean[c]) * sc);
+  }
+};
+
+template <typename T>
+struct LinearDx {  // dx = a_c dy + b_c x + k_c
+  const T *dy, *x, *coef;
+  T* dx;
+  __device__ void operator()(int64_t c, int64_t i) const {
+    dx[i] = coef[3 * c] * dy[i] + coef[3 * c + 1] * x[i] + coef[3 * c + 2];
+  }
+};
+
+// Coefficients of dx from given sums (backward_elemt) or none (eval), one thread per channel.
+template <typename T>
+struct ElemtCoefficients {
+  const T *mean, *invstd, *weight;
+  const double *sum_dy, *sum_dy_xhat;  // null in eval
+  double count;
+  T* coef;
+  __device__ void operator()(int64_t c) const {
+    const bool training = sum_dy != nullptr;
+    const DxCoefficients k =
+        dx_coefficients(weight ? static_cast<double>(weight[c]) : 1.0, static_cast<double>(mean[c]),
+                        static_cast<double>(invstd[c]), training, training ? sum_dy[c] : 0.0,
+                        training ? sum_dy_xhat[c] : 0.0, count);
+    coef[3 * c] = static_cast<T>(k.a);
+    coef[3 * c + 1] = static_cast<T>(k.b);
+    coef[3 * c + 2] = static_cast<T>(k.k);
+  }
+};
+
+// ---------------------------------------------------------------- small per-channel kernels
+
+template <typename T>
+struct StatsFromSums {
+  const double *sum, *sum_sq;
+  double count, eps;
+  T *mean, *var, *invstd;
+  __device__ void operator()(int64_t c) const {
+    const double m = sum[c] / count;
+    const double e = sum_sq[c] / count - m * m;
+    const double v = e < 0.0 ? 0.0 : e;  // std::max(e, 0.0)
+    mean[c] = static_cast<T>(m);
+    var[c] = static_cast<T>(v);
+    invstd[c] = static_cast<T>(1.0 / ::sqrt(v + eps));
+  }
+};
+
+template <typename T>
+struct InvStd {  // 1 / sqrt(var + eps) in T, as rsqrt(add_scalar(var, eps))
+  const T* var;
+  T eps;
+  T* out;
+  __device__ void operator()(int64_t i) const {
+    out[i] = T(1) / dev_sqrt(static_cast<T>(var[i] + eps));
+  }
+};
+
+// running = running (1 - momentum) + momentum stat in R, as mul_scalar then add with alpha;
+// stat converted from S (scaled by Bessel's count / (count - 1) in S first, for the variance).
+template <typename R, typename S>
+struct RunningUpdate {
+  R* running;
+  int64_t stride;
+  const S* stat;
+  R keep, take;
+  bool bessel_on;
+  S bessel;
+  __device__ void operator()(int64_t c) const {
+    S v = stat[c];
+    if (bessel_on) v = static_cast<S>(v * bessel);
+    R& r = running[c * stride];
+    r = static_cast<R>(r * keep) + take * static_cast<R>(v);
+  }
+};
+
+// ---------------------------------------------------------------- layer norm pieces
+
+template <typename T>
+struct LayerNormStats {  // mean and rstd per row from the mean and the squared deviations
+  const double* mean_d;
+  double cols, eps;
+  T *mean, *rstd;
+  __device__ void operator()(int64_t r, const Sums<1>& t) const {
+    mean[r] = static_cast<T>(mean_d[r]);
+    rstd[r] = static_cast<T>(1.0 / ::sqrt(t.v[0] / cols + eps));
+  }
+};
+
+template <typename T>
+struct LayerNormAffine {  // out = (x - mean_r) rstd_r weight + bias, in T
+  const T *x, *mean, *rstd, *weight, *bias;
+  int64_t cols;
+  T* out;
+  __device__ void operator()(int64_t r, int64_t i) const {
+    T v = (x[i] - mean[r]) * rstd[r];
+    const int64_t col = i - r * cols;
+    if (weight) v = v * weight[col];
+    if (bias) v = v + bias[col];
+    out[i] = v;
+  }
+};
+
+template <typename T>
+struct LayerNormGradSums {  // per row: sum dx_hat, sum dx_hat x_hat with dx_hat = dy weight
+  const T *dy, *x, *weight, *mean, *rstd;
+  int64_t cols;
+  __device__ void operator()(int64_t r, int64_t, int64_t i, Sums<2>& acc) const {
+    const int64_t col = i - r * cols;
+    const double dxhat =
+        static_cast<double>(dy[i]) * (weight ? static_cast<double>(weight[col]) : 1.0);
+    acc.v[0] += dxhat;
+    acc.v[1] += dxhat * (static_cast<double>(x[i]) - static_cast<double>(mean[r])) *
+                static_cast<double>(rstd[r]);
+  }
+};
+
+struct WriteRowMeans {  // c1 = sum dx_hat / D, c2 = sum dx_hat x_hat / D
+  double* coef;
+  double cols;
+  __device__ void operator()(int64_t r, const Sums<2>& t) const {
+    coef[2 * r] = t.v[0] / cols;
+    coef[2 * r + 1] = t.v[1] / cols;
+  }
+};
+
+// d layer_norm: dx = rstd (dx_hat - c1 - x_hat c2), x_hat = (x - mean) rstd, in double.
+template <typename T>
+struct LayerNormDx {
+  const T *dy, *x, *weight, *mean, *rstd;
+  const double* coef;
+  int64_t cols;
+  T* dx;
+  __device__ void operator()(int64_t r, int64_t i) const {
+    const int64_t col = i - r * cols;
+    const double mr = static_cast<double>(mean[r]), rr = static_cast<double>(rstd[r]);
+    const double dxhat =
+        static_cast<double>(dy[i]) * (weight ? static_cast<double>(weight[col]) : 1.0);
+    dx[i] = static_cast<T>(
+        rr * (dxhat - coef[2 * r] - (static_cast<double>(x[i]) - mr) * rr * coef[2 * r + 1]));
+  }
+};
+
+template <typename T>
+struct LayerNormParamSums {  // per column (channel of [M, D, 1]): sum dy x_hat, sum dy
+  const T *dy, *x, *mean, *rstd;
+  __device__ void operator()(int64_t, int64_t r, int64_t i, Sums<2>& acc) const {
+    const double g = static_cast<double>(dy[i]);
+    acc.v[0] += g * (static_cast<double>(x[i]) - static_cast<double>(mean[r])) *
+                static_cast<double>(rstd[r]);
+    acc.v[1] += g;
+  }
+};
+
+template <typename T>
+struct WriteParamGrads {
+  T *dweight, *dbias;  // either may be null
+  __device__ void operator()(int64_t c, const Sums<2>& t) const {
+    if (dweight) dweight[c] = static_cast<T>(t.v[0]);
+    if (dbias) dbias[c] = static_cast<T>(t.v[1]);
+  }
+};
+
+// The batch statistics of xc (contiguous, T) in two passes; with scale/shift, the affine too.
+template <typename T>
+void channel_moments(const Tensor& xc, const ChannelShape& l, double eps,
+                     const kernels::BatchNormStats& stats, const T* weight, const T* bias, T* scale,
+                     T* shift, const char* name) {
+  const Tensor mean_d = empty({l.c}, kFloat64, xc.device());
+  const double count = static_cast<double>(l.count());
+  channel_sums<1>(Values<T>{xc.data_ptr<T>()}, WriteMean{mean_d.data_ptr<double>(), count}, l, xc,
+                  name);
+  channel_sums<1>(SquaredDeviations<T>{xc.data_ptr<T>(), mean_d.data_ptr<double>()},
+                  WriteStats<T>{mean_d.data_ptr<double>(), count, eps, stats.mean.data_ptr<T>(),
+                                stats.var.data_ptr<T>(), stats.invstd.data_ptr<T>(), weight, bias,
+                                scale, shift},
+                  l, xc, name);
+}
+
+// The one stride that walks a running-statistics tensor of `count` elements in order.
+int64_t running_stride(const char* op, const Tensor& t) {
+  if (t.is_contiguous()) return 1;
+  int64_t stride = 1, dims = 0;
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.size(d) != 1) {
+      stride = t.stride(d);
+      ++dims;
+    }
+  LOOM_CHECK(dims <= 1, NotImplementedError, op,
+             ": running statistics must be contiguous or one-dimensional; got shape=", t.sizes(),
+             " strides=", t.strides());
+  return stride;
+}
+
+template <typename R>
+void update_running(const char* op, const Tensor& running, const Tensor& stat, double momentum,
+                    bool bessel_on, double bessel) {
+  const Tensor sc = contiguous_as(stat, stat.dtype());
+  const int64_t stride = running_stride(op, running);
+  dispatch_floating(stat.dtype(), op, [&]<typename S>() {
+    run_each(RunningUpdate<R, S>{running.data_ptr<R>(), stride, sc.data_ptr<S>(),
+                                 static_cast<R>(1.0 - momentum), static_cast<R>(momentum),
+                                 bessel_on, static_cast<S>(bessel)},
+             running.numel(), running, "batch_norm_running_stats_kernel");
+  });
+  running.bump_version();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- batch norm statistics
+
+kernels::BatchNormSums batch_norm_sums(const Tensor& x) {
+  const char* op = "batch_norm_sums";
+  const ChannelShape l = channel_shape(op, x);
+  DeviceGuard guard(x.device().index);
+  kernels::BatchNormSums out{empty({l.c}, kFloat64, x.device()), empty({l.c}, kFloat64, x.device()),
+                             l.count()};
+  dispatch_floating(x.dtype(), op, [&]<typename T>() {
+    const Tensor xc = contiguous_as(x, x.dtype());
+    channel_sums<2>(SumAndSquares<T>{xc.data_ptr<T>()},
+                    WriteSums{out.sum.data_ptr<double>(), out.sum_sq.data_ptr<double>()}, l, x,
+                    "batch_norm_sums_kernel");
+  });
+  return out;
+}
+
+kernels::BatchNormStats batch_norm_stats_from_sums(const Tensor& sum, const Tensor& sum_sq,
+                                                   int64_t count, double eps, DType dtype) {
+  const char* op = "batch_norm_stats_from_sums";
+  kernels::common_device(op, {sum, sum_sq});
+  LOOM_CHECK(sum.numel() == sum_sq.numel(), ShapeError,
+             "batch_norm_stats_from_sums: sum and sum_sq differ; got sum=", sum.sizes(),
+             " sum_sq=", sum_sq.sizes());
+  LOOM_CHECK(count > 0, ValueError, "batch_norm_stats_from_sums: expected a positive count; got ",
+             count);
+  DeviceGuard guard(sum.device().index);
+  const int64_t channels = sum.numel();
+  const Device device = sum.device();
+  kernels::BatchNormStats out{empty({channels}, dtype, device), empty({channels}, dtype, device),
+                              empty({channels}, dtype, device), count};
+  dispatch_floating(dtype, op, [&]<typename T>() {
+    const Tensor s = contiguous_as(sum, kFloat64), sq = contiguous_as(sum_sq, kFloat64);
+    run_each(StatsFromSums<T>{s.data_ptr<double>(), sq.data_ptr<double>(),
+                              static_cast<double>(count), eps, out.mean.data_ptr<T>(),
+                              out.var.data_ptr<T>(), out.invstd.data_ptr<T>()},
+             channels, sum, "batch_norm_stats_from_sums_kernel");
+  });
+  return out;
+}
+
+kernels::BatchNormStats batch_norm_stats(const Tensor& x, double eps) {
+  const char* op = "batch_norm_stats";
+  const ChannelShape l = channel_shape(op, x);
+  DeviceGuard guard(x.device().index);
+  kernels::BatchNormStats out{empty({l.c}, x.dtype(), x.device()),
+                              empty({l.c}, x.dtype(), x.device()),
+                              empty({l.c}, x.dtype(), x.device()), l.count()};
+  dispatch_floating(x.dtype(), op, [&]<typename T>() {
+    const Tensor xc = contiguous_as(x, x.dtype());
+    channel_moments<T>(xc, l, eps, out, nullptr, nullptr, nullptr, nullptr,
+                       "batch_norm_stats_kernel");
+  });
+  return out;
+}
+
+Tensor batch_norm_invstd(const Tensor& var, double eps) {
+  const char* op = "batch_norm_invstd";
+  DeviceGuard guard(var.device().index);
+  const DType dtype = is_floating(var.dtype()) ? var.dtype() : kFloat32;
+  Tensor out = empty(var.sizes(), dtype, var.device());
+  dispatch_floating(dtype, op, [&]<typename T>() {
+    const Tensor vc = contiguous_as(var, dtype);
+    run_each(InvStd<T>{vc.data_ptr<T>(), static_cast<T>(eps), out.data_ptr<T>()}, var.numel(), var,
+             "batch_norm_invstd_kernel");
+  });
+  return out;
+}
+
+void batch_norm_update_running_stats_(const Tensor& running_mean, const Tensor& running_var,
+                                      const kernels::BatchNormStats& stats, double momentum) {
+  const char* op = "batch_norm_update_running_stats_";
+  if (running_mean.defined()) {
+    kernels::common_device(op, {running_mean, stats.mean});
+    LOOM_CHECK(running_mean.numel() == stats.mean.numel(), ShapeError, op,
+               ": running_mean does not match the statistics; got running_mean=",
+               running_mean.sizes(), " mean=", stats.mean.sizes());
+    DeviceGuard guard(running_mean.device().index);
+    dispatch_floating(running_mean.dtype(), op, [&]<typename R>() {
+      update_running<R>(op, running_mean, stats.mean, momentum, false, 1.0);
+    });
+  }
+  if (running_var.defined()) {
+    kernels::common_device(op, {running_var, stats.var});
+    LOOM_CHECK(running_var.numel() == stats.var.numel(), ShapeError, op,
+               ": running_var does not match the statistics; got running_var=", running_var.sizes(),
+               " var=", stats.var.sizes());
+    LOOM_CHECK(
+        stats.count > 1, ValueError, op,
+        ": the unbiased variance needs more than one value per channel; got count=", stats.count);
+    const double bessel = static_cast<double>(stats.count) / static_cast<double>(stats.count - 1);
+    DeviceGuard guard(running_var.device().index);
+    dispatch_floating(running_var.dtype(), op, [&]<typename R>() {
+      update_running<R>(op, running_var, stats.var, momentum, true, bessel);
+    });
+  }
+}
+
+// ---------------------------------------------------------------- batch norm forward
+
+Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invstd,
+                        const Tensor& weight, const Tensor& bias) {
+  const char* op = "batch_norm_elemt";
+  kernels::common_device(op, {x, mean, invstd, weight, bias});
+  const ChannelShape l = channel_shape(op, x);
+  DeviceGuard guard(x.device().index);
+  require_floating(op, x.dtype());
+  const Tensor m = channel_vector(op, "mean", mean, l.c, x.dtype());
+  const Tensor is = channel_vector(op, "invstd", invstd, l.c, x.dtype());
+  const Tensor w = channel_vector(op, "weight", weight, l.c, x.dtype());
+  const Tensor b = channel_vector(op, "bias", bias, l.c, x.dtype());
+  Tensor y = empty(x.sizes(), x.dtype(), x.device());
+  dispatch_floating(x.dtype(), op, [&]<typename T>() {
+    const Tensor xc = contiguous_as(x, x.dtype());
+    const Tensor coef = empty({2, l.c}, x.dtype(), x.device());
+    T* scale = coef.data_ptr<T>();
+    T* shift = scale + l.c;
+    run_each(ScaleShift<T>{m.data_ptr<T>(), is.data_ptr<T>(), ptr_or_null<T>(w), ptr_or_null<T>(b),
+                           scale, shift},
+             l.c, x, "batch_norm_elemt_kernel");
+    channel_map(Affine<T>{xc.data_ptr<T>(), scale, shift, y.data_ptr<T>()}, l, x,
+                "batch_norm_elemt_kernel");
+  });
+  return y;
+}
+
+std::pair<Tensor, kernels::BatchNormStats> batch_norm_forward_train(const Tensor& x,
+                                                                    const Tensor& weight,
+                                                                    const Tensor& bias,
+                                                                    double eps) {
+  const char* op = "batch_norm";
+  kernels::common_device(op, {x, weight, bias});
+  const ChannelShape l = channel_shape(op, x);
+  DeviceGuard guard(x.device().index);
+  require_floating(op, x.dtype());
+  const Tensor w = channel_vector(op, "weight", weight, l.c, x.dtype());
+  const Tensor b = channel_vector(op, "bias", bias, l.c, x.dtype());
+  Tensor y = empty(x.sizes(), x.dtype(), x.device());
+  kernels::BatchNormStats stats{empty({l.c}, x.dtype(), x.device()),
+                                empty({l.c}, x.dtype(), x.device()),
+                                empty({l.c}, x.dtype(), x.device()), l.count()};
+  dispatch_floating(x.dtype(), op, [&]<typename T>() {
+    const Tensor xc = contiguous_as(x, x.dtype());
+    const Tensor coef = empty({2, l.c}, x.dtype(), x.device());
+    T* scale = coef.data_ptr<T>();
+    T* shift = scale + l.c;
+    channel_moments<T>(xc, l, eps, stats, ptr_or_null<T>(w), ptr_or_null<T>(b), scale, shift,
+                       "batch_norm_kernel");
+    channel_map(Affine<T>{xc.data_ptr<T>(), scale, shift, y.data_ptr<T>()}, l, x,
+                "batch_norm_kernel");
+  });
+  return {y, stats};
+}
+
+// ---------------------------------------------------------------- batch norm backward
+
+std::pair<Tensor, Tensor> batch_norm_backward_reduce(const Tensor& dy, const Tensor& x,
+                                                     const Tensor& mean, const Tensor& invstd) {
+  const char* op = "batch_norm_backward_reduce";
+  kernels::common_device(op, {dy, x, mean, invstd});
+  const ChannelShape l = channel_shape(op, x);
+  LOOM_CHECK(dy.sizes() == x.sizes(), ShapeError, op, ": dy and x differ; got dy=", dy.sizes(),
+             " x=", x.sizes());
+  DeviceGuard guard(x.device().index);
+  require_floating(op, x.dtype());
+  const Tensor m = channel_vector(op, "mean", mean, l.c, x.dtype());
+  const Tensor is = channel_vector(op, "invstd", invstd, l.c, x.dtype());
+  Tensor sum_dy = empty({l.c}, x.dtype(), x.device());
+  Tensor sum_dy_xhat = empty({l.c}, x.dtype(), x.device());
+  dispatch_floating(x.dtype(), op, [&]<typename T>() {
+    const Tensor xc = contiguous_as(x, x.dtype()), dyc = contiguous_as(dy, x.dtype());
+    // sum_dy_xhat = invstd sum dy (x - mean): the dweight of BackwardEpilogue, dbias = sum_dy.
+    channel_sums<2>(
+        GradSums<T>{dyc.data_ptr<T>(), xc.data_ptr<T>(), m.data_ptr<T>()},
+        BackwardEpilogue<T>{m.data_ptr<T>(), is.data_ptr<T>(), nullptr, sum_dy_xhat.data_ptr<T>(),
+                            sum_dy.data_ptr<T>(), nullptr, true, static_cast<double>(l.count())},
+        l, x, "batch_norm_backward_reduce_kernel");
+  });
+  return {sum_dy, sum_dy_xhat};
+}
+
+Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor& mean,
+                                 const Tensor& invstd, const Tensor& weight, const Tensor& sum_dy,
+                                 const Tensor& sum_dy_xhat, int64_t count) {
+  const char* op = "batch_norm_backward_elemt";
+  kernels::common_device(op, {dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat});
+  const ChannelShape l = channel_shape(op, x);
+  LOOM_CHECK(dy.sizes() == x.sizes(), ShapeError, op, ": dy and x differ; got dy=", dy.sizes(),
+             " x=", x.sizes());
+  LOOM_CHECK(sum_dy.defined() == sum_dy_xhat.defined(), ValueError, op,
+             ": give both sum_dy and sum_dy_xhat (training) or neither (eval)");
+  const bool training = sum_dy.defined();
+  LOOM_CHECK(!training || count > 0, ValueError, op, ": expected a positive count; got ", count);
+  DeviceGuard guard(x.device().index);
+  require_floating(op, x.dtype());
+  const Tensor m = channel_vector(op, "mean", mean, l.c, x.dtype());
+  const Tensor is = channel_vector(op, "invstd", invstd, l.c, x.dtype());
+  const Tensor w = channel_vector(op, "weight", weight, l.c, x.dtype());
+  const Tensor sd = channel_vector(op, "sum_dy", sum_dy, l.c, kFloat64);
+  const Tensor sdx = channel_vector(op, "sum_dy_xhat", sum_dy_xhat, l.c, kFloat64);
+  Tensor dx = empty(x.sizes(), x.dtype(), x.device());
+  dispatch_floating(x.dtype(), op, [&]<typename T>() {
+    const Tensor xc = contiguous_as(x, x.dtype()), dyc = contiguous_as(dy, x.dtype());
+    const Tensor coef = empty({l.c, 3}, x.dtype(), x.device());
+    run_each(ElemtCoefficients<T>{m.data_ptr<T>(), is.data_ptr<T>(), ptr_or_null<T>(w),
+                                  ptr_or_null<double>(sd), ptr_or_null<double>(sdx),
+                                  static_cast<double>(count), coef.data_ptr<T>()},
+             l.c, x, "batch_norm_backward_elemt_kernel");
+    channel_map(
+        LinearDx<T>{dyc.data_ptr<T>(), xc.data_ptr<T>(), coef.data_ptr<T>(), dx.data_ptr<T>()}, l,
+        x, "batch_norm_backward_elemt_kernel");
+  });
+  return dx;
+}
+
+kernels::NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& mean,
+                                       const Tensor& invstd, const Tensor& weight, bool training,
+                                       std::array<bool, 3> need) {
+  const char* op = "batch_norm_backward";
+  kernels::common_device(op, {dy, x, mean, invstd, weight});
+  const ChannelShape l = channel_shape(op, x);
+  LOOM_CHECK(dy.sizes() == x.sizes(), ShapeError, op, ": dy and x differ; got dy=", dy.sizes(),
+             " x=", x.sizes());
+  DeviceGuard guard(x.device().index);
+  require_floating(op, x.dtype());
+  const Tensor m = channel_vector(op, "mean", mean, l.c, x.dtype());
+  const Tensor is = channel_vector(op, "invstd", invstd, l.c, x.dtype());
+  const Tensor w = channel_vector(op, "weight", weight, l.c, x.dtype());
+  kernels::NormGrads g;
+  if (need[0]) g.dx = empty(x.sizes(), x.dtype(), x.device());
+  if (need[1]) g.dweight = empty({l.c}, x.dtype(), x.device());
+  if (need[2]) g.dbias = empty({l.c}, x.dtype(), x.device());
+  const bool reduce = (need[0] && training) || need[1] || need[2];
+  dispatch_floating(x.dtype(), op, [&]<typename T>() {
+    const Tensor xc = contiguous_as(x, x.dtype()), dyc = contiguous_as(dy, x.dtype());
+    const Tensor coef = need[0] ? empty({l.c, 3}, x.dtype(), x.device()) : Tensor();
+    const BackwardEpilogue<T> epilogue{m.data_ptr<T>(),
+                                       is.data_ptr<T>(),
+                                       ptr_or_null<T>(w),
+                                       ptr_or_null<T>(g.dweight),
+                                       ptr_or_null<T>(g.dbias),
+                                       ptr_or_null<T>(coef),
+                                       training,
+                                       static_cast<double>(l.count())};
+    if (reduce) {
+      channel_sums<2>(GradSums<T>{dyc.data_ptr<T>(), xc.data_ptr<T>(), m.data_ptr<T>()}, epilogue,
+                      l, x, "batch_norm_backward_kernel");
+    } else if (need[0]) {  // eval: constant statistics, no sums
+      run_each(ElemtCoefficients<T>{m.data_ptr<T>(), is.data_ptr<T>(), ptr_or_null<T>(w), nullptr,
+                                    nullptr, static_cast<double>(l.count()), coef.data_ptr<T>()},
+               l.c, x, "batch_norm_backward_kernel");
+    }
+    if (need[0])
+      channel_map(
+          LinearDx<T>{dyc.data_ptr<T>(), xc.data_ptr<T>(), coef.data_ptr<T>(), g.dx.data_ptr<T>()},
+          l, x, "batch_norm_backward_kernel");
+  });
+  return g;
+}
+
+// ---------------------------------------------------------------- layer norm
+
+kernels::LayerNormForward layer_norm_forward(const Tensor& x, int64_t normalized_numel,
+                                             const Tensor& weight, const Tensor& bias, double eps) {
+  const char* op = "layer_norm";
+  kernels::common_device(op, {x, weight, bias});
+  const int64_t cols = normalized_numel;
+  LOOM_CHECK(cols >= 0 && (cols == 0 ? x.numel() == 0 : x.numel() % cols == 0), ShapeError, op,
+             ": ", cols, " normalised elements do not divide x=", x.sizes());
+  const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
+  DeviceGuard guard(x.device().index);
+  require_floating(op, x.dtype());
+  const Tensor w = channel_vector(op, "weight", weight, cols, x.dtype());
+  const Tensor b = channel_vector(op, "bias", bias, cols, x.dtype());
+  kernels::LayerNormForward out{empty(x.sizes(), x.dtype(), x.device()),
+                                empty({rows}, x.dtype(), x.device()),
+                                empty({rows}, x.dtype(), x.device())};
+  const ChannelShape by_row{1, rows, cols};  // rows as the channels of [1, M, D]
+  dispatch_floating(x.dtype(), op, [&]<typename T>() {
+    const Tensor xc = contiguous_as(x, x.dtype());
+    const Tensor mean_d = empty({rows}, kFloat64, x.device());
+    // Two passes in double per row: the mean, then the squared deviations.
+    channel_sums<1>(Values<T>{xc.data_ptr<T>()},
+                    WriteMean{mean_d.data_ptr<double>(), static_cast<double>(cols)}, by_row, x,
+                    "layer_norm_kernel");
+    channel_sums<1>(SquaredDeviations<T>{xc.data_ptr<T>(), mean_d.data_ptr<double>()},
+                    LayerNormStats<T>{mean_d.data_ptr<double>(), static_cast<double>(cols), eps,
+                                      out.mean.data_ptr<T>(), out.rstd.data_ptr<T>()},
+                    by_row, x, "layer_norm_kernel");
+    channel_map(
+        LayerNormAffine<T>{xc.data_ptr<T>(), out.mean.data_ptr<T>(), out.rstd.data_ptr<T>(),
+                           ptr_or_null<T>(w), ptr_or_null<T>(b), cols, out.out.data_ptr<T>()},
+        by_row, x, "layer_norm_kernel");
+  });
+  return out;
+}
+
+kernels::NormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& mean,
+                                       const Tensor& rstd, const Tensor& weight,
+                                       int64_t normalized_numel, std::array<bool, 3> need) {
+  const char* op = "layer_norm_backward";
+  kernels::common_device(op, {dy, x, mean, rstd, weight});
+  LOOM_CHECK(dy.sizes() == x.sizes(), ShapeError, op, ": dy and x differ; got dy=", dy.sizes(),
+             " x=", x.sizes());
+  const int64_t cols = normalized_numel;
+  LOOM_CHECK(cols >= 0 && (cols == 0 ? x.numel() == 0 : x.numel() % cols == 0), ShapeError, op,
+             ": ", cols, " normalised elements do not divide x=", x.sizes());
+  const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
+  DeviceGuard guard(x.device().index);
+  require_floating(op, x.dtype());
+  const Tensor m = channel_vector(op, "mean", mean, rows, x.dtype());
+  const Tensor rs = channel_vector(op, "rstd", rstd, rows, x.dtype());
+  const Tensor w = channel_vector(op, "weight", weight, cols, x.dtype());
+  kernels::NormGrads g;
+  if (need[0]) g.dx = empty(x.sizes(), x.dtype(), x.device());
+  if (need[1]) g.dweight = empty({cols}, x.dtype(), x.device());
+  if (need[2]) g.dbias = empty({cols}, x.dtype(), x.device());
+  dispatch_floating(x.dtype(), op, [&]<typename T>() {
+    const Tensor xc = contiguous_as(x, x.dtype()), dyc = contiguous_as(dy, x.dtype());
+    const T *xp = xc.data_ptr<T>(), *gp = dyc.data_ptr<T>();
+    const T *mp = m.data_ptr<T>(), *rp = rs.data_ptr<T>(), *wp = ptr_or_null<T>(w);
+    if (need[0]) {
+      const ChannelShape by_row{1, rows, cols};
+      const Tensor coef = empty({rows, 2}, kFloat64, x.device());
+      channel_sums<2>(LayerNormGradSums<T>{gp, xp, wp, mp, rp, cols},
+                      WriteRowMeans{coef.data_ptr<double>(), static_cast<double>(cols)}, by_row, x,
+                      "layer_norm_backward_kernel");
+      channel_map(
+          LayerNormDx<T>{gp, xp, wp, mp, rp, coef.data_ptr<double>(), cols, g.dx.data_ptr<T>()},
+          by_row, x, "layer_norm_backward_kernel");
+    }
+    if (need[1] || need[2]) {
+      const ChannelShape by_col{rows, cols, 1};  // columns as the channels of [M, D, 1]
+      channel_sums<2>(LayerNormParamSums<T>{gp, xp, mp, rp},
+                      WriteParamGrads<T>{ptr_or_null<T>(g.dweight), ptr_or_null<T>(g.dbias)},
+                      by_col, x, "layer_norm_backward_kernel");
+    }
+  });
+  return g;
+}
+
+}  // namespace loom::cuda

@@ -1,0 +1,26 @@
+// tensor/cuda/pool.h — the CUDA side of tensor/conv.h's 2-D pooling (tensor/cuda/pool.cu), with
+// the names, windows, index convention and results of the loom::kernels ones
+// (tensor/cpu/pool.cpp). Host-only. Inputs may have any strides; outputs are contiguous.
+// float32 and float64 as the CPU, plus float16 and bfloat16 (accumulating in float32).
+#pragma once
+
+#include <utility>
+
+#include "tensor/conv.h"
+#include "tensor/tensor.h"
+
+namespace loom::cuda {
+
+// (values, int64 indices of each maximum within its H*W input plane; -1 for a window that
+// holds no input).
+std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const kernels::Pool2dOptions& options);
+Tensor max_pool2d_backward(const Tensor& dout, const Tensor& indices, const Shape& x_shape);
+
+Tensor avg_pool2d(const Tensor& x, const kernels::Pool2dOptions& options);
+Tensor avg_pool2d_backward(const Tensor& dout, const Shape& x_shape,
+                           const kernels::Pool2dOptions& options);
+
+Tensor adaptive_avg_pool2d(const Tensor& x, kernels::Pair output_size);
+Tensor adaptive_avg_pool2d_backward(const Tensor& dout, const Shape& x_shape);
+
+}  // namespace loom::cuda
