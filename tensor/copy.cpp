@@ -1,10 +1,11 @@
 // tensor/copy.cpp — strided copies with conversion, fills, and moves between devices.
-// Device switch per op (Decision 2): CPU work runs the strided loop of tensor/cpu/loops.h;
-// CUDA copies go through tensor/cuda/runtime.h as contiguous byte copies.
+// Device switch per op (Decision 2): CPU work runs the strided loop of tensor/cpu/loops.h, work
+// on one GPU the kernels of tensor/cuda/copy.cu; Note [Copies between devices] for the rest.
 
 #include "tensor/copy.h"
 
 #include "tensor/cpu/loops.h"
+#include "tensor/cuda/copy.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/dispatch.h"
 #include "tensor/view.h"
@@ -39,42 +40,58 @@ void copy_cpu(const Tensor& dst, const Tensor& src) {
 
 }  // namespace
 
+// Note [Copies between devices]
+// On one device the copy is that device's kernel: strides, broadcasting and dtype conversion
+// included. Between the host and a GPU only contiguous bytes of one dtype move (copy_bytes);
+// the conversion and the layout happen on whichever side the bytes are not: to the GPU, the
+// source goes over as it is (made dense on the host if it is not) and the device kernel writes
+// it into dst; from the GPU, the device kernel first makes a dense copy in dst's dtype and
+// shape, which comes over into dst (through a host staging tensor when dst is not dense).
+// Between two GPUs the bytes go through the host.
 void copy_(const Tensor& dst, const Tensor& src) {
   LOOM_CHECK(broadcast_shapes(dst.sizes(), src.sizes(), "copy_") == dst.sizes(), ShapeError,
              "copy_: source shape=", src.sizes(),
              " cannot be broadcast to destination shape=", dst.sizes());
-  dst.bump_version();
-  if (dst.is_cpu() && src.is_cpu()) return copy_cpu(dst, src);
-  // A device is involved: move contiguous bytes of matching dtype and shape, converting and
-  // broadcasting on the CPU side (the CUDA issue adds device kernels for the rest).
-  if (dst.is_cuda() && src.is_cuda() && dst.device() != src.device())
-    return copy_(dst, to_device(src, kCPU));
-  if (src.sizes() != dst.sizes() || src.dtype() != dst.dtype() || !src.is_contiguous()) {
-    LOOM_CHECK(src.is_cpu(), NotImplementedError, "copy_: converting or broadcasting on ",
-               src.device(), " is not available yet; got src=", src.sizes(), " ", src.dtype(),
-               " dst=", dst.sizes(), " ", dst.dtype());
-    Tensor staged = empty(dst.sizes(), dst.dtype(), kCPU);
-    copy_cpu(staged, src);
-    return copy_(dst, staged);
+  if (dst.is_cpu() && src.is_cpu()) {
+    dst.bump_version();
+    return copy_cpu(dst, src);
+  }
+  if (dst.device() == src.device()) return cuda::copy_(dst, src);  // bumps the version
+  using cuda::CopyKind;
+  if (dst.is_cuda() && src.is_cuda()) return copy_(dst, to_device(src, kCPU));
+  if (dst.is_cuda()) {  // host to device
+    const Tensor dense = contiguous(src);
+    if (dense.dtype() == dst.dtype() && dense.sizes() == dst.sizes() && dst.is_contiguous()) {
+      dst.bump_version();
+      if (dst.nbytes())
+        cuda::copy_bytes(dst.data(), dense.data(), dst.nbytes(), CopyKind::HostToDevice,
+                         dst.device().index);
+      return;
+    }
+    Tensor moved = empty(dense.sizes(), dense.dtype(), dst.device());
+    copy_(moved, dense);
+    return cuda::copy_(dst, moved);
+  }
+  // device to host
+  Tensor dense = src;
+  if (src.dtype() != dst.dtype() || src.sizes() != dst.sizes() || !src.is_contiguous()) {
+    dense = empty(dst.sizes(), dst.dtype(), src.device());
+    cuda::copy_(dense, src);
   }
   if (!dst.is_contiguous()) {
-    Tensor staged = empty(dst.sizes(), dst.dtype(), src.device());
-    copy_(staged, src);
-    return copy_(dst, staged);
+    Tensor staged = empty(dst.sizes(), dst.dtype(), kCPU);
+    copy_(staged, dense);
+    dst.bump_version();
+    return copy_cpu(dst, staged);
   }
-  using cuda::CopyKind;
-  const CopyKind kind = dst.is_cuda() && src.is_cuda() ? CopyKind::DeviceToDevice
-                        : dst.is_cuda()                ? CopyKind::HostToDevice
-                                                       : CopyKind::DeviceToHost;
-  const int device = dst.is_cuda() ? dst.device().index : src.device().index;
-  if (dst.nbytes()) cuda::copy_bytes(dst.data(), src.data(), dst.nbytes(), kind, device);
+  dst.bump_version();
+  if (dst.nbytes())
+    cuda::copy_bytes(dst.data(), dense.data(), dst.nbytes(), CopyKind::DeviceToHost,
+                     src.device().index);
 }
 
 void fill_(const Tensor& dst, double value) {
-  if (!dst.is_cpu()) {
-    Tensor host = full(dst.sizes(), value, dst.dtype(), kCPU);
-    return copy_(dst, host);
-  }
+  if (dst.is_cuda()) return cuda::fill_(dst, value);  // bumps the version
   dst.bump_version();
   dispatch_all(dst.dtype(), "fill_", [&]<typename T>() {
     const T v = convert<T>(value);

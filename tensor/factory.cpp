@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "tensor/copy.h"
+#include "tensor/cuda/random.h"
 #include "tensor/dispatch.h"
 #include "tensor/parallel.h"
 #include "tensor/random.h"
@@ -95,11 +96,15 @@ Tensor eye(int64_t n, int64_t m, DType dtype) {
 }
 
 // Uniform [0, 1): element i takes lane i%4 of counter first + i/4.
-Tensor rand(const Shape& shape, DType dtype) {
-  Tensor t = empty(shape, dtype);
+Tensor rand(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
   const int64_t n = t.numel();
   const Generator::State g = default_generator().state();
   const uint64_t first = default_generator().reserve((n + 3) / 4);
+  if (t.is_cuda()) {
+    cuda::fill_uniform_(t, g.seed, first, 0.0, 1.0);
+    return t;
+  }
   dispatch_floating(dtype, "rand", [&]<typename T>() {
     T* p = t.data_ptr<T>();
     parallel_for(0, (n + 3) / 4, 4096, [&](int64_t lo, int64_t hi) {
@@ -114,11 +119,15 @@ Tensor rand(const Shape& shape, DType dtype) {
 }
 
 // Standard normal by Box-Muller: element i uses lanes (0,1) or (2,3) of counter first + i/2.
-Tensor randn(const Shape& shape, DType dtype) {
-  Tensor t = empty(shape, dtype);
+Tensor randn(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
   const int64_t n = t.numel();
   const Generator::State g = default_generator().state();
   const uint64_t first = default_generator().reserve((n + 1) / 2);
+  if (t.is_cuda()) {
+    cuda::fill_normal_(t, g.seed, first, 0.0, 1.0);
+    return t;
+  }
   dispatch_floating(dtype, "randn", [&]<typename T>() {
     T* p = t.data_ptr<T>();
     parallel_for(0, n, 8192, [&](int64_t lo, int64_t hi) {
@@ -134,13 +143,17 @@ Tensor randn(const Shape& shape, DType dtype) {
   return t;
 }
 
-Tensor randint(int64_t low, int64_t high, const Shape& shape, DType dtype) {
+Tensor randint(int64_t low, int64_t high, const Shape& shape, DType dtype, Device device) {
   LOOM_CHECK(low < high, ValueError, "randint: expected low < high; got low=", low, " high=", high);
-  Tensor t = empty(shape, dtype);
+  Tensor t = empty(shape, dtype, device);
   const int64_t n = t.numel();
   const uint64_t range = static_cast<uint64_t>(high - low);
   const Generator::State g = default_generator().state();
   const uint64_t first = default_generator().reserve((n + 1) / 2);
+  if (t.is_cuda()) {
+    cuda::fill_randint_(t, g.seed, first, low, high);
+    return t;
+  }
   dispatch_numeric(dtype, "randint", [&]<typename T>() {
     T* p = t.data_ptr<T>();
     for (int64_t i = 0; i < n; ++i) {

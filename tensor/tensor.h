@@ -202,9 +202,12 @@ Tensor linspace(double start, double end, int64_t steps, DType dtype = kFloat32)
 Tensor eye(int64_t n, DType dtype = kFloat32);
 Tensor eye(int64_t n, int64_t m, DType dtype = kFloat32);
 // Random factories draw from the default generator (see tensor/random.h).
-Tensor rand(const Shape& shape, DType dtype = kFloat32);   // uniform [0, 1)
-Tensor randn(const Shape& shape, DType dtype = kFloat32);  // standard normal
-Tensor randint(int64_t low, int64_t high, const Shape& shape, DType dtype = kInt64);
+// On a CUDA device the same (seed, counter) streams give the same numbers as on the CPU
+// (randn's float64 values may differ in the last bit: the device's log and cos).
+Tensor rand(const Shape& shape, DType dtype = kFloat32, Device device = kCPU);   // uniform [0, 1)
+Tensor randn(const Shape& shape, DType dtype = kFloat32, Device device = kCPU);  // standard normal
+Tensor randint(int64_t low, int64_t high, const Shape& shape, DType dtype = kInt64,
+               Device device = kCPU);
 // Copies values into a new tensor (shape defaults to 1-D, as torch.tensor([...]); for a 0-d
 // tensor use scalar_tensor).
 template <typename T>

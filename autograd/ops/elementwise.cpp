@@ -59,7 +59,7 @@ Tensor pow(const Tensor& a, const Tensor& b) {
     if (s.needs_grad(0))
       g[0] = k::mul(dout[0], k::mul(s[1], k::pow(s[0], k::add_scalar(s[1], -1.0))));
     if (s.needs_grad(1)) {
-      const Tensor zero = zeros({}, s[0].dtype());
+      const Tensor zero = zeros({}, s[0].dtype(), s[0].device());
       const Tensor log_a = k::where(k::eq_scalar(s[0], 0.0), zero, k::log(s[0]));
       g[1] = k::mul(dout[0], k::mul(s[2], log_a));
     }
@@ -85,7 +85,7 @@ static Tensor extremum(const char* name, const Tensor& a, const Tensor& b, bool 
   return record(name, out, {a, b}, {a, b}, [is_max](const Grads& dout, Saved& s, Grads& g) {
     const Tensor a_wins = is_max ? k::gt(s[0], s[1]) : k::lt(s[0], s[1]);
     const Tensor tie = k::eq(s[0], s[1]);
-    const Tensor zero = zeros({}, dout[0].dtype());
+    const Tensor zero = zeros({}, dout[0].dtype(), dout[0].device());
     const Tensor half = k::mul_scalar(dout[0], 0.5);
     const Tensor to_a = k::where(a_wins, dout[0], k::where(tie, half, zero));
     if (s.needs_grad(0)) g[0] = to_a;
@@ -184,7 +184,7 @@ Tensor clamp(const Tensor& x, double min, double max) {
 Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
   return record("where", k::where(condition, a, b), {condition, a, b}, {condition},
                 [](const Grads& dout, Saved& s, Grads& g) {
-                  const Tensor zero = zeros({}, dout[0].dtype());
+                  const Tensor zero = zeros({}, dout[0].dtype(), dout[0].device());
                   if (s.needs_grad(1)) g[1] = k::where(s[0], dout[0], zero);
                   if (s.needs_grad(2)) g[2] = k::where(s[0], zero, dout[0]);
                 });

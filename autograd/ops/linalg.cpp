@@ -73,18 +73,19 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 // beta c + alpha a @ b: dc = beta dout ; da = alpha dout @ b^T ; db = alpha a^T @ dout
 Tensor addmm(const Tensor& input, const Tensor& a, const Tensor& b, double beta, double alpha) {
-  return record("addmm", k::addmm(input, a, b, beta, alpha), {input, a, b}, {a, b},
-                [beta, alpha](const Grads& dout, Saved& s, Grads& g) {
-                  if (s.needs_grad(0)) g[0] = beta == 1.0 ? dout[0] : k::mul_scalar(dout[0], beta);
-                  if (s.needs_grad(1)) {
-                    g[1] = empty({dout[0].size(0), s[1].size(0)}, dout[0].dtype());
-                    k::mm_out(g[1], dout[0], k::transpose(s[1], 0, 1), alpha);
-                  }
-                  if (s.needs_grad(2)) {
-                    g[2] = empty({s[0].size(1), dout[0].size(1)}, dout[0].dtype());
-                    k::mm_out(g[2], k::transpose(s[0], 0, 1), dout[0], alpha);
-                  }
-                });
+  return record(
+      "addmm", k::addmm(input, a, b, beta, alpha), {input, a, b}, {a, b},
+      [beta, alpha](const Grads& dout, Saved& s, Grads& g) {
+        if (s.needs_grad(0)) g[0] = beta == 1.0 ? dout[0] : k::mul_scalar(dout[0], beta);
+        if (s.needs_grad(1)) {
+          g[1] = empty({dout[0].size(0), s[1].size(0)}, dout[0].dtype(), dout[0].device());
+          k::mm_out(g[1], dout[0], k::transpose(s[1], 0, 1), alpha);
+        }
+        if (s.needs_grad(2)) {
+          g[2] = empty({s[0].size(1), dout[0].size(1)}, dout[0].dtype(), dout[0].device());
+          k::mm_out(g[2], k::transpose(s[0], 0, 1), dout[0], alpha);
+        }
+      });
 }
 
 // y = x W^T + b over x [N, in] (leading dims flattened):

@@ -16,6 +16,7 @@
 #include "tensor/copy.h"
 #include "tensor/cpu/gemm.h"
 #include "tensor/cpu/packed_gemm.h"
+#include "tensor/cuda/conv.h"
 #include "tensor/dispatch.h"
 #include "tensor/parallel.h"
 
@@ -766,7 +767,7 @@ Shape conv2d_output_shape(const Tensor& x, const Tensor& weight, const Tensor& b
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
               const Conv2dOptions& options) {
   const Shape out_shape = conv2d_output_shape(x, weight, bias, options);
-  if (x.is_cuda()) no_cuda_kernel("conv2d");
+  if (x.is_cuda()) return cuda::conv2d(x, weight, bias, options);
   Tensor out = empty(out_shape, x.dtype(), x.device());
   if (out.numel() == 0) return out;
   const Geometry g = make_geometry(x.size(0), x.size(1), x.size(2), x.size(3), weight.size(0),
@@ -794,7 +795,7 @@ Conv2dGrads conv2d_backward(const Tensor& dout, const Tensor& x, const Tensor& w
              "; got dout=", dout.sizes(), " x=", x.sizes(), " weight=", weight.sizes());
   LOOM_CHECK(dout.dtype() == x.dtype(), DTypeError,
              "conv2d_backward: dtypes differ; got dout=", dout.dtype(), " x=", x.dtype());
-  if (x.is_cuda()) no_cuda_kernel("conv2d_backward");
+  if (x.is_cuda()) return cuda::conv2d_backward(dout, x, weight, options, needs);
   // The kernels write every element; an empty batch leaves zeros.
   const auto make = dout.numel() == 0 ? zeros : empty;
   Conv2dGrads grads;

@@ -1,5 +1,5 @@
 // tensor/cpu/elementwise.cpp — elementwise kernels on the CPU, every one a lambda over the
-// strided loop of tensor/cpu/loops.h; the device switch is at the bottom of each public entry.
+// strided loop of tensor/cpu/loops.h; the device switch is the first line of each public entry.
 
 #include "tensor/elementwise.h"
 
@@ -8,6 +8,7 @@
 #include "tensor/checks.h"
 #include "tensor/copy.h"
 #include "tensor/cpu/loops.h"
+#include "tensor/cuda/elementwise.h"
 #include "tensor/dispatch.h"
 
 namespace loom::kernels {
@@ -18,6 +19,14 @@ constexpr double kSqrt1_2 = 0.70710678118654752440;      // 1/sqrt(2)
 constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2/pi)
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;   // 1/sqrt(2*pi)
 constexpr double kGeluCubic = 0.044715;
+
+// The device switch (Decision 2): an op with a CUDA operand runs in tensor/cuda/elementwise.cu,
+// which checks its arguments itself (a CPU tensor among CUDA ones is its DeviceError).
+bool on_cuda(std::initializer_list<Tensor> tensors) {
+  for (const Tensor& t : tensors)
+    if (t.defined() && t.is_cuda()) return true;
+  return false;
+}
 
 Device cpu_only(const char* op, std::initializer_list<Tensor> tensors) {
   Device d = common_device(op, tensors);
@@ -154,50 +163,62 @@ T generic_pow(T x, T y) {
 // ---------------------------------------------------------------- binary
 
 Tensor add(const Tensor& a, const Tensor& b, double alpha) {
+  if (on_cuda({a, b})) return cuda::add(a, b, alpha);
   if (alpha == 1.0) return arithmetic("add", a, b, [](auto x, auto y) { return x + y; });
   return arithmetic("add", a, b,
                     [alpha](auto x, auto y) { return x + static_cast<decltype(y)>(alpha) * y; });
 }
 Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
+  if (on_cuda({a, b})) return cuda::sub(a, b, alpha);
   if (alpha == 1.0) return arithmetic("sub", a, b, [](auto x, auto y) { return x - y; });
   return arithmetic("sub", a, b,
                     [alpha](auto x, auto y) { return x - static_cast<decltype(y)>(alpha) * y; });
 }
 Tensor mul(const Tensor& a, const Tensor& b) {
+  if (on_cuda({a, b})) return cuda::mul(a, b);
   return arithmetic("mul", a, b, [](auto x, auto y) { return x * y; });
 }
 Tensor div(const Tensor& a, const Tensor& b) {
+  if (on_cuda({a, b})) return cuda::div(a, b);
   // True division: integers divide as float32, as in PyTorch.
   DType t = promote_types(a.dtype(), b.dtype());
   if (!is_floating(t)) t = kFloat32;
   return binary<false>("div", a, b, t, [](auto x, auto y) { return x / y; });
 }
 Tensor pow(const Tensor& a, const Tensor& b) {
+  if (on_cuda({a, b})) return cuda::pow(a, b);
   return arithmetic("pow", a, b, [](auto x, auto y) { return generic_pow(x, y); });
 }
 Tensor maximum(const Tensor& a, const Tensor& b) {
+  if (on_cuda({a, b})) return cuda::maximum(a, b);
   return arithmetic("maximum", a, b, [](auto x, auto y) {
     return (x != x || x > y) ? x : y;  // NaN propagates
   });
 }
 Tensor minimum(const Tensor& a, const Tensor& b) {
+  if (on_cuda({a, b})) return cuda::minimum(a, b);
   return arithmetic("minimum", a, b, [](auto x, auto y) { return (x != x || x < y) ? x : y; });
 }
 
 Tensor add_scalar(const Tensor& a, double b) {
+  if (on_cuda({a})) return cuda::add_scalar(a, b);
   return with_scalar("add", a, b, [](auto x, auto v) { return x + v; });
 }
 Tensor mul_scalar(const Tensor& a, double b) {
+  if (on_cuda({a})) return cuda::mul_scalar(a, b);
   return with_scalar("mul", a, b, [](auto x, auto v) { return x * v; });
 }
 Tensor rsub_scalar(const Tensor& a, double b) {
+  if (on_cuda({a})) return cuda::rsub_scalar(a, b);
   return with_scalar("rsub", a, b, [](auto x, auto v) { return v - x; });
 }
 Tensor div_scalar(const Tensor& a, double b) {
+  if (on_cuda({a})) return cuda::div_scalar(a, b);
   const Tensor af = is_floating(a.dtype()) ? a : to_dtype(a, kFloat32);
   return with_scalar("div", af, b, [](auto x, auto v) { return x / v; });
 }
 Tensor pow_scalar(const Tensor& a, double exponent) {
+  if (on_cuda({a})) return cuda::pow_scalar(a, exponent);
   if (exponent == 2.0) return with_scalar("pow", a, exponent, [](auto x, auto) { return x * x; });
   if (exponent == 0.5 && is_floating(a.dtype()))
     return unary_float("pow", a, [](auto x) { return std::sqrt(x); });
@@ -207,69 +228,89 @@ Tensor pow_scalar(const Tensor& a, double exponent) {
 // ---------------------------------------------------------------- comparisons
 
 Tensor eq(const Tensor& a, const Tensor& b) {
+  if (on_cuda({a, b})) return cuda::eq(a, b);
   return compare("eq", a, b, [](auto x, auto y) { return x == y; });
 }
 Tensor ne(const Tensor& a, const Tensor& b) {
+  if (on_cuda({a, b})) return cuda::ne(a, b);
   return compare("ne", a, b, [](auto x, auto y) { return x != y; });
 }
 Tensor lt(const Tensor& a, const Tensor& b) {
+  if (on_cuda({a, b})) return cuda::lt(a, b);
   return compare("lt", a, b, [](auto x, auto y) { return x < y; });
 }
 Tensor le(const Tensor& a, const Tensor& b) {
+  if (on_cuda({a, b})) return cuda::le(a, b);
   return compare("le", a, b, [](auto x, auto y) { return x <= y; });
 }
 Tensor gt(const Tensor& a, const Tensor& b) {
+  if (on_cuda({a, b})) return cuda::gt(a, b);
   return compare("gt", a, b, [](auto x, auto y) { return x > y; });
 }
 Tensor ge(const Tensor& a, const Tensor& b) {
+  if (on_cuda({a, b})) return cuda::ge(a, b);
   return compare("ge", a, b, [](auto x, auto y) { return x >= y; });
 }
 Tensor eq_scalar(const Tensor& a, double b) {
+  if (on_cuda({a})) return cuda::eq_scalar(a, b);
   return compare_scalar("eq", a, b, [](double x, double y) { return x == y; });
 }
 Tensor gt_scalar(const Tensor& a, double b) {
+  if (on_cuda({a})) return cuda::gt_scalar(a, b);
   return compare_scalar("gt", a, b, [](double x, double y) { return x > y; });
 }
 Tensor lt_scalar(const Tensor& a, double b) {
+  if (on_cuda({a})) return cuda::lt_scalar(a, b);
   return compare_scalar("lt", a, b, [](double x, double y) { return x < y; });
 }
 
 // ---------------------------------------------------------------- unary
 
 Tensor neg(const Tensor& x) {
+  if (on_cuda({x})) return cuda::neg(x);
   return unary_numeric("neg", x, [](auto v) { return -v; });
 }
 Tensor abs(const Tensor& x) {
+  if (on_cuda({x})) return cuda::abs(x);
   return unary_numeric("abs", x, [](auto v) { return v < 0 ? -v : v; });
 }
 Tensor sign(const Tensor& x) {
+  if (on_cuda({x})) return cuda::sign(x);
   return unary_numeric("sign", x, [](auto v) { return (v > 0) - (v < 0); });
 }
 Tensor exp(const Tensor& x) {
+  if (on_cuda({x})) return cuda::exp(x);
   return unary_float("exp", x, [](auto v) { return std::exp(v); });
 }
 Tensor log(const Tensor& x) {
+  if (on_cuda({x})) return cuda::log(x);
   return unary_float("log", x, [](auto v) { return std::log(v); });
 }
 Tensor sqrt(const Tensor& x) {
+  if (on_cuda({x})) return cuda::sqrt(x);
   return unary_float("sqrt", x, [](auto v) { return std::sqrt(v); });
 }
 Tensor rsqrt(const Tensor& x) {
+  if (on_cuda({x})) return cuda::rsqrt(x);
   return unary_float("rsqrt", x, [](auto v) { return decltype(v)(1) / std::sqrt(v); });
 }
 Tensor tanh(const Tensor& x) {
+  if (on_cuda({x})) return cuda::tanh(x);
   return unary_float("tanh", x, [](auto v) { return std::tanh(v); });
 }
 Tensor sigmoid(const Tensor& x) {
+  if (on_cuda({x})) return cuda::sigmoid(x);
   return unary_float("sigmoid", x, [](auto v) {
     using T = decltype(v);
     return T(1) / (T(1) + std::exp(-v));
   });
 }
 Tensor relu(const Tensor& x) {
+  if (on_cuda({x})) return cuda::relu(x);
   return unary_numeric("relu", x, [](auto v) { return v > 0 ? v : decltype(v)(0); });
 }
 Tensor gelu(const Tensor& x, bool tanh_approximation) {
+  if (on_cuda({x})) return cuda::gelu(x, tanh_approximation);
   if (tanh_approximation) {
     return unary_float("gelu", x, [](auto v) {
       using T = decltype(v);
@@ -283,6 +324,7 @@ Tensor gelu(const Tensor& x, bool tanh_approximation) {
   });
 }
 Tensor clamp(const Tensor& x, double min, double max) {
+  if (on_cuda({x})) return cuda::clamp(x, min, max);
   LOOM_CHECK(!(min > max), ValueError, "clamp: min ", min, " is greater than max ", max);
   return unary_numeric("clamp", x, [min, max](auto v) {
     using T = decltype(v);
@@ -295,6 +337,7 @@ Tensor clamp(const Tensor& x, double min, double max) {
 // ---------------------------------------------------------------- where
 
 Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
+  if (on_cuda({condition, a, b})) return cuda::where(condition, a, b);
   cpu_only("where", {condition, a, b});
   LOOM_CHECK(condition.dtype() == kBool, DTypeError, "where: condition must be bool; got ",
              condition.dtype());
@@ -313,18 +356,22 @@ Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
 // ---------------------------------------------------------------- fused backwards
 
 Tensor relu_backward(const Tensor& dout, const Tensor& out) {
+  if (on_cuda({dout, out})) return cuda::relu_backward(dout, out);
   return backward_binary("relu_backward", dout, out,
                          [](auto g, auto y) { return y > 0 ? g : decltype(g)(0); });
 }
 Tensor sigmoid_backward(const Tensor& dout, const Tensor& out) {
+  if (on_cuda({dout, out})) return cuda::sigmoid_backward(dout, out);
   return backward_binary("sigmoid_backward", dout, out,
                          [](auto g, auto y) { return g * y * (decltype(g)(1) - y); });
 }
 Tensor tanh_backward(const Tensor& dout, const Tensor& out) {
+  if (on_cuda({dout, out})) return cuda::tanh_backward(dout, out);
   return backward_binary("tanh_backward", dout, out,
                          [](auto g, auto y) { return g * (decltype(g)(1) - y * y); });
 }
 Tensor gelu_backward(const Tensor& dout, const Tensor& x, bool tanh_approximation) {
+  if (on_cuda({dout, x})) return cuda::gelu_backward(dout, x, tanh_approximation);
   if (tanh_approximation) {
     // d/dx 0.5x(1+tanh(u)), u = k(x + c x^3): 0.5(1+t) + 0.5x(1-t^2) k (1 + 3c x^2)
     return backward_binary("gelu_backward", dout, x, [](auto g, auto v) {
@@ -343,6 +390,7 @@ Tensor gelu_backward(const Tensor& dout, const Tensor& x, bool tanh_approximatio
   });
 }
 Tensor clamp_backward(const Tensor& dout, const Tensor& x, double min, double max) {
+  if (on_cuda({dout, x})) return cuda::clamp_backward(dout, x, min, max);
   return backward_binary("clamp_backward", dout, x, [min, max](auto g, auto v) {
     const double d = static_cast<double>(v);
     return d >= min && d <= max ? g : decltype(g)(0);
@@ -352,24 +400,29 @@ Tensor clamp_backward(const Tensor& dout, const Tensor& x, double min, double ma
 // ---------------------------------------------------------------- in place
 
 void add_(const Tensor& self, const Tensor& other, double alpha) {
+  if (on_cuda({self, other})) return cuda::add_(self, other, alpha);
   if (alpha == 1.0)
     return inplace_binary("add_", self, other, [](auto x, auto y) { return x + y; });
   inplace_binary("add_", self, other,
                  [alpha](auto x, auto y) { return x + static_cast<decltype(x)>(alpha) * y; });
 }
 void sub_(const Tensor& self, const Tensor& other, double alpha) {
+  if (on_cuda({self, other})) return cuda::sub_(self, other, alpha);
   inplace_binary("sub_", self, other,
                  [alpha](auto x, auto y) { return x - static_cast<decltype(x)>(alpha) * y; });
 }
 void mul_(const Tensor& self, const Tensor& other) {
+  if (on_cuda({self, other})) return cuda::mul_(self, other);
   inplace_binary("mul_", self, other, [](auto x, auto y) { return x * y; });
 }
 void div_(const Tensor& self, const Tensor& other) {
+  if (on_cuda({self, other})) return cuda::div_(self, other);
   LOOM_CHECK(is_floating(self.dtype()), DTypeError, "div_: true division cannot write into a ",
              self.dtype(), " tensor");
   inplace_binary("div_", self, other, [](auto x, auto y) { return x / y; });
 }
 void mul_scalar_(const Tensor& self, double value) {
+  if (on_cuda({self})) return cuda::mul_scalar_(self, value);
   cpu_only("mul_", {self});
   self.bump_version();
   dispatch_numeric(self.dtype(), "mul_", [&]<typename T>() {
@@ -379,6 +432,7 @@ void mul_scalar_(const Tensor& self, double value) {
   });
 }
 void add_scalar_(const Tensor& self, double value) {
+  if (on_cuda({self})) return cuda::add_scalar_(self, value);
   cpu_only("add_", {self});
   self.bump_version();
   dispatch_numeric(self.dtype(), "add_", [&]<typename T>() {
@@ -389,7 +443,12 @@ void add_scalar_(const Tensor& self, double value) {
 }
 
 void addcmul_(const Tensor& self, const Tensor& a, const Tensor& b, double alpha) {
+  if (on_cuda({self, a, b})) return cuda::addcmul_(self, a, b, alpha);
   cpu_only("addcmul_", {self, a, b});
+  LOOM_CHECK(broadcast_shapes(broadcast_shapes(self.sizes(), a.sizes(), "addcmul_"), b.sizes(),
+                              "addcmul_") == self.sizes(),
+             ShapeError, "addcmul_: a=", a.sizes(), " and b=", b.sizes(),
+             " do not broadcast to self=", self.sizes());
   const Tensor ac = to_dtype(a, self.dtype()), bc = to_dtype(b, self.dtype());
   self.bump_version();
   dispatch_floating(self.dtype(), "addcmul_", [&]<typename T>() {
@@ -399,7 +458,12 @@ void addcmul_(const Tensor& self, const Tensor& a, const Tensor& b, double alpha
   });
 }
 void addcdiv_(const Tensor& self, const Tensor& a, const Tensor& b, double alpha) {
+  if (on_cuda({self, a, b})) return cuda::addcdiv_(self, a, b, alpha);
   cpu_only("addcdiv_", {self, a, b});
+  LOOM_CHECK(broadcast_shapes(broadcast_shapes(self.sizes(), a.sizes(), "addcdiv_"), b.sizes(),
+                              "addcdiv_") == self.sizes(),
+             ShapeError, "addcdiv_: a=", a.sizes(), " and b=", b.sizes(),
+             " do not broadcast to self=", self.sizes());
   const Tensor ac = to_dtype(a, self.dtype()), bc = to_dtype(b, self.dtype());
   self.bump_version();
   dispatch_floating(self.dtype(), "addcdiv_", [&]<typename T>() {

@@ -12,6 +12,7 @@
 
 #include "tensor/checks.h"
 #include "tensor/copy.h"
+#include "tensor/cuda/index.h"
 #include "tensor/dispatch.h"
 #include "tensor/parallel.h"
 #include "tensor/random.h"
@@ -23,11 +24,8 @@ namespace {
 
 constexpr int64_t kGrain = 32768;  // elements below which a loop stays on one thread
 
-void cpu_only(const char* op, std::initializer_list<Tensor> tensors) {
-  common_device(op, tensors);
-  for (const Tensor& t : tensors)
-    if (t.defined() && t.is_cuda()) no_cuda_kernel(op);
-}
+// Each op checks that its operands share a device, then what it can check on the host; its CUDA
+// branch follows (tensor/cuda/index.cu checks the index ranges on the device).
 
 // "[2, 3], [4, 3]": the shapes of a list of tensors, for error messages.
 std::string shapes_of(const std::vector<Tensor>& tensors) {
@@ -43,6 +41,7 @@ Tensor index_as_int64(const Tensor& index, const char* op) {
   LOOM_CHECK(index.dtype() == kInt64 || index.dtype() == kInt32, DTypeError, op,
              ": expected an int64 or int32 index tensor; got ", index.dtype(),
              " index=", index.sizes());
+  if (index.is_cuda()) return index;  // the CUDA kernels take int32 or int64 as they are
   return contiguous(to_dtype(index, kInt64));
 }
 
@@ -188,7 +187,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
     dtype = promote_types(dtype, t.dtype());
     if (!ref && !is_empty_1d(t)) ref = &t;
   }
-  if (tensors[0].is_cuda()) no_cuda_kernel("cat");
+  if (tensors[0].is_cuda()) return cuda::cat(tensors, dim);
   if (!ref) {  // only empty 1-D tensors
     wrap_dim(dim, 1, "cat");
     return empty({0}, dtype);
@@ -294,10 +293,11 @@ std::vector<Tensor> split_with_sizes(const Tensor& x, const Shape& sizes, int64_
 // ---------------------------------------------------------------- index_select, index_add_
 
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
-  cpu_only("index_select", {x, index});
+  common_device("index_select", {x, index});
   const Tensor idx = index_as_int64(index, "index_select");
   LOOM_CHECK(index.dim() <= 1, ShapeError, "index_select: expected a 1-D index; got x=", x.sizes(),
              " index=", index.sizes());
+  if (x.is_cuda()) return cuda::index_select(x, dim, index);
   const int64_t d = wrap_dim(dim, x.dim(), "index_select");
   const Shape xs = sizes_1d(x);
   const int64_t n = xs[d], m = idx.numel();
@@ -319,7 +319,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
 }
 
 void index_add_(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
-  cpu_only("index_add_", {self, index, src});
+  common_device("index_add_", {self, index, src});
   const Tensor idx = index_as_int64(index, "index_add_");
   LOOM_CHECK(index.dim() <= 1, ShapeError,
              "index_add_: expected a 1-D index; got self=", self.sizes(), " index=", index.sizes(),
@@ -335,6 +335,7 @@ void index_add_(const Tensor& self, int64_t dim, const Tensor& index, const Tens
   LOOM_CHECK(sizes_1d(src) == expected && src.dim() == self.dim(), ShapeError,
              "index_add_: src must have self's shape with index.numel() in dim ", d,
              "; got self=", self.sizes(), " index=", index.sizes(), " src=", src.sizes());
+  if (self.is_cuda()) return cuda::index_add_(self, dim, index, src);
   const int64_t bad = first_out_of_range(idx, xs[d]);
   LOOM_CHECK(bad < 0, IndexError, "index_add_: index ", bad < 0 ? 0 : idx.data_ptr<int64_t>()[bad],
              " is out of range for dim ", d, " of size ", xs[d], "; got self=", self.sizes(),
@@ -352,7 +353,7 @@ void index_add_(const Tensor& self, int64_t dim, const Tensor& index, const Tens
 
 // Threads take lines along dim (for_each_line): every other coordinate is one line.
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
-  cpu_only("gather", {x, index});
+  common_device("gather", {x, index});
   const Tensor idx = index_as_int64(index, "gather");
   LOOM_CHECK(index.dim() == x.dim(), ShapeError,
              "gather: index must have as many dims as x; "
@@ -364,6 +365,7 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
     LOOM_CHECK(static_cast<int64_t>(k) == d || is[k] <= xs[k], ShapeError, "gather: index.size(", k,
                ")=", is[k], " exceeds x.size(", k, ")=", xs[k], "; got x=", x.sizes(),
                " index=", index.sizes());
+  if (x.is_cuda()) return cuda::gather(x, dim, index);
   const int64_t bad = first_out_of_range(idx, xs[d]);
   LOOM_CHECK(bad < 0, IndexError, "gather: index ", bad < 0 ? 0 : idx.data_ptr<int64_t>()[bad],
              " is out of range for dim ", d, " of size ", xs[d], "; got x=", x.sizes(),
@@ -391,7 +393,7 @@ namespace {
 // lines differ in some other coordinate, so they write to different elements of self.
 void scatter_add_into(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src,
                       const char* op) {
-  cpu_only(op, {self, index, src});
+  common_device(op, {self, index, src});
   const Tensor idx = index_as_int64(index, op);
   LOOM_CHECK(index.dim() == self.dim() && src.dim() == self.dim(), ShapeError, op,
              ": self, index and src must have the same number of dims; got self=", self.sizes(),
@@ -409,6 +411,7 @@ void scatter_add_into(const Tensor& self, int64_t dim, const Tensor& index, cons
                ": self has overlapping elements (an expanded tensor); clone it first; got self=",
                self.sizes());
   }
+  if (self.is_cuda()) return cuda::scatter_add_into(self, dim, index, src, op);
   const int64_t bad = first_out_of_range(idx, xs[d]);
   LOOM_CHECK(bad < 0, IndexError, op, ": index ", bad < 0 ? 0 : idx.data_ptr<int64_t>()[bad],
              " is out of range for dim ", d, " of size ", xs[d], "; got self=", self.sizes(),
@@ -434,17 +437,18 @@ void scatter_add_(const Tensor& self, int64_t dim, const Tensor& index, const Te
 }
 
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
-  cpu_only("scatter_add", {x, index, src});
+  common_device("scatter_add", {x, index, src});
   Tensor out = clone(x);
   scatter_add_into(out, dim, index, src, "scatter_add");
   return out;
 }
 
 Tensor one_hot(const Tensor& index, int64_t num_classes) {
-  cpu_only("one_hot", {index});
+  common_device("one_hot", {index});
   const Tensor idx = index_as_int64(index, "one_hot");
   LOOM_CHECK(num_classes >= -1, ValueError, "one_hot: num_classes must be -1 or >= 0; got ",
              num_classes, " for index=", index.sizes());
+  if (index.is_cuda()) return cuda::one_hot(index, num_classes);
   const int64_t n = idx.numel();
   const int64_t* ip = idx.data_ptr<int64_t>();
   if (num_classes == -1) {
@@ -468,10 +472,11 @@ Tensor one_hot(const Tensor& index, int64_t num_classes) {
 // ---------------------------------------------------------------- embedding
 
 Tensor embedding(const Tensor& weight, const Tensor& index) {
-  cpu_only("embedding", {weight, index});
+  common_device("embedding", {weight, index});
   LOOM_CHECK(weight.dim() == 2, ShapeError,
              "embedding: expected a 2-D weight [V, D]; got weight=", weight.sizes(),
              " index=", index.sizes());
+  if (weight.is_cuda()) return cuda::embedding(weight, index);
   const Tensor idx = index_as_int64(index, "embedding");
   const int64_t num_weights = weight.size(0), dim = weight.size(1);
   const int64_t bad = first_out_of_range(idx, num_weights);
@@ -487,11 +492,12 @@ Tensor embedding(const Tensor& weight, const Tensor& index) {
 // Threads take rows of dweight (Note [Race-free index_add]), so duplicate indices never race.
 Tensor embedding_backward(const Tensor& dout, const Tensor& index, int64_t num_weights,
                           int64_t padding_idx) {
-  cpu_only("embedding_backward", {dout, index});
+  common_device("embedding_backward", {dout, index});
   const Tensor idx = index_as_int64(index, "embedding_backward");
   LOOM_CHECK(dout.dim() == index.dim() + 1 && dout.numel() == idx.numel() * dout.size(-1),
              ShapeError, "embedding_backward: expected dout of shape index.shape + [D]; got dout=",
              dout.sizes(), " index=", index.sizes());
+  if (dout.is_cuda()) return cuda::embedding_backward(dout, index, num_weights, padding_idx);
   const int64_t dim = dout.size(-1);
   const int64_t bad = first_out_of_range(idx, num_weights);
   LOOM_CHECK(bad < 0, IndexError, "embedding_backward: index ",
@@ -511,7 +517,8 @@ Tensor embedding_backward(const Tensor& dout, const Tensor& index, int64_t num_w
 // See Note [Dropout mask]. Threads take ranges of Philox counters (4 elements each), so the
 // mask does not depend on the thread count.
 Tensor dropout_masked(const Tensor& x, double p, uint64_t seed, uint64_t first) {
-  cpu_only("dropout", {x});
+  common_device("dropout", {x});
+  if (x.is_cuda()) return cuda::dropout_masked(x, p, seed, first);
   LOOM_CHECK(p > 0.0 && p < 1.0, ValueError,
              "dropout: the masked kernel needs 0 < p < 1; got p=", p, " for x=", x.sizes());
   const Tensor src = contiguous(x);

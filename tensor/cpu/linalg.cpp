@@ -8,6 +8,7 @@
 #include "tensor/checks.h"
 #include "tensor/copy.h"
 #include "tensor/cpu/gemm.h"
+#include "tensor/cuda/linalg.h"
 #include "tensor/dispatch.h"
 #include "tensor/parallel.h"
 #include "tensor/view.h"
@@ -38,7 +39,6 @@ void check_mm(const char* op, const Tensor& a, const Tensor& b) {
              " b=", b.sizes());
   LOOM_CHECK(a.dtype() == b.dtype(), DTypeError, op, ": dtypes differ; got a=", a.dtype(),
              " b=", b.dtype());
-  if (a.is_cuda()) no_cuda_kernel(op);
 }
 
 }  // namespace
@@ -51,6 +51,7 @@ void mm_out(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, d
              "] with a unit inner stride; got out=", out.sizes());
   LOOM_CHECK(out.dtype() == a.dtype(), DTypeError, "mm: output is ", out.dtype(),
              " but the inputs are ", a.dtype());
+  if (a.is_cuda()) return cuda::mm_out(out, a, b, alpha, beta);  // bumps the version itself
   out.bump_version();
   const Operand A = as_operand(a), B = as_operand(b);
   const int64_t ldc = out.size(0) <= 1 ? out.size(1) : out.stride(0);
@@ -87,6 +88,9 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
              "bmm: expected 3-D inputs; got a=", a.sizes(), " b=", b.sizes());
   LOOM_CHECK(a.size(0) == b.size(0) && a.size(2) == b.size(1), ShapeError,
              "bmm: batch or inner dimensions differ; got a=", a.sizes(), " b=", b.sizes());
+  LOOM_CHECK(a.dtype() == b.dtype(), DTypeError, "bmm: dtypes differ; got a=", a.dtype(),
+             " b=", b.dtype());
+  if (a.is_cuda()) return cuda::bmm(a, b);
   Tensor out = empty({a.size(0), a.size(1), b.size(2)}, a.dtype(), a.device());
   const int64_t batch = a.size(0);
   // Many small products: one thread per matrix. Few large ones: Eigen threads each product.

@@ -14,6 +14,7 @@
 
 #include "tensor/checks.h"
 #include "tensor/copy.h"
+#include "tensor/cuda/loss.h"
 #include "tensor/dispatch.h"
 #include "tensor/parallel.h"
 #include "tensor/view.h"
@@ -21,6 +22,14 @@
 namespace loom::kernels {
 
 namespace {
+
+// The device switch (Decision 2): an op with a CUDA operand runs in tensor/cuda/, which checks
+// its arguments itself.
+bool on_cuda(std::initializer_list<Tensor> tensors) {
+  for (const Tensor& t : tensors)
+    if (t.defined() && t.is_cuda()) return true;
+  return false;
+}
 
 constexpr int64_t kGrain = 32768;  // elements below which a loop stays on one thread
 constexpr int64_t kLanes = 256;    // inner positions a softmax lane block handles at once
@@ -213,20 +222,25 @@ GradScale grad_scale(const Tensor& dloss, Reduction reduction, double divisor, D
 }  // namespace
 
 Tensor softmax(const Tensor& x, int64_t dim) {
+  if (on_cuda({x})) return cuda::softmax(x, dim);
   return softmax_family<SoftmaxKind::Softmax>("softmax", x, Tensor(), dim);
 }
 Tensor log_softmax(const Tensor& x, int64_t dim) {
+  if (on_cuda({x})) return cuda::log_softmax(x, dim);
   return softmax_family<SoftmaxKind::LogSoftmax>("log_softmax", x, Tensor(), dim);
 }
 Tensor softmax_backward(const Tensor& dy, const Tensor& y, int64_t dim) {
+  if (on_cuda({dy, y})) return cuda::softmax_backward(dy, y, dim);
   return softmax_family<SoftmaxKind::SoftmaxBackward>("softmax_backward", y, dy, dim);
 }
 Tensor log_softmax_backward(const Tensor& dy, const Tensor& y, int64_t dim) {
+  if (on_cuda({dy, y})) return cuda::log_softmax_backward(dy, y, dim);
   return softmax_family<SoftmaxKind::LogSoftmaxBackward>("log_softmax_backward", y, dy, dim);
 }
 
 int64_t check_class_target(const char* op, const Tensor& input, const Tensor& target,
                            int64_t ignore_index) {
+  if (on_cuda({input, target})) return cuda::check_class_target(op, input, target, ignore_index);
   LOOM_CHECK(input.dim() >= 2, ShapeError, op,
              ": expected input of shape [N, C, ...]; got input=", input.sizes(),
              " target=", target.sizes());
@@ -260,6 +274,8 @@ int64_t check_class_target(const char* op, const Tensor& input, const Tensor& ta
 CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& target,
                                           Reduction reduction, int64_t ignore_index,
                                           double label_smoothing) {
+  if (on_cuda({logits, target}))
+    return cuda::cross_entropy_forward(logits, target, reduction, ignore_index, label_smoothing);
   const char* op = "cross_entropy";
   cpu_only(op, {logits, target});
   const int64_t count = check_class_target(op, logits, target, ignore_index);
@@ -324,6 +340,9 @@ CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& ta
 Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const Tensor& target,
                               const Tensor& lse, Reduction reduction, int64_t ignore_index,
                               double label_smoothing, int64_t count) {
+  if (on_cuda({dloss, logits, target, lse}))
+    return cuda::cross_entropy_backward(dloss, logits, target, lse, reduction, ignore_index,
+                                        label_smoothing, count);
   const char* op = "cross_entropy_backward";
   cpu_only(op, {dloss, logits, target, lse});
   const ClassLayout l = class_layout(logits.sizes());
@@ -373,6 +392,8 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const T
 // Positions split across threads; each reads (and its backward writes) one element.
 NllLossForward nll_loss_forward(const Tensor& log_probs, const Tensor& target, const Tensor& weight,
                                 Reduction reduction, int64_t ignore_index) {
+  if (on_cuda({log_probs, target, weight}))
+    return cuda::nll_loss_forward(log_probs, target, weight, reduction, ignore_index);
   const char* op = "nll_loss";
   cpu_only(op, {log_probs, target, weight});
   check_class_target(op, log_probs, target, ignore_index);
@@ -428,6 +449,9 @@ NllLossForward nll_loss_forward(const Tensor& log_probs, const Tensor& target, c
 Tensor nll_loss_backward(const Tensor& dloss, const Shape& input_shape, const Tensor& target,
                          const Tensor& weight, Reduction reduction, int64_t ignore_index,
                          double total_weight) {
+  if (on_cuda({dloss, target, weight}))
+    return cuda::nll_loss_backward(dloss, input_shape, target, weight, reduction, ignore_index,
+                                   total_weight);
   const char* op = "nll_loss_backward";
   cpu_only(op, {dloss, target, weight});
   const ClassLayout l = class_layout(input_shape);
@@ -462,6 +486,7 @@ Tensor nll_loss_backward(const Tensor& dloss, const Shape& input_shape, const Te
 // ---------------------------------------------------------------- mse
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  if (on_cuda({input, target})) return cuda::mse_loss(input, target, reduction);
   const char* op = "mse_loss";
   cpu_only(op, {input, target});
   LOOM_CHECK(input.sizes() == target.sizes(), ShapeError, op,
@@ -501,6 +526,8 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
 
 Tensor mse_loss_backward(const Tensor& dloss, const Tensor& input, const Tensor& target,
                          Reduction reduction) {
+  if (on_cuda({dloss, input, target}))
+    return cuda::mse_loss_backward(dloss, input, target, reduction);
   const char* op = "mse_loss_backward";
   cpu_only(op, {dloss, input, target});
   const Tensor xc = contiguous(input), tc = contiguous(to_dtype(target, input.dtype()));

@@ -9,6 +9,7 @@
 
 #include "tensor/checks.h"
 #include "tensor/copy.h"
+#include "tensor/cuda/norm.h"
 #include "tensor/dispatch.h"
 #include "tensor/elementwise.h"
 #include "tensor/parallel.h"
@@ -17,6 +18,14 @@
 namespace loom::kernels {
 
 namespace {
+
+// The device switch (Decision 2): an op with a CUDA operand runs in tensor/cuda/, which checks
+// its arguments itself.
+bool on_cuda(std::initializer_list<Tensor> tensors) {
+  for (const Tensor& t : tensors)
+    if (t.defined() && t.is_cuda()) return true;
+  return false;
+}
 
 constexpr int64_t kGrain = 32768;  // elements below which a loop stays on one thread
 
@@ -160,6 +169,7 @@ DxCoefficients dx_coefficients(double weight, double mean, double invstd, bool t
 // ---------------------------------------------------------------- batch norm statistics
 
 BatchNormSums batch_norm_sums(const Tensor& x) {
+  if (on_cuda({x})) return cuda::batch_norm_sums(x);
   cpu_only("batch_norm_sums", {x});
   const ChannelLayout l = channel_layout("batch_norm_sums", x);
   const Tensor xc = contiguous(x);
@@ -181,6 +191,8 @@ BatchNormSums batch_norm_sums(const Tensor& x) {
 
 BatchNormStats batch_norm_stats_from_sums(const Tensor& sum, const Tensor& sum_sq, int64_t count,
                                           double eps, DType dtype) {
+  if (on_cuda({sum, sum_sq}))
+    return cuda::batch_norm_stats_from_sums(sum, sum_sq, count, eps, dtype);
   cpu_only("batch_norm_stats_from_sums", {sum, sum_sq});
   LOOM_CHECK(sum.numel() == sum_sq.numel(), ShapeError,
              "batch_norm_stats_from_sums: sum and sum_sq differ; got sum=", sum.sizes(),
@@ -209,6 +221,7 @@ BatchNormStats batch_norm_stats_from_sums(const Tensor& sum, const Tensor& sum_s
 }
 
 BatchNormStats batch_norm_stats(const Tensor& x, double eps) {
+  if (on_cuda({x})) return cuda::batch_norm_stats(x, eps);
   cpu_only("batch_norm_stats", {x});
   const ChannelLayout l = channel_layout("batch_norm_stats", x);
   const Tensor xc = contiguous(x);
@@ -232,12 +245,15 @@ BatchNormStats batch_norm_stats(const Tensor& x, double eps) {
 }
 
 Tensor batch_norm_invstd(const Tensor& var, double eps) {
+  if (on_cuda({var})) return cuda::batch_norm_invstd(var, eps);
   cpu_only("batch_norm_invstd", {var});
   return rsqrt(add_scalar(var, eps));
 }
 
 void batch_norm_update_running_stats_(const Tensor& running_mean, const Tensor& running_var,
                                       const BatchNormStats& stats, double momentum) {
+  if (on_cuda({running_mean, running_var, stats.mean}))
+    return cuda::batch_norm_update_running_stats_(running_mean, running_var, stats, momentum);
   const char* op = "batch_norm_update_running_stats_";
   if (running_mean.defined()) {
     cpu_only(op, {running_mean, stats.mean});
@@ -266,6 +282,8 @@ void batch_norm_update_running_stats_(const Tensor& running_mean, const Tensor& 
 
 Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invstd,
                         const Tensor& weight, const Tensor& bias) {
+  if (on_cuda({x, mean, invstd, weight, bias}))
+    return cuda::batch_norm_elemt(x, mean, invstd, weight, bias);
   const char* op = "batch_norm_elemt";
   cpu_only(op, {x, mean, invstd, weight, bias});
   const ChannelLayout l = channel_layout(op, x);
@@ -295,6 +313,7 @@ Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invst
 // are still in cache.
 std::pair<Tensor, BatchNormStats> batch_norm_forward_train(const Tensor& x, const Tensor& weight,
                                                            const Tensor& bias, double eps) {
+  if (on_cuda({x, weight, bias})) return cuda::batch_norm_forward_train(x, weight, bias, eps);
   const char* op = "batch_norm";
   cpu_only(op, {x, weight, bias});
   const ChannelLayout l = channel_layout(op, x);
@@ -330,6 +349,7 @@ std::pair<Tensor, BatchNormStats> batch_norm_forward_train(const Tensor& x, cons
 
 std::pair<Tensor, Tensor> batch_norm_backward_reduce(const Tensor& dy, const Tensor& x,
                                                      const Tensor& mean, const Tensor& invstd) {
+  if (on_cuda({dy, x, mean, invstd})) return cuda::batch_norm_backward_reduce(dy, x, mean, invstd);
   const char* op = "batch_norm_backward_reduce";
   cpu_only(op, {dy, x, mean, invstd});
   const ChannelLayout l = channel_layout(op, x);
@@ -357,6 +377,8 @@ std::pair<Tensor, Tensor> batch_norm_backward_reduce(const Tensor& dy, const Ten
 Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor& mean,
                                  const Tensor& invstd, const Tensor& weight, const Tensor& sum_dy,
                                  const Tensor& sum_dy_xhat, int64_t count) {
+  if (on_cuda({dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat}))
+    return cuda::batch_norm_backward_elemt(dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat, count);
   const char* op = "batch_norm_backward_elemt";
   cpu_only(op, {dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat});
   const ChannelLayout l = channel_layout(op, x);
@@ -394,6 +416,8 @@ Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor
 NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& mean,
                               const Tensor& invstd, const Tensor& weight, bool training,
                               std::array<bool, 3> need) {
+  if (on_cuda({dy, x, mean, invstd, weight}))
+    return cuda::batch_norm_backward(dy, x, mean, invstd, weight, training, need);
   const char* op = "batch_norm_backward";
   cpu_only(op, {dy, x, mean, invstd, weight});
   const ChannelLayout l = channel_layout(op, x);
@@ -439,6 +463,8 @@ NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& m
 
 LayerNormForward layer_norm_forward(const Tensor& x, int64_t normalized_numel, const Tensor& weight,
                                     const Tensor& bias, double eps) {
+  if (on_cuda({x, weight, bias}))
+    return cuda::layer_norm_forward(x, normalized_numel, weight, bias, eps);
   const char* op = "layer_norm";
   cpu_only(op, {x, weight, bias});
   const int64_t cols = normalized_numel;
@@ -489,6 +515,8 @@ LayerNormForward layer_norm_forward(const Tensor& x, int64_t normalized_numel, c
 NormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& mean,
                               const Tensor& rstd, const Tensor& weight, int64_t normalized_numel,
                               std::array<bool, 3> need) {
+  if (on_cuda({dy, x, mean, rstd, weight}))
+    return cuda::layer_norm_backward(dy, x, mean, rstd, weight, normalized_numel, need);
   const char* op = "layer_norm_backward";
   cpu_only(op, {dy, x, mean, rstd, weight});
   LOOM_CHECK(dy.sizes() == x.sizes(), ShapeError, op, ": dy and x differ; got dy=", dy.sizes(),

@@ -2,6 +2,8 @@
 // forward and backward, with PyTorch's output sizes and window rules. Each (n, c) plane is
 // independent: threads take contiguous ranges of planes, so the backward needs no atomics.
 
+#include "tensor/cuda/pool.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -102,7 +104,7 @@ int64_t pool_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad
 
 std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dOptions& options) {
   const PoolGeometry g = pool_geometry("max_pool2d", x.sizes(), options, /*dilated=*/true);
-  if (x.is_cuda()) no_cuda_kernel("max_pool2d");
+  if (x.is_cuda()) return cuda::max_pool2d(x, options);
   Tensor out = empty({x.size(0), x.size(1), g.ho, g.wo}, x.dtype(), x.device());
   Tensor indices = empty(out.sizes(), kInt64, x.device());
   const Tensor xc = contiguous(x);
@@ -153,7 +155,7 @@ Tensor max_pool2d_backward(const Tensor& dout, const Tensor& indices, const Shap
              " do not match x=", x_shape);
   LOOM_CHECK(indices.dtype() == kInt64, DTypeError,
              "max_pool2d_backward: expected int64 indices; got ", indices.dtype());
-  if (dout.is_cuda()) no_cuda_kernel("max_pool2d_backward");
+  if (dout.is_cuda()) return cuda::max_pool2d_backward(dout, indices, x_shape);
   Tensor dx = empty(x_shape, dout.dtype(), dout.device());
   const Tensor dc = contiguous(dout), ic = contiguous(indices);
   const int64_t planes = x_shape[0] * x_shape[1], in_plane = x_shape[2] * x_shape[3];
@@ -174,7 +176,7 @@ Tensor max_pool2d_backward(const Tensor& dout, const Tensor& indices, const Shap
 
 Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& options) {
   const PoolGeometry g = pool_geometry("avg_pool2d", x.sizes(), options, /*dilated=*/false);
-  if (x.is_cuda()) no_cuda_kernel("avg_pool2d");
+  if (x.is_cuda()) return cuda::avg_pool2d(x, options);
   Tensor out = empty({x.size(0), x.size(1), g.ho, g.wo}, x.dtype(), x.device());
   const Tensor xc = contiguous(x);
   dispatch_floating(x.dtype(), "avg_pool2d", [&]<typename T>() {
@@ -203,7 +205,7 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& options) {
 Tensor avg_pool2d_backward(const Tensor& dout, const Shape& x_shape, const Pool2dOptions& options) {
   const PoolGeometry g = pool_geometry("avg_pool2d_backward", x_shape, options, false);
   check_grad("avg_pool2d_backward", dout, x_shape, g);
-  if (dout.is_cuda()) no_cuda_kernel("avg_pool2d_backward");
+  if (dout.is_cuda()) return cuda::avg_pool2d_backward(dout, x_shape, options);
   Tensor dx = empty(x_shape, dout.dtype(), dout.device());
   const Tensor dc = contiguous(dout);
   dispatch_floating(dout.dtype(), "avg_pool2d_backward", [&]<typename T>() {
@@ -245,7 +247,7 @@ Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size) {
              ", ", output_size[1], ") x=", x.sizes());
   LOOM_CHECK(x.size(2) >= 1 && x.size(3) >= 1, ShapeError,
              "adaptive_avg_pool2d: expected a non-empty input plane; got x=", x.sizes());
-  if (x.is_cuda()) no_cuda_kernel("adaptive_avg_pool2d");
+  if (x.is_cuda()) return cuda::adaptive_avg_pool2d(x, output_size);
   const auto [ho, wo] = output_size;
   const int64_t h = x.size(2), w = x.size(3), planes = x.size(0) * x.size(1);
   Tensor out = empty({x.size(0), x.size(1), ho, wo}, x.dtype(), x.device());
@@ -277,7 +279,7 @@ Tensor adaptive_avg_pool2d_backward(const Tensor& dout, const Shape& x_shape) {
                  dout.size(1) == x_shape[1],
              ShapeError, "adaptive_avg_pool2d_backward: dout=", dout.sizes(),
              " does not match x=", x_shape);
-  if (dout.is_cuda()) no_cuda_kernel("adaptive_avg_pool2d_backward");
+  if (dout.is_cuda()) return cuda::adaptive_avg_pool2d_backward(dout, x_shape);
   const int64_t h = x_shape[2], w = x_shape[3], ho = dout.size(2), wo = dout.size(3);
   const int64_t planes = x_shape[0] * x_shape[1];
   Tensor dx = empty(x_shape, dout.dtype(), dout.device());

@@ -11,6 +11,7 @@
 
 #include "tensor/checks.h"
 #include "tensor/copy.h"
+#include "tensor/cuda/reduce.h"
 #include "tensor/dispatch.h"
 #include "tensor/elementwise.h"
 #include "tensor/parallel.h"
@@ -19,6 +20,14 @@
 namespace loom::kernels {
 
 namespace {
+
+// The device switch (Decision 2): an op with a CUDA operand runs in tensor/cuda/, which checks
+// its arguments itself.
+bool on_cuda(std::initializer_list<Tensor> tensors) {
+  for (const Tensor& t : tensors)
+    if (t.defined() && t.is_cuda()) return true;
+  return false;
+}
 
 void cpu_only(const char* op, const Tensor& x) {
   if (x.is_cuda()) no_cuda_kernel(op);
@@ -87,6 +96,7 @@ ReducePlan plan_reduce(const Tensor& x, const Shape& dims, bool keepdim, const c
 // ---------------------------------------------------------------- sum, mean
 
 Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) {
+  if (on_cuda({x})) return cuda::sum(x, dims, keepdim);
   cpu_only("sum", x);
   if (x.dtype() == kBool) return sum(to_dtype(x, kInt64), dims, keepdim);  // counts, as PyTorch
   const DType out_dtype = is_floating(x.dtype()) ? x.dtype() : kInt64;
@@ -130,6 +140,7 @@ Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) {
 }
 
 Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
+  if (on_cuda({x})) return cuda::mean(x, dims, keepdim);
   LOOM_CHECK(is_floating(x.dtype()), DTypeError, "mean: expected a floating-point tensor; got ",
              x.dtype());
   const Shape rdims = reduce_dims(x, dims, "mean");
@@ -141,6 +152,7 @@ Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
 }
 
 Tensor sum_to(const Tensor& x, const Shape& shape) {
+  if (on_cuda({x})) return cuda::sum_to(x, shape);
   if (x.sizes() == shape) return x;
   LOOM_CHECK(static_cast<int64_t>(shape.size()) <= x.dim(), ShapeError,
              "sum_to: cannot reduce shape=", x.sizes(), " to shape=", shape);
@@ -217,23 +229,29 @@ std::pair<Tensor, Tensor> extremum_dim(const Tensor& x, int64_t dim, bool keepdi
 }  // namespace
 
 Tensor amax(const Tensor& x, const Shape& dims, bool keepdim) {
+  if (on_cuda({x})) return cuda::amax(x, dims, keepdim);
   return extremum<true>(x, dims, keepdim, "amax");
 }
 Tensor amin(const Tensor& x, const Shape& dims, bool keepdim) {
+  if (on_cuda({x})) return cuda::amin(x, dims, keepdim);
   return extremum<false>(x, dims, keepdim, "amin");
 }
 std::pair<Tensor, Tensor> max_dim(const Tensor& x, int64_t dim, bool keepdim) {
+  if (on_cuda({x})) return cuda::max_dim(x, dim, keepdim);
   return extremum_dim<true>(x, dim, keepdim, "max");
 }
 std::pair<Tensor, Tensor> min_dim(const Tensor& x, int64_t dim, bool keepdim) {
+  if (on_cuda({x})) return cuda::min_dim(x, dim, keepdim);
   return extremum_dim<false>(x, dim, keepdim, "min");
 }
 
 Tensor argmax(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
+  if (on_cuda({x})) return cuda::argmax(x, dim, keepdim);
   if (!dim) return extremum_dim<true>(reshape(x, {-1}), 0, false, "argmax").second;
   return extremum_dim<true>(x, *dim, keepdim, "argmax").second;
 }
 Tensor argmin(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
+  if (on_cuda({x})) return cuda::argmin(x, dim, keepdim);
   if (!dim) return extremum_dim<false>(reshape(x, {-1}), 0, false, "argmin").second;
   return extremum_dim<false>(x, *dim, keepdim, "argmin").second;
 }
@@ -241,6 +259,7 @@ Tensor argmin(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
 // ---------------------------------------------------------------- var, std, logsumexp
 
 Tensor var(const Tensor& x, const Shape& dims, bool unbiased, bool keepdim) {
+  if (on_cuda({x})) return cuda::var(x, dims, unbiased, keepdim);
   cpu_only("var", x);
   const ReducePlan plan = plan_reduce(x, dims, keepdim, "var");
   Tensor out = empty(plan.out_shape, x.dtype(), x.device());
@@ -262,10 +281,12 @@ Tensor var(const Tensor& x, const Shape& dims, bool unbiased, bool keepdim) {
 }
 
 Tensor std(const Tensor& x, const Shape& dims, bool unbiased, bool keepdim) {
+  if (on_cuda({x})) return cuda::std(x, dims, unbiased, keepdim);
   return sqrt(var(x, dims, unbiased, keepdim));
 }
 
 Tensor logsumexp(const Tensor& x, const Shape& dims, bool keepdim) {
+  if (on_cuda({x})) return cuda::logsumexp(x, dims, keepdim);
   cpu_only("logsumexp", x);
   const ReducePlan plan = plan_reduce(x, dims, keepdim, "logsumexp");
   Tensor out = empty(plan.out_shape, x.dtype(), x.device());
