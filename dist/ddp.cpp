@@ -295,7 +295,8 @@ void Reducer::finalize() {
       }
     for (size_t i = params_.size(); i-- > 0;)
       if (!placed[i]) order[n++] = static_cast<int64_t>(i);
-    Tensor t = tensor<int64_t>(order, {static_cast<int64_t>(order.size())});
+    // On the parameters' device: nccl moves GPU tensors only.
+    Tensor t = tensor<int64_t>(order, {static_cast<int64_t>(order.size())}).to(params_[0].device());
     group_->broadcast(t, 0)->wait();
     std::vector<size_t> agreed;
     for (int64_t v : t.to_vector<int64_t>()) agreed.push_back(static_cast<size_t>(v));

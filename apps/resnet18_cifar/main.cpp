@@ -1,10 +1,11 @@
 // apps/resnet18_cifar — trains ResNet-18 (CIFAR stem) on CIFAR-10, Fashion-MNIST or synthetic
-// images, on the CPU, with SGD and a one-cycle, cosine or step schedule; reports progress, the
-// test accuracy each epoch, and writes checkpoints that PyTorch can read.
+// images, on CPUs or GPUs, with SGD and a one-cycle, cosine or step schedule; reports progress,
+// the test accuracy each epoch, and writes checkpoints that PyTorch can read.
 //
 //   resnet18_cifar --dataset fashion-mnist --epochs 2 --width 16 --nesterov
 //   resnet18_cifar --dataset cifar10 --data DIR/cifar-10-batches-bin --epochs 30
 //   resnet18_cifar --nproc 2 --sync-bn ...       (two data-parallel CPU workers)
+//   resnet18_cifar --gpus 4 --dataset cifar10 ... (four GPU workers over nccl)
 //
 // Exit status: 0 done, 2 bad input (flags, missing or malformed data, unusable checkpoint).
 
@@ -55,7 +56,12 @@ int main(int argc, char** argv) {
   app.add_option("--nproc", o.nproc,
                  "data-parallel CPU worker processes to start (each with cores/N threads)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--backend", o.backend, "process group backend (gloo)")
+  app.add_option("--gpus", o.gpus,
+                 "train on GPUs: one data-parallel worker process per GPU (backend nccl)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--backend", o.backend,
+                 "process group backend: gloo (CPUs; GPUs through host memory) or nccl (GPUs; the "
+                 "default with --gpus)")
       ->check(CLI::IsMember({"gloo", "nccl"}));
   app.add_flag("--sync-bn", o.sync_bn, "batch-norm statistics over every rank (SyncBatchNorm)");
   app.add_flag("--scale-lr", o.scale_lr, "multiply the lr by the world size (linear scaling)");
@@ -70,12 +76,17 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
     if (o.eval_only && o.resume.empty())
       throw CLI::ValidationError("--eval-only", "needs --resume CHECKPOINT");
+    if (o.gpus > 0 && o.nproc > 1)
+      throw CLI::ValidationError("--nproc",
+                                 "starts CPU workers; with --gpus N there is one per GPU");
+    if (o.gpus > 0 && app.count("--backend") == 0) o.backend = "nccl";
   } catch (const CLI::ParseError& e) {
     const int status = app.exit(e);
     return status == 0 ? 0 : 2;
   }
   try {
-    if (o.nproc > 1 && !loom::dist::launched_by_launcher()) {
+    const int workers = o.gpus > 0 ? o.gpus : o.nproc;
+    if (workers > 1 && !loom::dist::launched_by_launcher()) {
       // Start the workers: this same program, without --nproc, under dist::launch (what loomrun
       // does), which gives each its rank in the environment.
       std::vector<std::string> args(argv + 1, argv + argc);
@@ -83,7 +94,7 @@ int main(int argc, char** argv) {
       args = loom::dist::strip_flag(args, "--max-restarts", true);
       args.insert(args.begin(), loom::dist::current_executable());
       loom::dist::LaunchOptions launch;
-      launch.nproc_per_node = o.nproc;
+      launch.nproc_per_node = workers;
       launch.master_port = 0;
       launch.max_restarts = o.max_restarts;
       return loom::dist::launch(launch, args);

@@ -17,6 +17,9 @@
 // allreduce. Only rank 0 prints, logs and writes checkpoints. After a failure the launcher
 // restarts every rank with LOOM_RESTART_COUNT > 0: they resume from
 // <checkpoint-dir>/last.safetensors, written at the end of every epoch.
+// With --gpus N the same program starts N ranks that train on cuda:(local rank): the model, each
+// batch and the metrics live on the GPU, and the group is nccl (or gloo, with --backend gloo,
+// which stages the buckets through host memory and lets ranks share one GPU).
 
 #include "train.h"
 
@@ -36,6 +39,7 @@
 #include "data/loader.h"
 #include "data/synthetic.h"
 #include "dist/ddp.h"
+#include "dist/nccl_process_group.h"
 #include "dist/process_group.h"
 #include "dist/sampler.h"
 #include "dist/store.h"
@@ -45,6 +49,7 @@
 #include "optim/checkpoint.h"
 #include "optim/schedule.h"
 #include "optim/sgd.h"
+#include "tensor/cuda/runtime.h"
 
 namespace resnet18_cifar {
 
@@ -119,16 +124,17 @@ class ShardSampler : public data::Sampler {
   int rank_, world_;
 };
 
-Totals evaluate(nn::Module& model, data::DataLoader& loader) {
+Totals evaluate(nn::Module& model, data::DataLoader& loader, Device device) {
   model.eval();
   NoGradGuard no_grad;
   Totals t;
   loader.start_epoch(0);
   while (auto batch = loader.next()) {
-    const Tensor logits = model.forward(batch->images);
-    const auto n = static_cast<double>(batch->labels.size(0));
-    t.loss += cross_entropy(logits, batch->labels).item() * n;
-    t.correct += sum(argmax(logits, 1) == batch->labels).item();
+    const Tensor labels = batch->labels.to(device);
+    const Tensor logits = model.forward(batch->images.to(device));
+    const auto n = static_cast<double>(labels.size(0));
+    t.loss += cross_entropy(logits, labels).item() * n;
+    t.correct += sum(argmax(logits, 1) == labels).item();
     t.seen += n;
   }
   model.train();
@@ -138,16 +144,17 @@ Totals evaluate(nn::Module& model, data::DataLoader& loader) {
 // The job this process belongs to (one rank of one when not launched).
 struct Job {
   int rank = 0, world = 1;
+  Device device = kCPU;  // where this rank trains
   std::shared_ptr<dist::Store> store;
   std::shared_ptr<dist::ProcessGroup> group;
   bool parallel() const { return group != nullptr; }
   bool leader() const { return rank == 0; }
-  // Element-wise sums over ranks of a few numbers.
+  // Element-wise sums over ranks of a few numbers (on the device, which nccl needs).
   std::vector<double> sum(std::vector<double> v) const {
     if (!group) return v;
-    Tensor t = tensor<double>(v, {static_cast<int64_t>(v.size())});
+    Tensor t = tensor<double>(v, {static_cast<int64_t>(v.size())}).to(device);
     group->allreduce(t, dist::ReduceOp::Sum)->wait();
-    return t.to_vector<double>();
+    return t.to(kCPU).to_vector<double>();
   }
   Totals sum(const Totals& t) const {
     const std::vector<double> v = sum(std::vector<double>{t.loss, t.correct, t.seen});
@@ -155,16 +162,38 @@ struct Job {
   }
 };
 
+// With --gpus, local rank r trains on cuda:(r % visible GPUs): one GPU each under nccl, or
+// several ranks sharing a GPU under gloo (which stages CUDA tensors through host memory).
+Device rank_device(const Options& o, int local_rank) {
+  if (o.gpus == 0) return kCPU;
+  const int visible = cuda::device_count();
+  LOOM_CHECK(visible > 0, DeviceError, "--gpus ", o.gpus, ": no CUDA device is visible",
+             cuda::is_built() ? "" : " (loom was built without CUDA)");
+  LOOM_CHECK(o.backend != "nccl" || o.gpus <= visible, ValueError, "--gpus ", o.gpus, ": only ",
+             visible,
+             " CUDA devices are visible, and nccl needs one per rank (--backend gloo "
+             "lets ranks share a GPU)");
+  const Device device{DeviceType::CUDA, local_rank % visible};
+  cuda::set_device(device.index);
+  return device;
+}
+
 Job join_job(const Options& o) {
   Job job;
-  if (!dist::launched_by_launcher()) return job;
-  LOOM_CHECK(o.backend == "gloo", ValueError, "--backend ", o.backend,
-             " is not available on CPUs (gloo is); nccl comes with the CUDA backend");
+  LOOM_CHECK(o.backend == "gloo" || o.gpus > 0, ValueError, "--backend ", o.backend,
+             " needs GPUs (--gpus N); CPU workers use gloo");
+  if (!dist::launched_by_launcher()) {
+    job.device = rank_device(o, 0);
+    return job;
+  }
   const dist::Environment env = dist::environment_from_env();
   job.rank = env.rank;
   job.world = env.world_size;
+  job.device = rank_device(o, env.local_rank);
   job.store = dist::rendezvous(env, std::chrono::minutes(5));
-  job.group = dist::make_gloo_process_group(job.store, env.rank, env.world_size);
+  job.group = o.backend == "nccl"
+                  ? dist::make_nccl_process_group(job.store, env.rank, env.world_size)
+                  : dist::make_gloo_process_group(job.store, env.rank, env.world_size);
   return job;
 }
 
@@ -237,6 +266,7 @@ double run(const Options& o) {
   auto model = nn::resnet18({.width = o.width,
                              .in_channels = image[0],
                              .num_classes = data.train.dataset->num_classes()});
+  model->to(job.device);
 
   data::LoaderOptions train_options{
       .batch_size = o.batch_size, .shuffle = true, .seed = o.seed, .num_workers = o.workers};
@@ -302,7 +332,7 @@ double run(const Options& o) {
   };
 
   if (o.eval_only) {
-    const Totals test = job.sum(evaluate(*model, test_loader));
+    const Totals test = job.sum(evaluate(*model, test_loader, job.device));
     say("test loss %.4f  test accuracy %.2f%%\n", test.mean_loss(), 100 * test.accuracy());
     log_line({{"epoch", progress.epoch},
               {"test_loss", test.mean_loss()},
@@ -369,8 +399,9 @@ double run(const Options& o) {
       const auto step_start = Clock::now();
       const double t0 = dist::steady_seconds();
       optimizer.zero_grad();
-      const Tensor logits = net.forward(batch->images);
-      Tensor loss = cross_entropy(logits, batch->labels);
+      const Tensor images = batch->images.to(job.device), labels = batch->labels.to(job.device);
+      const Tensor logits = net.forward(images);
+      Tensor loss = cross_entropy(logits, labels);
       const double t1 = dist::steady_seconds();
       loss.backward();
       const double t2 = dist::steady_seconds();
@@ -393,7 +424,7 @@ double run(const Options& o) {
       {
         NoGradGuard no_grad;
         train.loss += loss.item() * static_cast<double>(n);
-        train.correct += sum(argmax(logits, 1) == batch->labels).item();
+        train.correct += sum(argmax(logits, 1) == labels).item();
       }
       const double step_seconds = seconds_since(step_start);
       if (trained == 0) {
@@ -431,7 +462,7 @@ double run(const Options& o) {
       progress.batch = 0;
     }
     const Totals train_all = job.sum(train);
-    test = job.sum(evaluate(*model, test_loader));
+    test = job.sum(evaluate(*model, test_loader, job.device));
     evaluated = true;
     const double images_per_s = local_ips * job.world;
     const double seconds = seconds_since(epoch_start);
@@ -465,7 +496,8 @@ double run(const Options& o) {
       checkpoint("last.safetensors");  // what a restarted job resumes from
     }
   }
-  if (!evaluated) test = job.sum(evaluate(*model, test_loader));  // nothing left to train
+  if (!evaluated)
+    test = job.sum(evaluate(*model, test_loader, job.device));  // nothing left to train
   checkpoint("last.safetensors");
   if (log) std::fclose(log);
   if (overlap_steps > 0)

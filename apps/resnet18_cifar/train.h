@@ -35,12 +35,13 @@ struct Options {
   std::string log_json;
   // Data parallelism (Note [resnet18_cifar in parallel] in train.cpp).
   int nproc = 1;  // CPU worker processes this program starts (--nproc)
-  std::string backend = "gloo";
-  bool sync_bn = false;        // batch statistics over all ranks
-  bool scale_lr = false;       // lr x world size (the linear scaling rule)
-  int max_restarts = 0;        // restart the workers from the last checkpoint after a failure
-  bool print_buckets = false;  // print DDP's bucket plan
-  std::string trace;           // write a Chrome trace of every rank's steps here
+  int gpus = 0;   // GPU worker processes (--gpus): rank r trains on cuda:(local rank % GPUs)
+  std::string backend = "gloo";  // nccl by default with --gpus
+  bool sync_bn = false;          // batch statistics over all ranks
+  bool scale_lr = false;         // lr x world size (the linear scaling rule)
+  int max_restarts = 0;          // restart the workers from the last checkpoint after a failure
+  bool print_buckets = false;    // print DDP's bucket plan
+  std::string trace;             // write a Chrome trace of every rank's steps here
 };
 
 // A dataset split with the transforms the recipe uses for it and its normalisation constants.

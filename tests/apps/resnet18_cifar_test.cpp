@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "tensor/cuda/runtime.h"
 #include "test_util.h"
 
 namespace {
@@ -154,8 +155,35 @@ TEST_F(App, BadInputExitsWithStatusTwoAndSaysWhy) {
   for (const char* flag :
        {"--data", "--dataset", "--epochs", "--batch-size", "--lr", "--momentum", "--weight-decay",
         "--nesterov", "--schedule", "--width", "--seed", "--threads", "--checkpoint-dir",
-        "--resume", "--eval-only", "--max-steps", "--log-json"})
+        "--resume", "--eval-only", "--max-steps", "--log-json", "--gpus", "--backend"})
     EXPECT_NE(help.output.find(flag), std::string::npos) << flag;
+}
+
+TEST_F(App, GpuFlagsAreCheckedBeforeAnyWork) {
+  Result nccl_on_cpus = run_app(kSmall + "--backend nccl");
+  EXPECT_EQ(nccl_on_cpus.status, 2);
+  EXPECT_NE(nccl_on_cpus.output.find("--backend nccl needs GPUs"), std::string::npos)
+      << nccl_on_cpus.output;
+  Result both = run_app(kSmall + "--gpus 2 --nproc 2");
+  EXPECT_EQ(both.status, 2);
+  EXPECT_NE(both.output.find("--nproc"), std::string::npos) << both.output;
+  if (loom::cuda::device_count() == 0) {  // here: a clear refusal, not a crash
+    Result no_gpu = run_app(kSmall + "--gpus 1");
+    EXPECT_EQ(no_gpu.status, 2);
+    EXPECT_NE(no_gpu.output.find("no CUDA device"), std::string::npos) << no_gpu.output;
+  }
+}
+
+TEST_F(App, TrainsOnAGpu) {
+  if (loom::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  Result gpu = run_app(kSmall + "--gpus 1 --log-json " + path("gpu.json"));
+  ASSERT_EQ(gpu.status, 0) << gpu.output;
+  Result cpu = run_app(kSmall + "--log-json " + path("cpu.json"));
+  ASSERT_EQ(cpu.status, 0) << cpu.output;
+  const std::vector<json> g = read_log(path("gpu.json")), c = read_log(path("cpu.json"));
+  ASSERT_EQ(g.size(), c.size());
+  // Same data, same initialisation; float rounding differs between the devices.
+  EXPECT_NEAR(g.back()["train_loss"].get<double>(), c.back()["train_loss"].get<double>(), 0.05);
 }
 
 }  // namespace

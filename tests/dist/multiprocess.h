@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "dist/store.h"
+#include "tensor/cuda/runtime.h"
 
 namespace loom::test {
 
@@ -140,6 +142,21 @@ inline void run_ranks(int world_size, const std::function<void(Rank&)>& body,
       ADD_FAILURE() << "rank " << rank << " failed (exit status " << WEXITSTATUS(status) << ")";
     }
   }
+}
+
+// How many GPUs a child process sees. The parent must not initialise CUDA itself (the ranks are
+// forked from it, and CUDA does not survive a fork), so a forked child answers instead.
+inline int visible_gpus() {
+  static const int count = [] {
+    if (!cuda::is_built()) return 0;
+    std::fflush(nullptr);
+    const pid_t pid = ::fork();
+    if (pid == 0) ::_exit(std::min(cuda::device_count(), 100));
+    int status = 0;
+    if (pid < 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return 0;
+    return WEXITSTATUS(status);
+  }();
+  return count;
 }
 
 }  // namespace loom::test

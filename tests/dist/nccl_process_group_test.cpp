@@ -26,21 +26,7 @@ double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
-// How many GPUs a child process sees. The parent must not initialise CUDA (the ranks are forked
-// from it, and CUDA does not survive a fork), which LOOM_SKIP_WITHOUT_GPU would do: a forked
-// child answers instead.
-int visible_gpus() {
-  static const int count = [] {
-    if (!cuda::is_built()) return 0;
-    std::fflush(nullptr);
-    const pid_t pid = ::fork();
-    if (pid == 0) ::_exit(std::min(cuda::device_count(), 100));
-    int status = 0;
-    if (pid < 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return 0;
-    return WEXITSTATUS(status);
-  }();
-  return count;
-}
+using test::visible_gpus;  // asked of a forked child: the parent never initialises CUDA
 
 #define SKIP_WITHOUT_GPU()                                                        \
   do {                                                                            \
