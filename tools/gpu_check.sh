@@ -61,9 +61,12 @@ say "built"
 
 # ---------------------------------------------------------------- tests
 say "cuda tests"
-(cd "$build" && timeout 240 ctest -L cuda -j 4 --timeout 120 --output-on-failure) >"$out/cuda_tests.log" 2>&1
+# The `cuda` label, then the training app end to end on the GPU (a unit-labelled test that
+# skips without one).
+(cd "$build" && timeout 240 ctest -L cuda -j 4 --timeout 120 --output-on-failure;
+  timeout 120 ctest -R TrainsOnAGpu --timeout 100 --output-on-failure) >"$out/cuda_tests.log" 2>&1
 tests_status=$?
-summary="$(grep -E "tests passed|tests failed" "$out/cuda_tests.log" | tail -1)"
+summary="$(grep -E "tests passed|tests failed" "$out/cuda_tests.log" | tr '\n' ' ')"
 failed="$(grep -cE "\((Failed|Timeout|SEGFAULT|Subprocess aborted)\)" "$out/cuda_tests.log")"
 skipped="$(grep -c "(Skipped)" "$out/cuda_tests.log")"
 say "tests: ${summary:-no summary (status $tests_status)}; $skipped skipped"
