@@ -1,5 +1,5 @@
-// tensor/checks.h — argument checks shared by kernels: devices that must agree, and the
-// stand-in for CUDA kernels that have not been written yet (Decision 2: one switch per op).
+// tensor/checks.h — argument checks shared by kernels: devices that must agree, and the test
+// behind each op's device switch (Decision 2: one switch per op).
 #pragma once
 
 #include "tensor/tensor.h"
@@ -23,10 +23,12 @@ inline Device common_device(const char* op, std::initializer_list<Tensor> tensor
   return first->device();
 }
 
-// The CUDA branch of an op whose CUDA kernel is not written yet.
-[[noreturn]] inline void no_cuda_kernel(const char* op) {
-  throw NotImplementedError(
-      detail::str(op, ": no CUDA kernel yet; move the tensors to the CPU with .to(kCPU)"));
+// The device switch of an op (Decision 2): true when any operand lives on a CUDA device, whose
+// kernel (tensor/cuda/<family>.cu) then checks the arguments itself.
+inline bool on_cuda(std::initializer_list<Tensor> tensors) {
+  for (const Tensor& t : tensors)
+    if (t.defined() && t.is_cuda()) return true;
+  return false;
 }
 
 }  // namespace loom::kernels

@@ -20,17 +20,9 @@ constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2/pi)
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;   // 1/sqrt(2*pi)
 constexpr double kGeluCubic = 0.044715;
 
-// The device switch (Decision 2): an op with a CUDA operand runs in tensor/cuda/elementwise.cu,
-// which checks its arguments itself (a CPU tensor among CUDA ones is its DeviceError).
-bool on_cuda(std::initializer_list<Tensor> tensors) {
-  for (const Tensor& t : tensors)
-    if (t.defined() && t.is_cuda()) return true;
-  return false;
-}
-
 Device cpu_only(const char* op, std::initializer_list<Tensor> tensors) {
   Device d = common_device(op, tensors);
-  if (d.is_cuda()) no_cuda_kernel(op);
+  LOOM_ASSERT(d.is_cpu(), op, ": a CUDA operand missed the device switch");
   return d;
 }
 

@@ -23,19 +23,11 @@ namespace loom::kernels {
 
 namespace {
 
-// The device switch (Decision 2): an op with a CUDA operand runs in tensor/cuda/, which checks
-// its arguments itself.
-bool on_cuda(std::initializer_list<Tensor> tensors) {
-  for (const Tensor& t : tensors)
-    if (t.defined() && t.is_cuda()) return true;
-  return false;
-}
-
 constexpr int64_t kGrain = 32768;  // elements below which a loop stays on one thread
 constexpr int64_t kLanes = 256;    // inner positions a softmax lane block handles at once
 
 void cpu_only(const char* op, std::initializer_list<Tensor> tensors) {
-  if (common_device(op, tensors).is_cuda()) no_cuda_kernel(op);
+  LOOM_ASSERT(common_device(op, tensors).is_cpu(), op, ": a CUDA operand missed the device switch");
 }
 
 // ---------------------------------------------------------------- softmax

@@ -19,18 +19,10 @@ namespace loom::kernels {
 
 namespace {
 
-// The device switch (Decision 2): an op with a CUDA operand runs in tensor/cuda/, which checks
-// its arguments itself.
-bool on_cuda(std::initializer_list<Tensor> tensors) {
-  for (const Tensor& t : tensors)
-    if (t.defined() && t.is_cuda()) return true;
-  return false;
-}
-
 constexpr int64_t kGrain = 32768;  // elements below which a loop stays on one thread
 
 void cpu_only(const char* op, std::initializer_list<Tensor> tensors) {
-  if (common_device(op, tensors).is_cuda()) no_cuda_kernel(op);
+  LOOM_ASSERT(common_device(op, tensors).is_cpu(), op, ": a CUDA operand missed the device switch");
 }
 
 // Sum of f(0..n-1) with four independent accumulators, so the adds pipeline instead of

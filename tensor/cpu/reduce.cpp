@@ -21,16 +21,8 @@ namespace loom::kernels {
 
 namespace {
 
-// The device switch (Decision 2): an op with a CUDA operand runs in tensor/cuda/, which checks
-// its arguments itself.
-bool on_cuda(std::initializer_list<Tensor> tensors) {
-  for (const Tensor& t : tensors)
-    if (t.defined() && t.is_cuda()) return true;
-  return false;
-}
-
 void cpu_only(const char* op, const Tensor& x) {
-  if (x.is_cuda()) no_cuda_kernel(op);
+  LOOM_ASSERT(x.is_cpu(), op, ": a CUDA operand missed the device switch");
 }
 
 // The accumulator type of a sum: double for floats, int64 for integers and bool.
