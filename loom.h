@@ -1,6 +1,7 @@
 // loom.h — everything a program needs from loom, in one include: #include <loom/loom.h>
 #pragma once
 
+#include "autograd/autocast.h"
 #include "autograd/gradcheck.h"
 #include "autograd/graph.h"
 #include "autograd/ops.h"

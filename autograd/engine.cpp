@@ -127,6 +127,14 @@ Tensor reduce_to_input(Tensor grad, const TensorMeta& input, const std::string& 
   return grad;
 }
 
+// The sum of two gradients of one tensor. 16-bit gradients (autocast's products) are added in
+// float32 and rounded once: loom has no 16-bit arithmetic (Note [Autocast policy]).
+Tensor accumulate(const Tensor& a, const Tensor& b) {
+  if (!is_16bit_float(a.dtype())) return kernels::add(a, b);
+  return kernels::to_dtype(
+      kernels::add(kernels::to_dtype(a, kFloat32), kernels::to_dtype(b, kFloat32)), a.dtype());
+}
+
 struct NewestFirst {
   bool operator()(const Node* a, const Node* b) const {
     return a->sequence_nr() < b->sequence_nr();
@@ -166,11 +174,12 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
     }
     LOOM_CHECK(seed.sizes() == root.sizes(), ShapeError, "backward: gradient shape=", seed.sizes(),
                " does not match tensor shape=", root.sizes());
+    if (seed.dtype() != root.dtype()) seed = kernels::to_dtype(seed, root.dtype());  // as PyTorch
     Edge edge = gradient_edge(root);
     auto& buffer = buffers[edge.node.get()];
     buffer.resize(edge.node->outputs().size());
     Tensor& slot = buffer[edge.input_nr];
-    slot = slot.defined() ? kernels::add(slot, seed) : seed;
+    slot = slot.defined() ? accumulate(slot, seed) : seed;
     root_nodes.push_back(edge.node);
   }
 
@@ -232,7 +241,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
     for (auto& [k, weak] : node->retained) {
       if (auto impl = weak.lock()) {
         AutogradMeta& m = meta(Tensor(impl));
-        m.grad = m.grad.defined() ? kernels::add(m.grad, grads[k]) : kernels::clone(grads[k]);
+        m.grad = m.grad.defined() ? accumulate(m.grad, grads[k]) : kernels::clone(grads[k]);
       }
     }
     std::vector<Tensor> next_grads = node->apply(std::move(grads));
@@ -250,7 +259,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
         auto& buffer = buffers[next];
         buffer.resize(next->outputs().size());
         Tensor& slot = buffer[e.input_nr];
-        slot = slot.defined() ? kernels::add(slot, g) : std::move(g);
+        slot = slot.defined() ? accumulate(slot, g) : std::move(g);
       }
       if (--dependencies[next] == 0) ready.push(next);
     }

@@ -5,19 +5,25 @@
 // step (the machine is shared: load falls on both alike); medians of the repetitions. The ratio
 // is loom images/s over PyTorch images/s: above 1, loom is faster. With --device cuda both run
 // on cuda:0, each step timed to the end of its GPU work (a device synchronisation).
+// With --amp bf16|fp16 a second model of the same weights takes the same step in an autocast
+// region (fp16 with a GradScaler), alternating with the float32 one, and the table adds the
+// ratio of the two (above 1, mixed precision is faster), for loom and for PyTorch alike.
 //
 //   train_step_bench [--threads N (2)] [--batch B (64)] [--width W (64)] [--repeats R (7)]
-//                    [--device cpu|cuda] [--no-torch] [--python PATH] [--script PATH]
+//                    [--device cpu|cuda] [--amp off|bf16|fp16] [--no-torch] [--python PATH]
+//                    [--script PATH]
 
 #include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "loom.h"
+#include "optim/grad_scaler.h"
 #include "optim/sgd.h"
 #include "tensor/cuda/runtime.h"
 #include "torch_peer.h"
@@ -38,7 +44,7 @@ int main(int argc, char** argv) {
   int threads = 2, repeats = 7;
   int64_t batch = 64, width = 64;
   bool with_torch = true;
-  std::string device_name = "cpu";
+  std::string device_name = "cpu", amp = "off";
   std::string python = LOOM_TORCH_PYTHON;
   std::string script =
       (std::filesystem::path(__FILE__).parent_path() / "train_step_torch.py").string();
@@ -55,6 +61,8 @@ int main(int argc, char** argv) {
       repeats = std::stoi(next());
     else if (arg == "--device")
       device_name = next();
+    else if (arg == "--amp")
+      amp = next();
     else if (arg == "--no-torch")
       with_torch = false;
     else if (arg == "--python")
@@ -64,7 +72,8 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: %s [--threads N] [--batch B] [--width W] [--repeats R] "
-                   "[--device cpu|cuda] [--no-torch] [--python PATH] [--script PATH]\n",
+                   "[--device cpu|cuda] [--amp off|bf16|fp16] [--no-torch] [--python PATH] "
+                   "[--script PATH]\n",
                    argv[0]);
       return 2;
     }
@@ -73,6 +82,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--device: cpu or cuda, not %s\n", device_name.c_str());
     return 2;
   }
+  if (amp != "off" && amp != "bf16" && amp != "fp16") {
+    std::fprintf(stderr, "--amp: off, bf16 or fp16, not %s\n", amp.c_str());
+    return 2;
+  }
+  const bool mixed = amp != "off";
+  const loom::DType amp_dtype = amp == "fp16" ? loom::kFloat16 : loom::kBFloat16;
   const bool on_gpu = device_name == "cuda";
   if (on_gpu && loom::cuda::device_count() == 0) {
     std::fprintf(stderr, "--device cuda: no CUDA device visible%s\n",
@@ -89,39 +104,66 @@ int main(int argc, char** argv) {
       with_torch && !python.empty() &&
       torch.start(python, script,
                   {"--threads", std::to_string(threads), "--batch", std::to_string(batch),
-                   "--width", std::to_string(width), "--device", device_name});
+                   "--width", std::to_string(width), "--device", device_name, "--amp", amp});
   if (with_torch && !have_torch)
     std::printf("PyTorch not measured: %s\n", torch.header().is_object()
                                                   ? torch.header().value("error", "?").c_str()
                                                   : "no Python with torch (pass --python)");
 
-  auto model = loom::nn::resnet18({.width = width, .in_channels = 3, .num_classes = 10});
-  model->to(device);
-  model->train();
-  loom::optim::SGD opt(model->parameters(),
-                       {.lr = 0.05, .momentum = 0.9, .weight_decay = 5e-4, .nesterov = true});
+  // One model per precision, with the same initial weights.
+  struct Trainer {
+    std::shared_ptr<loom::nn::ResNet> model;
+    std::unique_ptr<loom::optim::SGD> opt;
+    loom::optim::GradScaler scaler;
+  };
+  auto make_trainer = [&](bool scaled) {
+    loom::manual_seed(0);
+    Trainer t{loom::nn::resnet18({.width = width, .in_channels = 3, .num_classes = 10}), nullptr,
+              loom::optim::GradScaler({.enabled = scaled})};
+    t.model->to(device);
+    t.model->train();
+    t.opt = std::make_unique<loom::optim::SGD>(
+        t.model->parameters(),
+        loom::optim::SGDOptions{
+            .lr = 0.05, .momentum = 0.9, .weight_decay = 5e-4, .nesterov = true});
+    return t;
+  };
+  Trainer fp32 = make_trainer(false);
+  std::optional<Trainer> low;
+  if (mixed) low.emplace(make_trainer(amp == "fp16"));
   const loom::Tensor x = loom::randn({batch, 3, 32, 32}).to(device);
   const loom::Tensor y = loom::randint(0, 10, {batch}).to(device);
-  auto loom_step = [&] {
+  auto loom_step = [&](Trainer& t, bool autocast) {
     const auto start = Clock::now();
-    opt.zero_grad();
-    loom::Tensor loss = loom::cross_entropy(model->forward(x), y);
-    loss.backward();
-    opt.step();
+    t.opt->zero_grad();
+    loom::Tensor loss;
+    {
+      loom::autocast::Guard region(amp_dtype, autocast);
+      loss = loom::cross_entropy(t.model->forward(x), y);
+    }
+    t.scaler.scale(loss).backward();
+    t.scaler.step(*t.opt);
+    t.scaler.update();
     if (on_gpu) loom::cuda::synchronize(0);
     return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   };
-  auto torch_step = [&] { return torch.request("step").value("ms", 0.0); };
+  auto torch_step = [&](bool autocast) {
+    return torch.request(autocast ? "step amp" : "step").value("ms", 0.0);
+  };
 
   // Warm-up: caches, scratch memory, PyTorch's first calls, cuDNN's algorithm searches.
   for (int i = 0; i < (on_gpu ? 5 : 2); ++i) {
-    loom_step();
-    if (have_torch) torch_step();
+    loom_step(fp32, false);
+    if (mixed) loom_step(*low, true);
+    if (have_torch) torch_step(false);
+    if (have_torch && mixed) torch_step(true);
   }
-  std::vector<double> loom_ms, torch_ms;
+  std::vector<double> loom_ms, loom_amp_ms, torch_ms, torch_amp_ms;
   for (int r = 0; r < repeats; ++r) {
-    loom_ms.push_back(loom_step());
-    if (have_torch) torch_ms.push_back(torch_step());
+    loom_ms.push_back(loom_step(fp32, false));
+    if (mixed) loom_amp_ms.push_back(loom_step(*low, true));
+    if (have_torch) torch_ms.push_back(torch_step(false));
+    if (have_torch && mixed) torch_amp_ms.push_back(torch_step(true));
   }
 
   const double loom_ips = batch / (median(loom_ms) / 1e3);
@@ -137,6 +179,22 @@ int main(int argc, char** argv) {
     std::printf("| PyTorch %s | %.0f | %.1f |\n", torch.header().value("torch", "?").c_str(),
                 median(torch_ms), torch_ips);
     std::printf("loom / PyTorch images/s: %.2f\n", loom_ips / torch_ips);
+  }
+  if (mixed) {
+    // A peer that cannot run this precision answers ms 0 (PyTorch 1.13 has no fp16 on CPUs).
+    const bool torch_amp = have_torch && median(torch_amp_ms) > 0;
+    std::printf("\nthe same step with --amp %s (median of %d, alternating with float32)\n",
+                amp.c_str(), repeats);
+    std::printf("| | float32 ms | %s ms | %s / float32 images/s |\n|---|---|---|---|\n",
+                amp.c_str(), amp.c_str());
+    std::printf("| loom | %.0f | %.0f | %.2f |\n", median(loom_ms), median(loom_amp_ms),
+                median(loom_ms) / median(loom_amp_ms));
+    if (torch_amp)
+      std::printf("| PyTorch | %.0f | %.0f | %.2f |\n", median(torch_ms), median(torch_amp_ms),
+                  median(torch_ms) / median(torch_amp_ms));
+    else if (have_torch)
+      std::printf("PyTorch %s: %s\n", amp.c_str(),
+                  torch.request("step amp").value("error", "not measured").c_str());
   }
   return 0;
 }

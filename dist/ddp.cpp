@@ -67,6 +67,16 @@ std::shared_ptr<CommHook> allreduce_hook() { return std::make_shared<AllreduceHo
 std::shared_ptr<CommHook> fp16_compress_hook() { return std::make_shared<CompressHook>(kFloat16); }
 std::shared_ptr<CommHook> bf16_compress_hook() { return std::make_shared<CompressHook>(kBFloat16); }
 
+std::function<bool(bool)> found_inf_agreement(std::shared_ptr<ProcessGroup> group, Device device) {
+  LOOM_CHECK(group != nullptr, ValueError, "found_inf_agreement: the process group is null");
+  return [group = std::move(group), device](bool found_inf) {
+    if (group->size() == 1) return found_inf;
+    Tensor flag = full({1}, found_inf ? 1.0 : 0.0, kFloat32, device);
+    group->allreduce(flag, ReduceOp::Max)->wait();
+    return flag.item() > 0.0;
+  };
+}
+
 // ------------------------------------------------------------------ broadcast
 
 void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors, int root) {
@@ -309,10 +319,12 @@ std::string Reducer::plan() const {
   std::ostringstream out;
   int64_t total = 0;
   for (const Bucket& b : buckets_) total += b.bytes();
-  char line[160];
-  std::snprintf(line, sizeof line, "DDP bucket plan: %zu parameters in %zu buckets, %.2f MiB%s\n",
+  char line[200];
+  std::snprintf(line, sizeof line,
+                "DDP bucket plan: %zu parameters in %zu buckets, %.2f MiB%s; comm hook %s\n",
                 params_.size(), buckets_.size(), total / 1048576.0,
-                rebuilt_ ? " (rebuilt from the order gradients arrived)" : "");
+                rebuilt_ ? " (rebuilt from the order gradients arrived)" : "",
+                hook_->name().c_str());
   out << line;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const Bucket& bucket = buckets_[b];
@@ -339,6 +351,9 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module,
       group_(std::move(group)),
       options_(options) {
   LOOM_CHECK(group_ != nullptr, ValueError, "DistributedDataParallel: the process group is null");
+  LOOM_CHECK(options_.comm_dtype == kFloat32 || is_16bit_float(options_.comm_dtype), ValueError,
+             "DistributedDataParallel: comm_dtype must be float32, float16 or bfloat16; got ",
+             options_.comm_dtype);
   // Every replica starts from rank 0's weights and buffers.
   std::vector<Tensor> state;
   for (auto& [name, t] : module_->state_dict()) state.push_back(t);
@@ -351,6 +366,8 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module,
       names.push_back(name);
     }
   reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), group_, options_);
+  if (options_.comm_dtype == kFloat16) register_comm_hook(fp16_compress_hook());
+  if (options_.comm_dtype == kBFloat16) register_comm_hook(bf16_compress_hook());
 }
 
 void DistributedDataParallel::sync_buffers() {

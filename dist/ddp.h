@@ -63,12 +63,22 @@ std::shared_ptr<CommHook> allreduce_hook();
 std::shared_ptr<CommHook> fp16_compress_hook();
 std::shared_ptr<CommHook> bf16_compress_hook();
 
+// For GradScaler::set_found_inf_agreement under DDP: an allreduce(max) of each rank's found-inf
+// flag, so that every rank skips the same steps. `device` is where the flag travels (the
+// parameters' device: a CUDA device for nccl).
+std::function<bool(bool)> found_inf_agreement(std::shared_ptr<ProcessGroup> group,
+                                              Device device = kCPU);
+
 struct DDPOptions {
   int64_t first_bucket_bytes = int64_t{1} << 20;
   int64_t bucket_bytes = int64_t{25} << 20;
   bool broadcast_buffers = true;  // rank 0's buffers (running statistics) before each forward
   bool find_unused_parameters = false;
   bool rebuild_buckets = true;  // Note [The bucketed reducer], step 4
+  // The dtype gradients travel in: float32 (allreduce_hook), or float16 / bfloat16 for half the
+  // bytes (fp16_compress_hook / bf16_compress_hook: sums in float32). register_comm_hook
+  // replaces the hook this chooses.
+  DType comm_dtype = kFloat32;
 };
 
 // One bucket of the plan.
@@ -104,6 +114,7 @@ class Reducer {
   void set_require_sync(bool on) { require_sync_ = on; }
   bool require_sync() const { return require_sync_; }
   void register_comm_hook(std::shared_ptr<CommHook> hook);
+  const CommHook& comm_hook() const { return *hook_; }
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   // The plan as a table: bucket, size, parameters (names and shapes).

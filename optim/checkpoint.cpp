@@ -2,6 +2,9 @@
 
 #include "optim/checkpoint.h"
 
+#include <optional>
+#include <utility>
+
 #include "tensor/random.h"
 
 namespace loom::optim {
@@ -9,6 +12,7 @@ namespace loom::optim {
 namespace {
 
 constexpr const char* kOptimizerPrefix = "optimizer.";
+constexpr const char* kScalerPrefix = "scaler.";
 
 int64_t read_int(const Metadata& meta, const std::string& key, const std::string& path) {
   auto it = meta.find(key);
@@ -28,7 +32,7 @@ int64_t read_int(const Metadata& meta, const std::string& key, const std::string
 
 void save_checkpoint(const std::string& path, const nn::Module& model, const Optimizer& optimizer,
                      const LRSchedule* schedule, const TrainingProgress& progress,
-                     const Metadata& info) {
+                     const Metadata& info, const GradScaler* scaler) {
   NamedTensors tensors = model.state_dict();
   const Generator::State g = default_generator().state();
   Metadata meta = {{"format", "pt"},
@@ -41,17 +45,25 @@ void save_checkpoint(const std::string& path, const nn::Module& model, const Opt
   for (const auto& [key, value] : info) meta.emplace(key, value);  // ours win on a clash
   optimizer.save_state(tensors, meta, kOptimizerPrefix);
   if (schedule) schedule->save_state(tensors, meta, "schedule.");
+  if (scaler) scaler->save_state(tensors, meta, kScalerPrefix);
   save_safetensors(path, tensors, meta);
 }
 
 TrainingProgress load_checkpoint(const std::string& path, nn::Module& model, Optimizer* optimizer,
-                                 LRSchedule* schedule, bool restore_generator) {
+                                 LRSchedule* schedule, bool restore_generator, GradScaler* scaler) {
   const SafetensorsFile file = load_safetensors(path);
   const Metadata& meta = file.metadata;
   TrainingProgress progress;
   progress.epoch = read_int(meta, "loom.epoch", path);
   progress.step = read_int(meta, "loom.step", path);
   progress.batch = read_int(meta, "loom.batch", path);
+  // The scaler's state goes into a copy first: a checkpoint without it (or with a malformed one)
+  // is refused before the model changes.
+  std::optional<GradScaler> loaded_scaler;
+  if (scaler) {
+    loaded_scaler.emplace(*scaler);
+    loaded_scaler->load_state(file, kScalerPrefix);
+  }
 
   NamedTensors weights;
   for (const auto& [name, t] : file.tensors)
@@ -64,6 +76,7 @@ TrainingProgress load_checkpoint(const std::string& path, nn::Module& model, Opt
     const auto offset = static_cast<uint64_t>(std::stoull(meta.at("generator.offset")));
     default_generator().set_state({seed, offset});
   }
+  if (scaler) *scaler = std::move(*loaded_scaler);
   return progress;
 }
 

@@ -13,6 +13,10 @@
 //                                           of an epoch; a run cut short resumes mid-epoch)
 //             generator.seed, generator.offset   the default generator (dropout, init)
 //             optimizer.*, schedule.*       their scalars
+//             scaler.*                      the GradScaler, when one is passed (Note [Dynamic
+//                                           loss scaling]): scaler.scale, .growth_tracker,
+//                                           .growth_factor, .backoff_factor, .growth_interval,
+//                                           .enabled; metadata only, no tensors
 //             anything in `info`: model, width, in_channels, num_classes, mean, std, ...
 // PyTorch reads the weights with the optimizer keys filtered out:
 //   {k: v for k, v in load_file(path).items() if not k.startswith("optimizer.")}
@@ -23,6 +27,7 @@
 #include <string>
 
 #include "nn/module.h"
+#include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
 
@@ -34,17 +39,19 @@ struct TrainingProgress {
   int64_t batch = 0;  // batches of the current epoch already trained
 };
 
-// Writes the checkpoint (schedule may be null). `info` goes into the metadata as it is.
+// Writes the checkpoint (schedule and scaler may be null); `info` goes into the metadata as is.
 void save_checkpoint(const std::string& path, const nn::Module& model, const Optimizer& optimizer,
                      const LRSchedule* schedule, const TrainingProgress& progress,
-                     const Metadata& info = {});
+                     const Metadata& info = {}, const GradScaler* scaler = nullptr);
 
 // Restores what the pointers designate (any may be null; the model is always loaded, strictly)
 // and returns the progress. IOError for an unreadable or malformed file, ValueError (naming the
-// key) for a checkpoint that does not fit the model, optimizer or schedule.
+// key) for a checkpoint that does not fit the model, optimizer, schedule or scaler (a checkpoint
+// saved without a scaler has no scaler.* keys: loading one into a scaler is refused). The
+// scaler's state is read and checked before anything else is loaded, and set last.
 TrainingProgress load_checkpoint(const std::string& path, nn::Module& model,
                                  Optimizer* optimizer = nullptr, LRSchedule* schedule = nullptr,
-                                 bool restore_generator = true);
+                                 bool restore_generator = true, GradScaler* scaler = nullptr);
 
 // The metadata of a checkpoint (e.g. to rebuild the model it describes before loading).
 Metadata read_checkpoint_metadata(const std::string& path);

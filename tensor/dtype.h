@@ -25,6 +25,7 @@ size_t itemsize(DType dtype);
 const char* dtype_name(DType dtype);  // "float32", ... as PyTorch prints them
 bool is_floating(DType dtype);        // float32, float64, float16, bfloat16
 bool is_integral(DType dtype);        // int64, int32, uint8 (not bool)
+bool is_16bit_float(DType dtype);     // float16, bfloat16: the mixed-precision dtypes
 // The type two operands promote to (PyTorch's rules for the types loom has).
 DType promote_types(DType a, DType b);
 

@@ -57,6 +57,7 @@ bool is_floating(DType d) {
   return d == kFloat32 || d == kFloat64 || d == kFloat16 || d == kBFloat16;
 }
 bool is_integral(DType d) { return d == kInt64 || d == kInt32 || d == kUInt8; }
+bool is_16bit_float(DType d) { return d == kFloat16 || d == kBFloat16; }
 
 DType promote_types(DType a, DType b) {
   if (a == b) return a;

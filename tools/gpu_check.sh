@@ -86,6 +86,16 @@ for batch in 256 512; do
   cat "$out/train_step_$batch.log" >>"$log"
 done
 
+# Mixed precision (issue 6): the same step with --amp fp16 (autocast, GradScaler) alternating with
+# float32, for loom and PyTorch; the ratio is fp16 images/s over float32 images/s.
+say "train step, batch 256, --amp fp16"
+timeout 150 "$build/bench/train_step_bench" --device cuda --batch 256 --repeats 20 --amp fp16 \
+  ${python:+--python "$python"} >"$out/train_step_fp16.log" 2>&1
+amp_row() { awk -F'|' -v who="$1" 'NF == 6 && $2 ~ who {gsub(/ /,"",$5); print $5}' "$out/train_step_fp16.log"; }
+loom_fp16="$(amp_row loom)"
+torch_fp16="$(amp_row PyTorch)"
+cat "$out/train_step_fp16.log" >>"$log"
+
 ngpus="$(nvidia-smi -L 2>/dev/null | wc -l)"
 busbw="n/a (one GPU: NCCL needs a GPU per rank)"
 if [ "$ngpus" -ge 2 ]; then
@@ -108,6 +118,8 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a 
     echo "| same, PyTorch img/s | ${torch_ips[$batch]:-n/a} |"
     echo "| same, loom / PyTorch | $(ratio "${loom_ips[$batch]:-0}" "${torch_ips[$batch]:-0}") |"
   done
+  echo "| train step, batch 256, --amp fp16 / float32 img/s: loom | ${loom_fp16:-n/a} |"
+  echo "| same, PyTorch (autocast + GradScaler) | ${torch_fp16:-n/a} |"
   echo "| fp16 training step | not yet: mixed precision is issue 6 |"
   echo "| allreduce busbw | $busbw |"
   echo

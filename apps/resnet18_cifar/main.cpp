@@ -72,6 +72,14 @@ int main(int argc, char** argv) {
   app.add_option("--trace", o.trace,
                  "write a Chrome trace (chrome://tracing, Perfetto) of every rank's steps: data, "
                  "forward, backward, each bucket's allreduce, optimizer");
+  app.add_option("--amp", o.amp,
+                 "mixed precision: convolutions and the classifier in fp16 (with dynamic loss "
+                 "scaling) or bf16, everything else in float32; off by default")
+      ->check(CLI::IsMember({"off", "fp16", "bf16"}));
+  app.add_option("--comm-dtype", o.comm_dtype,
+                 "the dtype gradients travel in between ranks (summed in float32): fp32, fp16, "
+                 "bf16")
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
   try {
     app.parse(argc, argv);
     if (o.eval_only && o.resume.empty())

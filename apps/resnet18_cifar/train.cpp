@@ -20,6 +20,15 @@
 // With --gpus N the same program starts N ranks that train on cuda:(local rank): the model, each
 // batch and the metrics live on the GPU, and the group is nccl (or gloo, with --backend gloo,
 // which stages the buckets through host memory and lets ranks share one GPU).
+//
+// Note [resnet18_cifar in mixed precision]
+// --amp fp16|bf16 runs the forward (and evaluation) in an autocast region: convolutions and the
+// classifier's product in 16 bits, batch norm, ReLU, the residual adds and the loss in float32
+// (Note [Autocast policy] in autograd/autocast.h); the weights and the optimizer stay float32.
+// fp16 adds dynamic loss scaling (optim::GradScaler): the loss is scaled before backward, the
+// step is skipped when a gradient overflowed, and under DDP the ranks agree on skipping with one
+// allreduce. bf16 keeps float32's exponent range, so it needs no scaling. The scaler's state is
+// part of the checkpoint. --comm-dtype fp16|bf16 sends DDP's gradients in 16 bits.
 
 #include "train.h"
 
@@ -47,6 +56,7 @@
 #include "dist/trace.h"
 #include "loom.h"
 #include "optim/checkpoint.h"
+#include "optim/grad_scaler.h"
 #include "optim/schedule.h"
 #include "optim/sgd.h"
 #include "tensor/cuda/runtime.h"
@@ -124,9 +134,22 @@ class ShardSampler : public data::Sampler {
   int rank_, world_;
 };
 
-Totals evaluate(nn::Module& model, data::DataLoader& loader, Device device) {
+// The dtype a flag names: fp32, fp16 or bf16.
+DType flag_dtype(const std::string& flag) {
+  return flag == "fp16" ? kFloat16 : flag == "bf16" ? kBFloat16 : kFloat32;
+}
+
+// The autocast region --amp asks for: a disabled one for off.
+struct AmpRegion : autocast::Guard {
+  explicit AmpRegion(const std::string& amp)
+      : autocast::Guard(amp == "fp16" ? kFloat16 : kBFloat16, amp != "off") {}
+};
+
+Totals evaluate(nn::Module& model, data::DataLoader& loader, Device device,
+                const std::string& amp) {
   model.eval();
   NoGradGuard no_grad;
+  AmpRegion region(amp);
   Totals t;
   loader.start_epoch(0);
   while (auto batch = loader.next()) {
@@ -298,6 +321,9 @@ double run(const Options& o) {
   Options with_lr = o;
   with_lr.lr = lr;
   auto schedule = make_schedule(with_lr, optimizer, total_steps);
+  // fp16 only: bf16 has float32's exponent range (Note [resnet18_cifar in mixed precision]).
+  optim::GradScaler scaler({.enabled = o.amp == "fp16"});
+  optim::GradScaler* saved_scaler = scaler.is_enabled() ? &scaler : nullptr;
 
   // A restarted job (the launcher sets LOOM_RESTART_COUNT) resumes from its last checkpoint.
   std::string resume = o.resume;
@@ -312,7 +338,8 @@ double run(const Options& o) {
   optim::TrainingProgress progress;
   if (!resume.empty()) {
     progress = o.eval_only ? optim::load_checkpoint(resume, *model)
-                           : optim::load_checkpoint(resume, *model, &optimizer, schedule.get());
+                           : optim::load_checkpoint(resume, *model, &optimizer, schedule.get(),
+                                                    /*restore_generator=*/true, saved_scaler);
     say("resumed from %s: %lld epochs and %lld steps done\n", resume.c_str(),
         static_cast<long long>(progress.epoch), static_cast<long long>(progress.step));
   }
@@ -332,7 +359,7 @@ double run(const Options& o) {
   };
 
   if (o.eval_only) {
-    const Totals test = job.sum(evaluate(*model, test_loader, job.device));
+    const Totals test = job.sum(evaluate(*model, test_loader, job.device, o.amp));
     say("test loss %.4f  test accuracy %.2f%%\n", test.mean_loss(), 100 * test.accuracy());
     log_line({{"epoch", progress.epoch},
               {"test_loss", test.mean_loss()},
@@ -345,7 +372,10 @@ double run(const Options& o) {
   std::shared_ptr<dist::DistributedDataParallel> ddp;
   if (job.parallel()) {
     if (o.sync_bn) dist::convert_sync_batchnorm(*model, job.group);
-    ddp = std::make_shared<dist::DistributedDataParallel>(model, job.group);
+    ddp = std::make_shared<dist::DistributedDataParallel>(
+        model, job.group, dist::DDPOptions{.comm_dtype = flag_dtype(o.comm_dtype)});
+    if (scaler.is_enabled())
+      scaler.set_found_inf_agreement(dist::found_inf_agreement(job.group, job.device));
     say("data parallel: world size %d (%s), global batch %lld, effective lr %g%s; %zu DDP "
         "buckets\n",
         job.world, job.group->backend().c_str(), static_cast<long long>(o.batch_size * job.world),
@@ -359,6 +389,12 @@ double run(const Options& o) {
       static_cast<long long>(o.batch_size), get_num_threads(), o.workers, lr, o.momentum,
       o.nesterov ? " (nesterov)" : "", o.weight_decay, o.schedule.c_str(),
       static_cast<long long>(steps_per_epoch));
+  if (o.amp != "off")
+    say("mixed precision: convolutions and the classifier in %s, the rest in float32, float32 "
+        "master weights%s\n",
+        o.amp.c_str(),
+        scaler.is_enabled() ? detail::str("; dynamic loss scale from ", scaler.get_scale()).c_str()
+                            : "");
 
   const optim::Metadata info = {{"model", model->name()},
                                 {"width", std::to_string(o.width)},
@@ -372,7 +408,7 @@ double run(const Options& o) {
     if (o.checkpoint_dir.empty() || !job.leader()) return;
     std::filesystem::create_directories(o.checkpoint_dir);
     const std::string path = (std::filesystem::path(o.checkpoint_dir) / name).string();
-    optim::save_checkpoint(path, *model, optimizer, schedule.get(), progress, info);
+    optim::save_checkpoint(path, *model, optimizer, schedule.get(), progress, info, saved_scaler);
   };
 
   ProgressBar bar(tty);
@@ -389,7 +425,7 @@ double run(const Options& o) {
     net.train();
     Totals train;
     double train_seconds = 0, first_step_seconds = 0, overlap_sum = 0;
-    int64_t first_step_images = 0, trained = 0;
+    int64_t first_step_images = 0, trained = 0, skipped = 0;
     double data_start = dist::steady_seconds();
     while (auto batch = train_loader.next()) {
       if (o.max_steps >= 0 && progress.step >= o.max_steps) {
@@ -400,12 +436,17 @@ double run(const Options& o) {
       const double t0 = dist::steady_seconds();
       optimizer.zero_grad();
       const Tensor images = batch->images.to(job.device), labels = batch->labels.to(job.device);
-      const Tensor logits = net.forward(images);
-      Tensor loss = cross_entropy(logits, labels);
+      Tensor logits, loss;
+      {
+        AmpRegion region(o.amp);
+        logits = net.forward(images);
+        loss = cross_entropy(logits, labels);
+      }
       const double t1 = dist::steady_seconds();
-      loss.backward();
+      scaler.scale(loss).backward();
       const double t2 = dist::steady_seconds();
-      optimizer.step();
+      if (!scaler.step(optimizer)) ++skipped;
+      scaler.update();
       schedule->step();
       if (!o.trace.empty()) {
         const double t3 = dist::steady_seconds();
@@ -424,7 +465,7 @@ double run(const Options& o) {
       {
         NoGradGuard no_grad;
         train.loss += loss.item() * static_cast<double>(n);
-        train.correct += sum(argmax(logits, 1) == labels).item();
+        train.correct += sum(argmax(logits.to(kFloat32), 1) == labels).item();
       }
       const double step_seconds = seconds_since(step_start);
       if (trained == 0) {
@@ -462,7 +503,7 @@ double run(const Options& o) {
       progress.batch = 0;
     }
     const Totals train_all = job.sum(train);
-    test = job.sum(evaluate(*model, test_loader, job.device));
+    test = job.sum(evaluate(*model, test_loader, job.device, o.amp));
     evaluated = true;
     const double images_per_s = local_ips * job.world;
     const double seconds = seconds_since(epoch_start);
@@ -471,6 +512,12 @@ double run(const Options& o) {
       char buf[64];
       std::snprintf(buf, sizeof buf, "  allreduce overlap %.0f%%", 100 * overlap_sum / trained);
       extra = buf;
+    }
+    if (scaler.is_enabled()) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "  loss scale %g (%lld steps skipped)", scaler.get_scale(),
+                    static_cast<long long>(skipped));
+      extra += buf;
     }
     say("epoch %lld/%d  train loss %.4f  acc %.2f%%  test loss %.4f  acc %.2f%%  %.0f img/s  "
         "data wait %.1f s%s  %.1f s%s\n",
@@ -487,6 +534,9 @@ double run(const Options& o) {
               {"seconds", seconds},
               {"steps", progress.step},
               {"world_size", job.world},
+              {"amp", o.amp},
+              {"loss_scale", scaler.get_scale()},
+              {"skipped_steps", skipped},
               {"complete", !stopped}});
     if (!stopped) {
       char name[48];
@@ -497,7 +547,7 @@ double run(const Options& o) {
     }
   }
   if (!evaluated)
-    test = job.sum(evaluate(*model, test_loader, job.device));  // nothing left to train
+    test = job.sum(evaluate(*model, test_loader, job.device, o.amp));  // nothing left to train
   checkpoint("last.safetensors");
   if (log) std::fclose(log);
   if (overlap_steps > 0)

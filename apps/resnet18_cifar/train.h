@@ -42,6 +42,9 @@ struct Options {
   int max_restarts = 0;          // restart the workers from the last checkpoint after a failure
   bool print_buckets = false;    // print DDP's bucket plan
   std::string trace;             // write a Chrome trace of every rank's steps here
+  // Mixed precision (Note [resnet18_cifar in mixed precision] in train.cpp).
+  std::string amp = "off";          // off | fp16 | bf16
+  std::string comm_dtype = "fp32";  // the dtype DDP's gradients travel in: fp32 | fp16 | bf16
 };
 
 // A dataset split with the transforms the recipe uses for it and its normalisation constants.

@@ -3,6 +3,7 @@
 
 #include "autograd/ops/conv.h"
 
+#include "autograd/autocast.h"
 #include "autograd/function.h"
 #include "tensor/conv.h"
 
@@ -17,6 +18,9 @@ using autograd::Saved;
 // dbias = sum over n, h, w of dout
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Pair stride, Pair padding,
               Pair dilation, int64_t groups) {
+  if (autocast::needs_low({x, weight, bias}))
+    return conv2d(autocast::to_low(x), autocast::to_low(weight), autocast::to_low(bias), stride,
+                  padding, dilation, groups);
   const k::Conv2dOptions options{stride, padding, dilation, groups};
   return record("conv2d", k::conv2d(x, weight, bias, options), {x, weight, bias}, {x, weight},
                 [options](const Grads& dout, Saved& s, Grads& g) {
@@ -32,6 +36,8 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Pair st
 // d max: dout routed to the position of each window's maximum (the saved indices)
 Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, Pair dilation,
                   bool ceil_mode) {
+  if (autocast::needs_float32({x}))
+    return max_pool2d(autocast::to_float32(x), kernel, stride, padding, dilation, ceil_mode);
   const k::Pool2dOptions options{kernel, stride, padding, dilation, ceil_mode, true};
   auto [out, indices] = k::max_pool2d(x, options);
   const Shape x_shape = x.sizes();
@@ -44,6 +50,9 @@ Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, Pair 
 // d mean over a window: dout / divisor spread over the window's input elements
 Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, bool ceil_mode,
                   bool count_include_pad) {
+  if (autocast::needs_float32({x}))
+    return avg_pool2d(autocast::to_float32(x), kernel, stride, padding, ceil_mode,
+                      count_include_pad);
   const k::Pool2dOptions options{kernel, stride, padding, {1, 1}, ceil_mode, count_include_pad};
   const Shape x_shape = x.sizes();
   return record("avg_pool2d", k::avg_pool2d(x, options), {x}, {},
@@ -54,6 +63,8 @@ Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, bool 
 
 // d mean over an adaptive window: dout / |window| spread over the window's input elements
 Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size) {
+  if (autocast::needs_float32({x}))
+    return adaptive_avg_pool2d(autocast::to_float32(x), output_size);
   const Shape x_shape = x.sizes();
   return record("adaptive_avg_pool2d", k::adaptive_avg_pool2d(x, output_size), {x}, {},
                 [x_shape](const Grads& dout, Saved&, Grads& g) {

@@ -5,7 +5,9 @@
 #include "autograd/ops/index.h"
 
 #include <cmath>
+#include <optional>
 
+#include "autograd/autocast.h"
 #include "autograd/function.h"
 #include "tensor/copy.h"
 #include "tensor/elementwise.h"
@@ -21,8 +23,21 @@ using autograd::record;
 using autograd::record_multi;
 using autograd::Saved;
 
+// Under autocast, operands of different dtypes meet in float32 (Note [Autocast policy]); operands
+// of one dtype are joined as they are.
+static std::optional<std::vector<Tensor>> widened_if_mixed(const std::vector<Tensor>& tensors) {
+  if (!autocast::is_enabled() || tensors.empty()) return std::nullopt;
+  bool mixed = false;
+  for (const Tensor& t : tensors) mixed = mixed || t.dtype() != tensors[0].dtype();
+  if (!mixed) return std::nullopt;
+  std::vector<Tensor> widened;
+  for (const Tensor& t : tensors) widened.push_back(autocast::to_float32(t));
+  return widened;
+}
+
 // d cat: input i gets the slice of dout it was copied to (empty 1-D inputs get empty zeros)
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  if (auto widened = widened_if_mixed(tensors)) return cat(*widened, dim);
   Tensor out = k::cat(tensors, dim);  // checks the arguments
   if (!autograd::any_requires_grad(tensors)) return out;
   std::vector<int64_t> starts, lengths;  // along d, -1 for skipped inputs
@@ -48,6 +63,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
 
 // d stack: input i gets dout.select(dim, i)
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
+  if (auto widened = widened_if_mixed(tensors)) return stack(*widened, dim);
   Tensor out = k::stack(tensors, dim);  // checks the arguments
   const int64_t d = wrap_dim(dim, tensors[0].dim() + 1, "stack");
   return record("stack", out, tensors, {}, [d](const Grads& dout, Saved& s, Grads& g) {
@@ -139,6 +155,7 @@ Tensor embedding(const Tensor& weight, const Tensor& index, int64_t padding_idx)
 // d dropout: dout * mask / (1 - p), the mask recomputed from the forward's (seed, first)
 // (Note [Dropout mask] in tensor/index.h)
 Tensor dropout(const Tensor& x, double p, bool training) {
+  if (autocast::needs_float32({x})) return dropout(autocast::to_float32(x), p, training);
   LOOM_CHECK(p >= 0.0 && p <= 1.0, ValueError, "dropout: p must be in [0, 1]; got p=", p,
              " for x=", x.sizes());
   if (!training || p == 0.0) return x;

@@ -3,8 +3,10 @@
 
 #include "autograd/ops/linalg.h"
 
+#include "autograd/autocast.h"
 #include "autograd/function.h"
 #include "autograd/ops/view.h"
+#include "tensor/copy.h"
 #include "tensor/elementwise.h"
 #include "tensor/linalg.h"
 #include "tensor/reduce.h"
@@ -17,8 +19,16 @@ using autograd::Grads;
 using autograd::record;
 using autograd::Saved;
 
+// A 16-bit gradient (autocast's products) in float32 for the sums and scalings of the
+// backwards below, which have no 16-bit kernels; the engine rounds the result to the input's
+// dtype.
+static Tensor widened(const Tensor& t) {
+  return is_16bit_float(t.dtype()) ? k::to_dtype(t, kFloat32) : t;
+}
+
 // a [M,K] @ b [K,N]: da = dout @ b^T ; db = a^T @ dout
 static Tensor mm(const Tensor& a, const Tensor& b) {
+  if (autocast::needs_low({a, b})) return mm(autocast::to_low(a), autocast::to_low(b));
   return record("mm", k::mm(a, b), {a, b}, {a, b}, [](const Grads& dout, Saved& s, Grads& g) {
     if (s.needs_grad(0)) g[0] = k::mm(dout[0], k::transpose(s[1], 0, 1));
     if (s.needs_grad(1)) g[1] = k::mm(k::transpose(s[0], 0, 1), dout[0]);
@@ -27,6 +37,7 @@ static Tensor mm(const Tensor& a, const Tensor& b) {
 
 // a [B,M,K] @ b [B,K,N]: da = dout @ b^T ; db = a^T @ dout, per batch
 Tensor bmm(const Tensor& a, const Tensor& b) {
+  if (autocast::needs_low({a, b})) return bmm(autocast::to_low(a), autocast::to_low(b));
   return record("bmm", k::bmm(a, b), {a, b}, {a, b}, [](const Grads& dout, Saved& s, Grads& g) {
     if (s.needs_grad(0)) g[0] = k::bmm(dout[0], k::transpose(s[1], 1, 2));
     if (s.needs_grad(1)) g[1] = k::bmm(k::transpose(s[0], 1, 2), dout[0]);
@@ -73,10 +84,12 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 // beta c + alpha a @ b: dc = beta dout ; da = alpha dout @ b^T ; db = alpha a^T @ dout
 Tensor addmm(const Tensor& input, const Tensor& a, const Tensor& b, double beta, double alpha) {
+  if (autocast::needs_low({input, a, b}))
+    return addmm(autocast::to_low(input), autocast::to_low(a), autocast::to_low(b), beta, alpha);
   return record(
       "addmm", k::addmm(input, a, b, beta, alpha), {input, a, b}, {a, b},
       [beta, alpha](const Grads& dout, Saved& s, Grads& g) {
-        if (s.needs_grad(0)) g[0] = beta == 1.0 ? dout[0] : k::mul_scalar(dout[0], beta);
+        if (s.needs_grad(0)) g[0] = beta == 1.0 ? dout[0] : k::mul_scalar(widened(dout[0]), beta);
         if (s.needs_grad(1)) {
           g[1] = empty({dout[0].size(0), s[1].size(0)}, dout[0].dtype(), dout[0].device());
           k::mm_out(g[1], dout[0], k::transpose(s[1], 0, 1), alpha);
@@ -91,6 +104,8 @@ Tensor addmm(const Tensor& input, const Tensor& a, const Tensor& b, double beta,
 // y = x W^T + b over x [N, in] (leading dims flattened):
 // dx = dy W ; dW = dy^T x ; db = sum over rows of dy
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (autocast::needs_low({x, weight, bias}))
+    return linear(autocast::to_low(x), autocast::to_low(weight), autocast::to_low(bias));
   LOOM_CHECK(x.dim() >= 1 && weight.dim() == 2, ShapeError,
              "linear: expected x [..., in] and weight [out, in]; got x=", x.sizes(),
              " weight=", weight.sizes());
@@ -107,7 +122,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                [](const Grads& dout, Saved& s, Grads& g) {
                  if (s.needs_grad(0)) g[0] = k::mm(dout[0], s[1]);
                  if (s.needs_grad(1)) g[1] = k::mm(k::transpose(dout[0], 0, 1), s[0]);
-                 if (s.needs_grad(2)) g[2] = k::sum(dout[0], {0});
+                 if (s.needs_grad(2)) g[2] = k::sum(widened(dout[0]), {0});
                });
   if (x.dim() == 2) return out;
   Shape out_shape(x.sizes().begin(), x.sizes().end() - 1);

@@ -3,6 +3,7 @@
 
 #include "autograd/ops/loss.h"
 
+#include "autograd/autocast.h"
 #include "autograd/function.h"
 #include "autograd/ops/view.h"
 #include "tensor/elementwise.h"
@@ -33,6 +34,7 @@ Tensor as_batch_of_one(const char* op, const Tensor& input, const Tensor& target
 
 // d softmax: dx = y (dy - sum(dy y))
 Tensor softmax(const Tensor& x, int64_t dim) {
+  if (autocast::needs_float32({x})) return softmax(autocast::to_float32(x), dim);
   Tensor y = k::softmax(x, dim);
   return record("softmax", y, {x}, {y}, [dim](const Grads& dout, Saved& s, Grads& g) {
     g[0] = k::softmax_backward(dout[0], s[0], dim);
@@ -41,6 +43,7 @@ Tensor softmax(const Tensor& x, int64_t dim) {
 
 // d log_softmax: dx = dy - exp(y) sum(dy)
 Tensor log_softmax(const Tensor& x, int64_t dim) {
+  if (autocast::needs_float32({x})) return log_softmax(autocast::to_float32(x), dim);
   Tensor y = k::log_softmax(x, dim);
   return record("log_softmax", y, {x}, {y}, [dim](const Grads& dout, Saved& s, Grads& g) {
     g[0] = k::log_softmax_backward(dout[0], s[0], dim);
@@ -51,6 +54,9 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
 // the target is ignored; g = dloss, or dloss / count for Mean
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction,
                      int64_t ignore_index, double label_smoothing) {
+  if (autocast::needs_float32({logits}))
+    return cross_entropy(autocast::to_float32(logits), target, reduction, ignore_index,
+                         label_smoothing);
   const char* op = "cross_entropy";
   LOOM_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, ValueError, op,
              ": label_smoothing must be in [0, 1]; got ", label_smoothing);
@@ -75,6 +81,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
 // dloss / sum(weight[target]) for Mean. The class weights are constants (no gradient).
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor& weight,
                 Reduction reduction, int64_t ignore_index) {
+  if (autocast::needs_float32({log_probs, weight}))
+    return nll_loss(autocast::to_float32(log_probs), target, autocast::to_float32(weight),
+                    reduction, ignore_index);
   const char* op = "nll_loss";
   LOOM_CHECK(log_probs.dim() >= 1, ShapeError, op,
              ": expected log_probs of shape [N, C, ...] or [C]; got log_probs=", log_probs.sizes(),
@@ -97,6 +106,8 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor& wei
 // d mse_loss: dinput = 2 (input - target) g ; dtarget = -dinput; g = dloss, or dloss / numel
 // for Mean
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  if (autocast::needs_float32({input, target}))
+    return mse_loss(autocast::to_float32(input), autocast::to_float32(target), reduction);
   return record("mse_loss", k::mse_loss(input, target, reduction), {input, target}, {input, target},
                 [reduction](const Grads& dout, Saved& s, Grads& g) {
                   const Tensor dinput = k::mse_loss_backward(dout[0], s[0], s[1], reduction);

@@ -3,6 +3,7 @@
 
 #include "autograd/ops/norm.h"
 
+#include "autograd/autocast.h"
 #include "autograd/function.h"
 #include "tensor/copy.h"
 #include "tensor/norm.h"
@@ -35,6 +36,10 @@ void check_param(const char* op, const char* name, const Tensor& param, const Sh
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight, const Tensor& bias, bool training, double momentum,
                   double eps) {
+  if (autocast::needs_float32({x, running_mean, running_var, weight, bias}))
+    return batch_norm(autocast::to_float32(x), autocast::to_float32(running_mean),
+                      autocast::to_float32(running_var), autocast::to_float32(weight),
+                      autocast::to_float32(bias), training, momentum, eps);
   const char* op = "batch_norm";
   LOOM_CHECK(x.dim() >= 2, ShapeError, op, ": expected x of shape [N, C, ...]; got x=", x.sizes());
   const Shape channels{x.size(1)};
@@ -81,6 +86,9 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
 //   dweight = sum_rows(dy x_hat) ; dbias = sum_rows(dy)
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                   const Tensor& bias, double eps) {
+  if (autocast::needs_float32({x, weight, bias}))
+    return layer_norm(autocast::to_float32(x), normalized_shape, autocast::to_float32(weight),
+                      autocast::to_float32(bias), eps);
   const char* op = "layer_norm";
   const int64_t lead = x.dim() - static_cast<int64_t>(normalized_shape.size());
   LOOM_CHECK(lead >= 0 && Shape(x.sizes().begin() + lead, x.sizes().end()) == normalized_shape,

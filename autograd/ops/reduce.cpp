@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "autograd/autocast.h"
 #include "autograd/function.h"
 #include "autograd/ops/elementwise.h"
 #include "tensor/copy.h"
@@ -38,6 +39,7 @@ int64_t count_of(const Shape& in_shape, const Shape& sorted_dims) {
 
 // d sum: dout broadcast over the reduced dims
 Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) {
+  if (autocast::needs_float32({x})) return sum(autocast::to_float32(x), dims, keepdim);
   const Shape rdims = k::reduce_dims(x, dims, "sum");
   const Shape in_shape = x.sizes();
   return record("sum", k::sum(x, dims, keepdim), {x}, {},
@@ -48,6 +50,7 @@ Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) {
 
 // d mean: dout / N broadcast over the reduced dims
 Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
+  if (autocast::needs_float32({x})) return mean(autocast::to_float32(x), dims, keepdim);
   const Shape rdims = k::reduce_dims(x, dims, "mean");
   const Shape in_shape = x.sizes();
   const double n = static_cast<double>(count_of(in_shape, rdims));
@@ -61,6 +64,8 @@ Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
 // d amax: dout shared evenly among the elements equal to the maximum
 static Tensor extremum(const char* name, const Tensor& x, const Shape& dims, bool keepdim,
                        bool is_max) {
+  if (autocast::needs_float32({x}))
+    return extremum(name, autocast::to_float32(x), dims, keepdim, is_max);
   const Shape rdims = k::reduce_dims(x, dims, name);
   const Shape in_shape = x.sizes();
   Tensor out = is_max ? k::amax(x, dims, keepdim) : k::amin(x, dims, keepdim);
@@ -83,6 +88,8 @@ Tensor min(const Tensor& x) { return amin(x); }
 // d max(x, dim): dout goes to the index that won
 static std::pair<Tensor, Tensor> extremum_dim(const char* name, const Tensor& x, int64_t dim,
                                               bool keepdim, bool is_max) {
+  if (autocast::needs_float32({x}))
+    return extremum_dim(name, autocast::to_float32(x), dim, keepdim, is_max);
   auto [values, indices] = is_max ? k::max_dim(x, dim, keepdim) : k::min_dim(x, dim, keepdim);
   const Shape in_shape = x.sizes();
   const int64_t d = wrap_dim(dim, x.dim(), name);
@@ -117,14 +124,15 @@ std::pair<Tensor, Tensor> min(const Tensor& x, int64_t dim, bool keepdim) {
 }
 
 Tensor argmax(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
-  return k::argmax(x, dim, keepdim);
+  return k::argmax(autocast::to_float32(x), dim, keepdim);
 }
 Tensor argmin(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
-  return k::argmin(x, dim, keepdim);
+  return k::argmin(autocast::to_float32(x), dim, keepdim);
 }
 
 // d var: dout 2 (x - mean) / (N - correction)
 Tensor var(const Tensor& x, const Shape& dims, bool unbiased, bool keepdim) {
+  if (autocast::needs_float32({x})) return var(autocast::to_float32(x), dims, unbiased, keepdim);
   const Shape rdims = k::reduce_dims(x, dims, "var");
   const Shape in_shape = x.sizes();
   const double denom = static_cast<double>(count_of(in_shape, rdims) - (unbiased ? 1 : 0));
@@ -144,6 +152,7 @@ Tensor std(const Tensor& x, const Shape& dims, bool unbiased, bool keepdim) {
 
 // d logsumexp: dout softmax(x) over the reduced dims
 Tensor logsumexp(const Tensor& x, const Shape& dims, bool keepdim) {
+  if (autocast::needs_float32({x})) return logsumexp(autocast::to_float32(x), dims, keepdim);
   const Shape rdims = k::reduce_dims(x, dims, "logsumexp");
   const Shape in_shape = x.sizes();
   Tensor out = k::logsumexp(x, dims, keepdim);

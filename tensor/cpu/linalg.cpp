@@ -43,6 +43,17 @@ void check_mm(const char* op, const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
+// Note [16-bit products on the CPU]
+//   A float16 or bfloat16 product has the semantics of a GPU's tensor cores: the operands are
+//   16-bit values, the products are accumulated in float32, and the result is rounded once to
+//   16 bits. CPUs with 16-bit dot-product instructions (AVX-512 BF16, AMX) would multiply the
+//   16-bit operands directly; x86 CPUs with AVX2 and FMA only, like the ones loom is built and
+//   tested on, have no such instructions, so the operands are widened to float32 (exactly:
+//   every 16-bit value is a float32 value), multiplied by the float32 GEMM and the result
+//   narrowed. The numbers are those of a 16-bit product; the speed is float32's plus the
+//   widening, and the gain is memory: activations saved for backward take half the bytes.
+//   conv2d and its backward do the same (tensor/cpu/conv.cpp). On CUDA, cuBLAS and cuDNN take
+//   16-bit operands themselves, on tensor cores.
 void mm_out(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, double beta) {
   check_mm("mm", a, b);
   LOOM_CHECK(out.dim() == 2 && out.size(0) == a.size(0) && out.size(1) == b.size(1) &&
@@ -52,6 +63,12 @@ void mm_out(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, d
   LOOM_CHECK(out.dtype() == a.dtype(), DTypeError, "mm: output is ", out.dtype(),
              " but the inputs are ", a.dtype());
   if (a.is_cuda()) return cuda::mm_out(out, a, b, alpha, beta);  // bumps the version itself
+  if (is_16bit_float(a.dtype())) {  // Note [16-bit products on the CPU]
+    const Tensor out32 = beta == 0.0 ? empty(out.sizes(), kFloat32) : to_dtype(out, kFloat32);
+    mm_out(out32, to_dtype(a, kFloat32), to_dtype(b, kFloat32), alpha, beta);
+    copy_(out, out32);  // bumps out's version
+    return;
+  }
   out.bump_version();
   const Operand A = as_operand(a), B = as_operand(b);
   const int64_t ldc = out.size(0) <= 1 ? out.size(1) : out.stride(0);

@@ -1,0 +1,92 @@
+// autograd/autocast.h — automatic mixed precision: inside an autocast region the matrix
+// products run in float16 or bfloat16 and everything else in float32, while the parameters
+// stay float32 (the master weights). The ops of autograd/ops/ ask this header how to cast their
+// inputs; the casts are recorded like any op, so gradients flow back through them in the
+// parameter's dtype.
+//
+//   {
+//     loom::autocast::Guard amp(loom::kBFloat16);
+//     loss = loom::cross_entropy(model->forward(x), y);  // convs in bf16, the loss in float32
+//   }
+//   loss.backward();  // parameters' gradients arrive in float32
+//
+// Note [Autocast policy]
+//   Every differentiable op belongs to one of three classes. The table is the whole policy:
+//
+//   | class          | ops                                                | inside a region     |
+//   |----------------|----------------------------------------------------|---------------------|
+//   | low precision  | matmul, bmm, addmm, linear, conv2d                 | float32 inputs are  |
+//   |                |                                                    | cast to the region's|
+//   |                |                                                    | dtype; the output   |
+//   |                |                                                    | is 16-bit           |
+//   | float32        | elementwise math (add ... where, comparisons),     | 16-bit inputs are   |
+//   |                | reductions (sum, mean, var, std, amax, amin, max,  | widened to float32; |
+//   |                | min, argmax, argmin, logsumexp), softmax,          | the output is       |
+//   |                | log_softmax, cross_entropy, nll_loss, mse_loss,    | float32             |
+//   |                | batch_norm, layer_norm, pooling (max, avg,         |                     |
+//   |                | adaptive avg), dropout, cat and stack when their   |                     |
+//   |                | inputs' dtypes differ                              |                     |
+//   | as is          | views (view, reshape, permute, transpose, slice,   | run in their input's|
+//   |                | select, narrow, expand, squeeze, unsqueeze,        | dtype (they move no |
+//   |                | flatten), clone, contiguous, to, gather,           | arithmetic)         |
+//   |                | index_select, one_hot, scatter_add                 |                     |
+//
+//   float64 tensors are never cast (as in PyTorch): a region changes only float32 and 16-bit
+//   operands. Outside a region nothing is cast, and the float32 class raises DTypeError for
+//   16-bit inputs, as before: loom computes in float32 and float64, and stores 16-bit values.
+//
+//   Why this split. A product's accuracy depends on its accumulator, not on its operands: the
+//   16-bit products accumulate in float32 (tensor cores on GPUs; on CPUs without 16-bit dot
+//   products, Note [16-bit products on the CPU] in tensor/cpu/linalg.cpp). Sums of many terms
+//   (reductions, softmax's normaliser, a norm's variance, a loss) lose digits in 16 bits and
+//   float16 overflows at 65504, so they run in float32. PyTorch's CUDA table makes the same
+//   split; loom's is smaller because loom keeps no 16-bit elementwise kernels: ReLU and the
+//   residual add run in float32 too, which costs bandwidth, not accuracy.
+//
+// Note [The cast cache]
+//   A parameter used by several products in one region (a tied embedding, a weight used in a
+//   loop, the same model run twice) is cast once: casts of leaf tensors that require grad are
+//   kept until the outermost region ends, keyed by the parameter and checked against its
+//   version, so an in-place update inside the region is never served stale. Activations are
+//   not cached: each is used once. The cached cast is a node of the graph, so its gradient,
+//   summed over every use, reaches the parameter in float32.
+#pragma once
+
+#include <cstddef>
+
+#include "tensor/tensor.h"
+
+namespace loom::autocast {
+
+// Enters a region (dtype float16 or bfloat16; ValueError otherwise) or, with enabled = false, a
+// region where nothing is cast. Regions nest; the previous state returns when the guard dies,
+// and the cast cache is cleared when the outermost region ends.
+class Guard {
+ public:
+  explicit Guard(DType dtype = kBFloat16, bool enabled = true);
+  ~Guard();
+  Guard(const Guard&) = delete;
+  Guard& operator=(const Guard&) = delete;
+
+ private:
+  bool previous_enabled_;
+  DType previous_dtype_;
+};
+
+bool is_enabled();
+DType dtype();  // the region's low-precision dtype (bfloat16 outside any region)
+// Casts kept by the cache now (Note [The cast cache]); for tests and reports.
+size_t cached_casts();
+
+// For the low-precision class: true when a region is active and some defined operand is float32
+// or of the other 16-bit type; to_low casts such an operand to the region's dtype (others are
+// returned as they are).
+bool needs_low(std::initializer_list<Tensor> operands);
+Tensor to_low(const Tensor& x);
+
+// For the float32 class: true when a region is active and some defined operand is 16-bit;
+// to_float32 widens such an operand (others are returned as they are).
+bool needs_float32(std::initializer_list<Tensor> operands);
+Tensor to_float32(const Tensor& x);
+
+}  // namespace loom::autocast

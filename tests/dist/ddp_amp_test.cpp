@@ -1,0 +1,156 @@
+// tests/dist/ddp_amp_test.cpp — data parallelism with mixed precision, in real processes: two
+// ranks on half batches under autocast (float16 with a GradScaler, or bfloat16) follow one
+// process on the whole batch; a rank that alone finds an inf makes every rank skip the step;
+// DDPOptions::comm_dtype sends the gradients in 16 bits.
+
+#include <gtest/gtest.h>
+
+#include "autograd/autocast.h"
+#include "dist/ddp.h"
+#include "multiprocess.h"
+#include "optim/grad_scaler.h"
+#include "optim/sgd.h"
+#include "tensor/copy.h"
+#include "tensor/elementwise.h"
+#include "test_util.h"
+
+namespace loom::dist {
+namespace {
+
+using test::Rank;
+using test::run_ranks;
+using test::tensors_close;
+
+std::shared_ptr<ProcessGroup> group_of(Rank& r) {
+  return make_gloo_process_group(r.store, r.rank, r.world_size,
+                                 {.timeout = std::chrono::seconds(10)});
+}
+
+// Convolution, batch norm and linear layers in float32: the layers autocast treats differently.
+std::shared_ptr<nn::Sequential> small_net(uint64_t seed) {
+  manual_seed(seed);
+  auto net = std::make_shared<nn::Sequential>();
+  net->push_back(nn::make<nn::Conv2d>(2, 8, 3));
+  net->push_back(nn::make<nn::ReLU>());
+  net->push_back(nn::make<nn::Flatten>());
+  net->push_back(nn::make<nn::Linear>(8 * 3 * 3, 16));
+  net->push_back(nn::make<nn::ReLU>());
+  net->push_back(nn::make<nn::Linear>(16, 3));
+  return net;
+}
+
+// The global batch of step s: 8 samples, the same on every rank; rank r takes samples
+// [4r, 4r + 4).
+std::pair<Tensor, Tensor> global_batch(int step) {
+  manual_seed(200 + static_cast<uint64_t>(step));
+  return {randn({8, 2, 5, 5}), randint(0, 3, {8})};
+}
+
+void expect_same_parameters(nn::Module& a, nn::Module& b, double tol) {
+  const NamedTensors pa = a.named_parameters(), pb = b.named_parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i)
+    EXPECT_TRUE(tensors_close(pa[i].second, pb[i].second, tol, tol)) << pa[i].first;
+}
+
+// One training step as the app takes it (Note [resnet18_cifar in mixed precision]).
+void train_step(nn::Module& net, optim::SGD& opt, optim::GradScaler& scaler, DType dtype,
+                const Tensor& x, const Tensor& y) {
+  opt.zero_grad();
+  Tensor loss;
+  {
+    autocast::Guard amp(dtype);
+    loss = cross_entropy(net.forward(x), y);
+  }
+  scaler.scale(loss).backward();
+  scaler.step(opt);
+  scaler.update();
+}
+
+// Two ranks against one process on the whole batch, 6 steps of SGD with momentum. The ranks'
+// products see half the samples, so their 16-bit roundings differ from the reference's: the
+// parameters agree to the 16-bit precision, not bit for bit.
+void check_parity(DType dtype, DType comm_dtype) {
+  run_ranks(
+      2,
+      [dtype, comm_dtype](Rank& r) {
+        set_num_threads(1);
+        auto net = small_net(r.rank == 0 ? 1 : 99);  // DDP starts every rank from rank 0's
+        auto group = group_of(r);
+        DistributedDataParallel ddp(net, group, {.comm_dtype = comm_dtype});
+        optim::SGD opt(net->parameters(), {.lr = 0.05, .momentum = 0.9});
+        optim::GradScaler scaler({.enabled = dtype == kFloat16});
+        scaler.set_found_inf_agreement(found_inf_agreement(group));
+        auto reference = small_net(1);
+        optim::SGD ref_opt(reference->parameters(), {.lr = 0.05, .momentum = 0.9});
+        optim::GradScaler ref_scaler({.enabled = dtype == kFloat16});
+        for (int step = 0; step < 6; ++step) {
+          const auto [x, y] = global_batch(step);
+          train_step(ddp, opt, scaler, dtype, x.narrow(0, 4 * r.rank, 4).contiguous(),
+                     y.narrow(0, 4 * r.rank, 4).contiguous());
+          train_step(*reference, ref_opt, ref_scaler, dtype, x, y);
+        }
+        EXPECT_EQ(scaler.get_scale(), ref_scaler.get_scale());
+        const double tol = dtype == kBFloat16 || comm_dtype == kBFloat16 ? 2e-2 : 3e-3;
+        expect_same_parameters(*net, *reference, tol);
+        // Looser than the ranks' agreement with each other, which is exact:
+        Tensor w = net->named_parameters()[0].second.clone();
+        Tensor w0 = w.clone();
+        group->broadcast(w0, 0)->wait();
+        EXPECT_TRUE(tensors_close(w, w0, 0, 0));
+      },
+      std::chrono::seconds(60));
+}
+
+TEST(DDPAmp, Float16WithLossScalingTwoRanksMatchOneProcess) { check_parity(kFloat16, kFloat32); }
+TEST(DDPAmp, BFloat16TwoRanksMatchOneProcess) { check_parity(kBFloat16, kFloat32); }
+TEST(DDPAmp, Float16GradientsOnTheWireMatchOneProcess) { check_parity(kFloat16, kFloat16); }
+
+TEST(DDPAmp, AnInfOnOneRankMakesEveryRankSkipTheStep) {
+  run_ranks(2, [](Rank& r) {
+    set_num_threads(1);
+    auto net = small_net(1);
+    auto group = group_of(r);
+    DistributedDataParallel ddp(net, group);
+    optim::SGD opt(net->parameters(), {.lr = 0.05});
+    optim::GradScaler scaler;
+    scaler.set_found_inf_agreement(found_inf_agreement(group));
+    const Tensor before = net->named_parameters()[0].second.clone();
+    const auto [x, y] = global_batch(0);
+    Tensor loss;
+    {
+      autocast::Guard amp(kFloat16);
+      loss = cross_entropy(ddp.forward(x.narrow(0, 4 * r.rank, 4).contiguous()),
+                           y.narrow(0, 4 * r.rank, 4).contiguous());
+    }
+    scaler.scale(loss).backward();
+    // After the allreduce, an overflow local to rank 1 (as in a gradient DDP does not reduce).
+    if (r.rank == 1) kernels::fill_(net->named_parameters()[0].second.grad(), INFINITY);
+    EXPECT_FALSE(scaler.step(opt));  // on rank 0 too, whose gradients are finite
+    scaler.update();
+    EXPECT_EQ(scaler.get_scale(), 32768.0);
+    EXPECT_TRUE(tensors_close(net->named_parameters()[0].second, before, 0, 0));
+  });
+}
+
+TEST(DDPAmp, CommDtypeChoosesTheCompressionHook) {
+  run_ranks(2, [](Rank& r) {
+    set_num_threads(1);
+    auto group = group_of(r);
+    EXPECT_EQ(DistributedDataParallel(small_net(1), group).reducer().comm_hook().name(),
+              "allreduce");
+    EXPECT_EQ(DistributedDataParallel(small_net(1), group, {.comm_dtype = kFloat16})
+                  .reducer()
+                  .comm_hook()
+                  .name(),
+              "fp16_compress");
+    DistributedDataParallel bf16(small_net(1), group, {.comm_dtype = kBFloat16});
+    EXPECT_EQ(bf16.reducer().comm_hook().name(), "bf16_compress");
+    EXPECT_NE(bf16.bucket_plan().find("comm hook bf16_compress"), std::string::npos);
+    EXPECT_LOOM_ERROR(DistributedDataParallel(small_net(1), group, {.comm_dtype = kInt64}),
+                      ValueError, {"comm_dtype", "int64"});
+  });
+}
+
+}  // namespace
+}  // namespace loom::dist
