@@ -98,6 +98,38 @@ TEST_F(App, AResumedRunMatchesTheUninterruptedOne) {
   EXPECT_GT(a[1]["images_per_s"].get<double>(), 0.0);
 }
 
+// --amp fp16: the loss scale is logged and checkpointed, so a resumed run continues with the
+// scale (and growth count) it stopped with and matches the run that never stopped.
+TEST_F(App, AMixedPrecisionRunResumesWithItsLossScale) {
+  const std::string amp = kSmall + "--amp fp16 ";
+  Result straight = run_app(amp + "--log-json " + path("a.json"));
+  ASSERT_EQ(straight.status, 0) << straight.output;
+  EXPECT_NE(straight.output.find("mixed precision"), std::string::npos) << straight.output;
+  const std::vector<json> a = read_log(path("a.json"));
+  ASSERT_EQ(a.size(), 2u);
+  EXPECT_EQ(a[1]["amp"], "fp16");
+  EXPECT_GT(a[1]["loss_scale"].get<double>(), 0.0);
+
+  Result cut = run_app(amp + "--max-steps 4 --checkpoint-dir " + path("ckpt"));
+  ASSERT_EQ(cut.status, 0) << cut.output;
+  const loom::SafetensorsFile file = loom::load_safetensors(path("ckpt/last.safetensors"));
+  EXPECT_TRUE(file.metadata.count("scaler.scale")) << "the loss scale is not checkpointed";
+  Result resumed = run_app(amp + "--resume " + path("ckpt/last.safetensors") + " --log-json " +
+                           path("b.json"));
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  const std::vector<json> b = read_log(path("b.json"));
+  ASSERT_EQ(b.size(), 2u);  // the resumed rest of epoch 1, epoch 2
+  for (const char* key : {"train_loss", "test_loss", "test_acc", "loss_scale", "steps"})
+    EXPECT_EQ(b[1][key], a[1][key]) << key;
+
+  // bf16 needs no scaler: its checkpoint has none, and the run ends with a finite loss.
+  Result bf16 = run_app(kSmall + "--amp bf16 --epochs 1 --checkpoint-dir " + path("bf16"));
+  ASSERT_EQ(bf16.status, 0) << bf16.output;
+  EXPECT_FALSE(loom::load_safetensors(path("bf16/last.safetensors")).metadata.count("scaler.scale"));
+  EXPECT_EQ(run_app(kSmall + "--amp fp8").status, 2);
+  EXPECT_EQ(run_app(kSmall + "--comm-dtype fp64").status, 2);
+}
+
 TEST_F(App, EvalOnlyReproducesTheLastTestAccuracyAndCheckpointsDescribeTheModel) {
   Result train = run_app(kSmall + "--epochs 1 --checkpoint-dir " + path("ckpt") + " --log-json " +
                          path("a.json"));
@@ -155,7 +187,8 @@ TEST_F(App, BadInputExitsWithStatusTwoAndSaysWhy) {
   for (const char* flag :
        {"--data", "--dataset", "--epochs", "--batch-size", "--lr", "--momentum", "--weight-decay",
         "--nesterov", "--schedule", "--width", "--seed", "--threads", "--checkpoint-dir",
-        "--resume", "--eval-only", "--max-steps", "--log-json", "--gpus", "--backend"})
+        "--resume", "--eval-only", "--max-steps", "--log-json", "--gpus", "--backend", "--amp",
+        "--comm-dtype"})
     EXPECT_NE(help.output.find(flag), std::string::npos) << flag;
 }
 

@@ -1,0 +1,107 @@
+// tests/cuda/amp_cuda_test.cpp — mixed precision on CUDA against the CPU: autocast's 16-bit
+// products (cuBLAS and cuDNN on tensor cores) and its float32 ops, a ResNet's forward and
+// backward under autocast, and the GradScaler's inf check on device gradients. Both sides
+// multiply 16-bit operands and accumulate in float32; their sums run in different orders, so
+// results agree to the 16-bit rounding, not bit for bit. Skips without a GPU.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "cuda/cuda_test_util.h"
+#include "optim/grad_scaler.h"
+#include "optim/sgd.h"
+
+namespace loom::test {
+namespace {
+
+class AmpCuda : public ::testing::TestWithParam<DType> {};
+
+double tolerance(DType dtype) { return dtype == kBFloat16 ? 3e-2 : 4e-3; }
+
+TEST_P(AmpCuda, ProductsAndTheirBackwardMatchTheCpu) {
+  LOOM_SKIP_WITHOUT_GPU();
+  const DType low = GetParam();
+  manual_seed(1);
+  const Tensor x = randn({4, 3, 11, 11}), w = randn({8, 3, 3, 3}), b = randn({8});
+  const Tensor a = randn({37, 70}), m = randn({70, 29});
+  std::vector<Tensor> cpu = {x, w, b, a, m}, gpu;
+  for (Tensor& t : cpu) {
+    t.requires_grad_(true);
+    gpu.push_back(t.detach().to(kCuda0).requires_grad_(true));
+  }
+  auto run = [&](const std::vector<Tensor>& in) {
+    autocast::Guard amp(low);
+    const Tensor y = conv2d(in[0], in[1], in[2], {2, 2}, {1, 1});
+    const Tensor z = matmul(in[3], in[4]);
+    EXPECT_EQ(y.dtype(), low);
+    EXPECT_EQ(z.dtype(), low);
+    return std::pair{y, z};
+  };
+  const auto [yc, zc] = run(cpu);
+  const auto [yg, zg] = run(gpu);
+  const double tol = tolerance(low);
+  EXPECT_TRUE(cuda_matches_cpu(yg, yc, tol, tol));
+  EXPECT_TRUE(cuda_matches_cpu(zg, zc, tol, tol));
+  add(sum(mul(yc, yc)), sum(zc)).backward();
+  add(sum(mul(yg, yg)), sum(zg)).backward();
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    ASSERT_TRUE(gpu[i].grad().defined()) << i;
+    EXPECT_EQ(gpu[i].grad().dtype(), kFloat32) << i;
+    EXPECT_TRUE(cuda_matches_cpu(gpu[i].grad(), cpu[i].grad(), tol * 5, tol * 5)) << i;
+  }
+}
+
+TEST_P(AmpCuda, AResNetStepMatchesTheCpu) {
+  LOOM_SKIP_WITHOUT_GPU();
+  const DType low = GetParam();
+  manual_seed(2);
+  auto on_cpu = nn::resnet18({.width = 8, .in_channels = 3, .num_classes = 10});
+  manual_seed(2);
+  auto on_gpu = nn::resnet18({.width = 8, .in_channels = 3, .num_classes = 10});
+  on_gpu->to(kCuda0);
+  const Tensor x = randn({4, 3, 32, 32});
+  const Tensor y = tensor<int64_t>({1, 5, 9, 0}, {4});
+  auto loss_of = [&](nn::Module& model, Device device) {
+    autocast::Guard amp(low);
+    return cross_entropy(model.forward(x.to(device)), y.to(device));
+  };
+  const Tensor lc = loss_of(*on_cpu, kCPU), lg = loss_of(*on_gpu, kCuda0);
+  EXPECT_EQ(lg.dtype(), kFloat32);
+  EXPECT_NEAR(lg.item(), lc.item(), 5 * tolerance(low));
+  lc.backward();
+  lg.backward();
+  const NamedTensors pc = on_cpu->named_parameters(), pg = on_gpu->named_parameters();
+  for (size_t i = 0; i < pc.size(); ++i) {
+    EXPECT_EQ(pg[i].second.grad().dtype(), kFloat32) << pg[i].first;
+    const double norm = std::sqrt(sum(mul(pc[i].second.grad(), pc[i].second.grad())).item());
+    const double diff =
+        std::sqrt(sum(pow(sub(pg[i].second.grad().to(kCPU), pc[i].second.grad()), 2.0)).item());
+    EXPECT_LE(diff, 0.1 * norm + 1e-4) << pg[i].first;  // relative to the gradient's size
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(LowPrecision, AmpCuda, ::testing::Values(kBFloat16, kFloat16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+TEST(GradScalerCuda, FindsAnInfInADeviceGradientAndSkips) {
+  LOOM_SKIP_WITHOUT_GPU();
+  Tensor p = ones({1000}).to(kCuda0).requires_grad_(true);
+  optim::SGD opt({p}, {.lr = 0.1});
+  optim::GradScaler scaler;
+  Tensor g = full({1000}, 65536.0).to(kCuda0);
+  p.set_grad(g);
+  EXPECT_TRUE(scaler.step(opt));  // finite: steps with g / 65536 = 1
+  scaler.update();
+  EXPECT_TRUE(tensors_close(p.to(kCPU), full({1000}, 0.9), 1e-6, 1e-6));
+  Tensor bad = full({1000}, 1.0);
+  bad.narrow(0, 999, 1).fill_(INFINITY);
+  p.set_grad(bad.to(kCuda0));
+  EXPECT_FALSE(scaler.step(opt));
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 32768.0);
+  EXPECT_TRUE(tensors_close(p.to(kCPU), full({1000}, 0.9), 1e-6, 1e-6));
+}
+
+}  // namespace
+}  // namespace loom::test
