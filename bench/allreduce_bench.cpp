@@ -33,8 +33,11 @@
 #include "dist/store.h"
 #include "dist_bench.h"
 #include "loom.h"
+#include "stats.h"
 
 namespace {
+
+using loom::bench::median;
 
 namespace dist = loom::dist;
 using loom::bench::ForeignLoad;
@@ -50,12 +53,6 @@ struct Options {
   bool worker = false;
   std::string result;  // the worker's output file (rank 0 writes it)
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();

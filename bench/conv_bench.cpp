@@ -20,10 +20,13 @@
 #include <vector>
 
 #include "loom.h"
+#include "stats.h"
 #include "tensor/conv.h"
 #include "torch_peer.h"
 
 namespace {
+
+using loom::bench::median;
 
 using loom::Tensor;
 using loom::bench::TorchPeer;
@@ -50,12 +53,6 @@ double timed_ms(F&& f) {
   f();
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
       .count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 struct Times {

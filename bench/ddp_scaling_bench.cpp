@@ -35,8 +35,11 @@
 #include "dist_bench.h"
 #include "loom.h"
 #include "optim/sgd.h"
+#include "stats.h"
 
 namespace {
+
+using loom::bench::median;
 
 namespace dist = loom::dist;
 using loom::bench::ForeignLoad;
@@ -51,13 +54,6 @@ struct Options {
   bool worker = false;
   std::string result;  // the worker's output file (rank 0 writes it)
 };
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 Options parse(int argc, char** argv) {
   Options o;

@@ -16,15 +16,13 @@
 #include <vector>
 
 #include "loom.h"
+#include "stats.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using loom::bench::median;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using Clock = std::chrono::steady_clock;
 
 // GFLOP/s of `threads` threads each running chains of FMAs on 12 independent accumulators
 // (enough to hide the FMA latency on two pipes). Counts 2 flops per lane per FMA.

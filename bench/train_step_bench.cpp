@@ -25,18 +25,15 @@
 #include "loom.h"
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
+#include "stats.h"
 #include "tensor/cuda/runtime.h"
 #include "torch_peer.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using loom::bench::median;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using Clock = std::chrono::steady_clock;
 
 }  // namespace
 
