@@ -17,14 +17,10 @@
 namespace loom::dist {
 namespace {
 
+using test::gloo_group;
 using test::Rank;
 using test::run_ranks;
 using test::tensors_close;
-
-std::shared_ptr<ProcessGroup> group_of(Rank& r) {
-  return make_gloo_process_group(r.store, r.rank, r.world_size,
-                                 {.timeout = std::chrono::seconds(10)});
-}
 
 // Convolution, batch norm and linear layers in float32: the layers autocast treats differently.
 std::shared_ptr<nn::Sequential> small_net(uint64_t seed) {
@@ -76,7 +72,7 @@ void check_parity(DType dtype, DType comm_dtype) {
       [dtype, comm_dtype](Rank& r) {
         set_num_threads(1);
         auto net = small_net(r.rank == 0 ? 1 : 99);  // DDP starts every rank from rank 0's
-        auto group = group_of(r);
+        auto group = gloo_group(r);
         DistributedDataParallel ddp(net, group, {.comm_dtype = comm_dtype});
         optim::SGD opt(net->parameters(), {.lr = 0.05, .momentum = 0.9});
         optim::GradScaler scaler({.enabled = dtype == kFloat16});
@@ -110,7 +106,7 @@ TEST(DDPAmp, AnInfOnOneRankMakesEveryRankSkipTheStep) {
   run_ranks(2, [](Rank& r) {
     set_num_threads(1);
     auto net = small_net(1);
-    auto group = group_of(r);
+    auto group = gloo_group(r);
     DistributedDataParallel ddp(net, group);
     optim::SGD opt(net->parameters(), {.lr = 0.05});
     optim::GradScaler scaler;
@@ -136,7 +132,7 @@ TEST(DDPAmp, AnInfOnOneRankMakesEveryRankSkipTheStep) {
 TEST(DDPAmp, CommDtypeChoosesTheCompressionHook) {
   run_ranks(2, [](Rank& r) {
     set_num_threads(1);
-    auto group = group_of(r);
+    auto group = gloo_group(r);
     EXPECT_EQ(DistributedDataParallel(small_net(1), group).reducer().comm_hook().name(),
               "allreduce");
     EXPECT_EQ(DistributedDataParallel(small_net(1), group, {.comm_dtype = kFloat16})

@@ -21,14 +21,10 @@
 namespace loom::dist {
 namespace {
 
+using test::gloo_group;
 using test::Rank;
 using test::run_ranks;
 using test::tensors_close;
-
-std::shared_ptr<ProcessGroup> group_of(Rank& r) {
-  return make_gloo_process_group(r.store, r.rank, r.world_size,
-                                 {.timeout = std::chrono::seconds(10)});
-}
 
 // A small network with every kind of layer the reducer meets (convs, linear, biases), float64.
 std::shared_ptr<nn::Sequential> small_net(uint64_t seed, bool batch_norm = false) {
@@ -76,7 +72,7 @@ void check_parity(int world, bool sync_bn = false) {
       world,
       [sync_bn](Rank& r) {
         set_num_threads(1);
-        auto group = group_of(r);
+        auto group = gloo_group(r);
         // Different seeds per rank: DDP must start every replica from rank 0's weights.
         auto net = small_net(r.rank == 0 ? 1 : 77 + static_cast<uint64_t>(r.rank), sync_bn);
         if (sync_bn) {
@@ -144,7 +140,7 @@ TEST(DDP, GradientsAreAveragedOverRanks) {
     set_num_threads(1);
     auto model = std::make_shared<nn::Linear>(1, 1, /*bias=*/false);
     model->to(kFloat64);
-    DistributedDataParallel ddp(model, group_of(r));
+    DistributedDataParallel ddp(model, gloo_group(r));
     // d sum(w x) / dw = x = r on rank r: the mean over ranks 0, 1, 2 is 1.
     sum(ddp.forward(full({1, 1}, static_cast<double>(r.rank), kFloat64))).backward();
     EXPECT_TRUE(test::values_are(model->weight.grad(), {1.0}, 0));
@@ -155,7 +151,7 @@ TEST(DDP, BucketsFollowReverseRegistrationOrderAndArePrintable) {
   run_ranks(2, [](Rank& r) {
     set_num_threads(1);
     auto net = small_net(1);
-    DistributedDataParallel ddp(net, group_of(r),
+    DistributedDataParallel ddp(net, gloo_group(r),
                                 {.first_bucket_bytes = 256, .bucket_bytes = 1200});
     const auto& buckets = ddp.reducer().buckets();
     // The last registered parameter (the last Linear's bias) is the first of bucket 0.
@@ -187,7 +183,7 @@ TEST(DDP, NoSyncAccumulatesLocallyUntilTheNextSynchronisedBackward) {
   run_ranks(2, [](Rank& r) {
     set_num_threads(1);
     auto net = small_net(1);
-    DistributedDataParallel ddp(net, group_of(r));
+    DistributedDataParallel ddp(net, gloo_group(r));
     auto reference = small_net(1);
     // Two micro-batches: the first under no_sync, the second synchronised: the gradients are
     // the average over ranks of each rank's sum over both micro-batches.
@@ -229,7 +225,7 @@ class Branchy : public nn::Module {
 TEST(DDP, UnusedParametersAreNamedOrFoundWhenAsked) {
   run_ranks(2, [](Rank& r) {
     set_num_threads(1);
-    auto group = group_of(r);
+    auto group = gloo_group(r);
     {
       manual_seed(3);
       auto model = std::make_shared<Branchy>();
@@ -261,7 +257,7 @@ TEST(DDP, CompressionHooksSendSixteenBitsAndSumInFloat32) {
       set_num_threads(1);
       manual_seed(5);
       auto model = std::make_shared<nn::Linear>(16, 8);  // float32, as trained
-      DistributedDataParallel ddp(model, group_of(r));
+      DistributedDataParallel ddp(model, gloo_group(r));
       ddp.register_comm_hook(bf16 ? bf16_compress_hook() : fp16_compress_hook());
       manual_seed(10 + static_cast<uint64_t>(r.rank));
       Tensor x = randn({4, 16});
@@ -292,7 +288,7 @@ TEST(DDP, BuffersFollowRankZeroBeforeEachForward) {
       Tensor count;
     };
     auto model = std::make_shared<WithBuffer>();
-    DistributedDataParallel ddp(model, group_of(r));
+    DistributedDataParallel ddp(model, gloo_group(r));
     model->count.fill_(r.rank == 0 ? 7.0 : -1.0);
     sum(ddp.forward(ones({1, 2}))).backward();
     EXPECT_TRUE(test::values_are(model->count, {7, 7, 7}));
@@ -304,7 +300,7 @@ TEST(DDP, BuffersFollowRankZeroBeforeEachForward) {
 TEST(SyncBatchNorm, UnevenSharesMatchOneBatchNormOnTheWholeBatch) {
   run_ranks(2, [](Rank& r) {
     set_num_threads(1);
-    auto group = group_of(r);
+    auto group = gloo_group(r);
     manual_seed(8);
     Tensor whole = randn({8, 3, 2, 2}, kFloat64) * 2.0 + 1.0;
     Tensor dy = randn({8, 3, 2, 2}, kFloat64);
@@ -336,7 +332,7 @@ TEST(SyncBatchNorm, UnevenSharesMatchOneBatchNormOnTheWholeBatch) {
 TEST(SyncBatchNorm, ARankWithNoSamplesStillTakesPart) {
   run_ranks(2, [](Rank& r) {
     set_num_threads(1);
-    auto group = group_of(r);
+    auto group = gloo_group(r);
     manual_seed(9);
     Tensor whole = randn({4, 2, 3, 3}, kFloat64);
     nn::BatchNorm2d bn(2), plain(2);

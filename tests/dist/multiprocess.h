@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "dist/process_group.h"
 #include "dist/store.h"
 #include "tensor/cuda/runtime.h"
 
@@ -31,6 +32,12 @@ struct Rank {
   int world_size = 1;
   std::shared_ptr<dist::TCPStore> store;  // rank 0 serves it
 };
+
+// This rank's gloo group, with a short timeout so that a test that deadlocks fails quickly.
+inline std::shared_ptr<dist::ProcessGroup> gloo_group(Rank& r) {
+  return dist::make_gloo_process_group(r.store, r.rank, r.world_size,
+                                       {.timeout = std::chrono::seconds(10)});
+}
 
 namespace multiprocess {
 
