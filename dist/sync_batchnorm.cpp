@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "autograd/autocast.h"
 #include "autograd/function.h"
 #include "autograd/graph.h"
 #include "tensor/copy.h"
@@ -27,6 +28,8 @@ class ProcessGroupBatchNormSync : public nn::BatchNormSync {
       : group_(std::move(group)) {}
 
   Tensor forward(nn::BatchNorm2d& bn, const Tensor& x) override {
+    // A norm: float32 under autocast (Note [Autocast policy]).
+    if (autocast::needs_float32({x})) return forward(bn, autocast::to_float32(x));
     const char* op = "SyncBatchNorm";
     LOOM_CHECK(x.dim() == 4 && x.size(1) == bn.num_features, ShapeError, op, ": expected x [N, ",
                bn.num_features, ", H, W]; got x=", x.sizes());

@@ -7,6 +7,7 @@
 
 #include "autograd/autocast.h"
 #include "dist/ddp.h"
+#include "dist/sync_batchnorm.h"
 #include "multiprocess.h"
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
@@ -23,10 +24,11 @@ using test::run_ranks;
 using test::tensors_close;
 
 // Convolution, batch norm and linear layers in float32: the layers autocast treats differently.
-std::shared_ptr<nn::Sequential> small_net(uint64_t seed) {
+std::shared_ptr<nn::Sequential> small_net(uint64_t seed, bool batch_norm = false) {
   manual_seed(seed);
   auto net = std::make_shared<nn::Sequential>();
   net->push_back(nn::make<nn::Conv2d>(2, 8, 3));
+  if (batch_norm) net->push_back(nn::make<nn::BatchNorm2d>(8));
   net->push_back(nn::make<nn::ReLU>());
   net->push_back(nn::make<nn::Flatten>());
   net->push_back(nn::make<nn::Linear>(8 * 3 * 3, 16));
@@ -66,18 +68,21 @@ void train_step(nn::Module& net, optim::SGD& opt, optim::GradScaler& scaler, DTy
 // Two ranks against one process on the whole batch, 6 steps of SGD with momentum. The ranks'
 // products see half the samples, so their 16-bit roundings differ from the reference's: the
 // parameters agree to the 16-bit precision, not bit for bit.
-void check_parity(DType dtype, DType comm_dtype) {
+void check_parity(DType dtype, DType comm_dtype, bool sync_bn = false) {
   run_ranks(
       2,
-      [dtype, comm_dtype](Rank& r) {
+      [dtype, comm_dtype, sync_bn](Rank& r) {
         set_num_threads(1);
-        auto net = small_net(r.rank == 0 ? 1 : 99);  // DDP starts every rank from rank 0's
+        auto net = small_net(r.rank == 0 ? 1 : 99, sync_bn);  // DDP starts every rank from rank 0's
         auto group = gloo_group(r);
+        if (sync_bn) {
+          EXPECT_EQ(convert_sync_batchnorm(*net, group), 1);
+        }
         DistributedDataParallel ddp(net, group, {.comm_dtype = comm_dtype});
         optim::SGD opt(net->parameters(), {.lr = 0.05, .momentum = 0.9});
         optim::GradScaler scaler({.enabled = dtype == kFloat16});
         scaler.set_found_inf_agreement(found_inf_agreement(group));
-        auto reference = small_net(1);
+        auto reference = small_net(1, sync_bn);
         optim::SGD ref_opt(reference->parameters(), {.lr = 0.05, .momentum = 0.9});
         optim::GradScaler ref_scaler({.enabled = dtype == kFloat16});
         for (int step = 0; step < 6; ++step) {
@@ -101,6 +106,9 @@ void check_parity(DType dtype, DType comm_dtype) {
 TEST(DDPAmp, Float16WithLossScalingTwoRanksMatchOneProcess) { check_parity(kFloat16, kFloat32); }
 TEST(DDPAmp, BFloat16TwoRanksMatchOneProcess) { check_parity(kBFloat16, kFloat32); }
 TEST(DDPAmp, Float16GradientsOnTheWireMatchOneProcess) { check_parity(kFloat16, kFloat16); }
+TEST(DDPAmp, WithSyncBatchNormTwoRanksMatchOneProcess) {
+  check_parity(kBFloat16, kFloat32, /*sync_bn=*/true);
+}
 
 TEST(DDPAmp, AnInfOnOneRankMakesEveryRankSkipTheStep) {
   run_ranks(2, [](Rank& r) {
