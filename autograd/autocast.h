@@ -23,14 +23,16 @@
 //   |                | reductions (sum, mean, var, std, amax, amin, max,  | widened to float32; |
 //   |                | min, argmax, argmin, logsumexp), softmax,          | the output is       |
 //   |                | log_softmax, cross_entropy, nll_loss, mse_loss,    | float32             |
-//   |                | batch_norm, layer_norm, pooling (max, avg,         |                     |
-//   |                | adaptive avg), dropout, cat and stack when their   |                     |
-//   |                | inputs' dtypes differ                              |                     |
+//   |                | batch_norm, SyncBatchNorm, layer_norm, pooling     |                     |
+//   |                | (max, avg, adaptive avg), dropout, gather,         |                     |
+//   |                | index_select, scatter_add (their backwards add),   |                     |
+//   |                | cat and stack when their inputs' dtypes differ     |                     |
 //   | as is          | views (view, reshape, permute, transpose, slice,   | run in their input's|
-//   |                | select, narrow, expand, squeeze, unsqueeze,        | dtype (they move no |
-//   |                | flatten), clone, contiguous, to, gather,           | arithmetic)         |
-//   |                | index_select, one_hot, scatter_add                 |                     |
+//   |                | select, narrow, expand, squeeze, unsqueeze,        | dtype (they move    |
+//   |                | flatten, split, chunk), clone, contiguous, to,     | values, no          |
+//   |                | cat and stack of one dtype                         | arithmetic)         |
 //
+//   embedding and one_hot take no 16-bit input (an index, and a float32 weight).
 //   float64 tensors are never cast (as in PyTorch): a region changes only float32 and 16-bit
 //   operands. Outside a region nothing is cast, and the float32 class raises DTypeError for
 //   16-bit inputs, as before: loom computes in float32 and float64, and stores 16-bit values.

@@ -92,6 +92,7 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
 
 // d index_select: dout's rows added into zeros at the rows they were read from (duplicates add)
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
+  if (autocast::needs_float32({x})) return index_select(autocast::to_float32(x), dim, index);
   Tensor out = k::index_select(x, dim, index);  // checks the arguments
   const Shape in_shape = x.sizes();
   return record("index_select", out, {x}, {index},
@@ -104,6 +105,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
 
 // d gather: dout scattered (added) into zeros at the positions it was read from
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
+  if (autocast::needs_float32({x})) return gather(autocast::to_float32(x), dim, index);
   Tensor out = k::gather(x, dim, index);  // checks the arguments
   const Shape in_shape = x.sizes();
   return record("gather", out, {x}, {index},
@@ -116,6 +118,8 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
 
 // d scatter_add: dx = dout ; dsrc = gather(dout, dim, index) where index reaches, 0 elsewhere
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
+  if (autocast::needs_float32({x, src}))
+    return scatter_add(autocast::to_float32(x), dim, index, autocast::to_float32(src));
   Tensor out = k::scatter_add(x, dim, index, src);  // checks the arguments
   const Shape src_shape = src.sizes();
   return record("scatter_add", out, {x, src}, {index},

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "autograd/graph.h"
 #include "autograd/ops.h"
 #include "nn/nn.h"
@@ -152,6 +154,94 @@ TEST_P(Autocast, AParameterChangedInPlaceIsCastAgain) {
   const Tensor after = linear(x, w);
   EXPECT_TRUE(
       tensors_close(after.to(kFloat32), kernels::mul_scalar(before.to(kFloat32), 2.0), 1e-2, 1e-2));
+}
+
+// Every op of the float32 class (Note [Autocast policy]) takes a 16-bit input inside a region,
+// returns float32 and sends a gradient back through the cast to the float32 leaf.
+TEST_P(Autocast, EveryFloat32OpTakesA16BitInputAndSendsItsGradientBack) {
+  const DType low = GetParam();
+  using Op = std::function<Tensor(const Tensor&)>;
+  const Tensor idx = tensor<int64_t>({2, 0, 1}, {3});
+  const Tensor idx2 = tensor<int64_t>({0, 2, 1, 1, 0, 2, 3, 3, 0, 1, 2, 3}, {3, 4});
+  const std::vector<std::pair<std::string, Op>> ops = {
+      {"add", [](const Tensor& h) { return add(h, h); }},
+      {"sub",
+       [](const Tensor& h) {
+         return sub(h, randn({3, 4}));
+       }},
+      {"mul", [](const Tensor& h) { return mul(h, h); }},
+      {"div", [](const Tensor& h) { return div(h, abs(h) + 1.0); }},
+      {"pow", [](const Tensor& h) { return pow(h, 2.0); }},
+      {"maximum",
+       [](const Tensor& h) {
+         return maximum(h, zeros({3, 4}));
+       }},
+      {"scalar ops", [](const Tensor& h) { return (h * 2.0 + 1.0) / 3.0 - 1.0; }},
+      {"neg", [](const Tensor& h) { return neg(h); }},
+      {"exp", [](const Tensor& h) { return exp(h); }},
+      {"log", [](const Tensor& h) { return log(abs(h) + 1.0); }},
+      {"sqrt", [](const Tensor& h) { return sqrt(abs(h) + 1.0); }},
+      {"tanh", [](const Tensor& h) { return tanh(h); }},
+      {"sigmoid", [](const Tensor& h) { return sigmoid(h); }},
+      {"relu", [](const Tensor& h) { return relu(h); }},
+      {"gelu", [](const Tensor& h) { return gelu(h); }},
+      {"clamp", [](const Tensor& h) { return clamp(h, -0.5, 0.5); }},
+      {"where",
+       [](const Tensor& h) {
+         return where(gt(h, zeros({})), h, zeros({3, 4}));
+       }},
+      {"sum", [](const Tensor& h) { return sum(h, {1}); }},
+      {"mean", [](const Tensor& h) { return mean(h); }},
+      {"var", [](const Tensor& h) { return var(h, {0}); }},
+      {"amax", [](const Tensor& h) { return amax(h, {1}); }},
+      {"max(dim)", [](const Tensor& h) { return max(h, 1).first; }},
+      {"logsumexp", [](const Tensor& h) { return logsumexp(h, {1}); }},
+      {"softmax", [](const Tensor& h) { return softmax(h, 1); }},
+      {"log_softmax", [](const Tensor& h) { return log_softmax(h, 1); }},
+      {"cross_entropy", [&](const Tensor& h) { return cross_entropy(h, idx); }},
+      {"mse_loss",
+       [](const Tensor& h) {
+         return mse_loss(h, zeros({3, 4}));
+       }},
+      {"layer_norm", [](const Tensor& h) { return layer_norm(h, {4}); }},
+      {"batch_norm",
+       [](const Tensor& h) {
+         return batch_norm(h, Tensor(), Tensor(), Tensor(), Tensor(), /*training=*/true);
+       }},
+      {"max_pool2d",
+       [](const Tensor& h) {
+         return max_pool2d(reshape(h, {1, 1, 3, 4}), {1, 2});
+       }},
+      {"avg_pool2d",
+       [](const Tensor& h) {
+         return avg_pool2d(reshape(h, {1, 1, 3, 4}), {1, 2});
+       }},
+      {"dropout", [](const Tensor& h) { return dropout(h, 0.5); }},
+      {"index_select", [&](const Tensor& h) { return index_select(h, 0, idx); }},
+      {"gather", [&](const Tensor& h) { return gather(h, 1, idx2); }},
+      {"scatter_add",
+       [&](const Tensor& h) {
+         return scatter_add(zeros({3, 4}), 1, idx2, h);
+       }},
+      {"cat (mixed)",
+       [](const Tensor& h) {
+         return cat({h, zeros({1, 4})}, 0);
+       }},
+  };
+  for (const auto& [name, op] : ops) {
+    const Tensor w = param({3, 4}, 20);
+    Tensor out;
+    {
+      autocast::Guard amp(low);
+      const Tensor h = matmul(w, eye(4));  // a 16-bit product
+      ASSERT_EQ(h.dtype(), low) << name;
+      out = op(h);
+    }
+    EXPECT_EQ(out.dtype(), kFloat32) << name;
+    sum(out).backward();
+    ASSERT_TRUE(w.grad().defined()) << name;
+    EXPECT_EQ(w.grad().dtype(), kFloat32) << name;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(LowPrecision, Autocast, ::testing::Values(kBFloat16, kFloat16),
