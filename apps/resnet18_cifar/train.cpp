@@ -337,9 +337,15 @@ double run(const Options& o) {
     resume = last;
   optim::TrainingProgress progress;
   if (!resume.empty()) {
+    // A run that switches to --amp fp16 from a checkpoint without a loss scale starts a new one.
+    optim::GradScaler* resumed_scaler =
+        saved_scaler && optim::read_checkpoint_metadata(resume).count("scaler.scale") ? saved_scaler
+                                                                                      : nullptr;
+    if (saved_scaler && !resumed_scaler)
+      say("the checkpoint holds no loss scale: starting from %g\n", scaler.get_scale());
     progress = o.eval_only ? optim::load_checkpoint(resume, *model)
                            : optim::load_checkpoint(resume, *model, &optimizer, schedule.get(),
-                                                    /*restore_generator=*/true, saved_scaler);
+                                                    /*restore_generator=*/true, resumed_scaler);
     say("resumed from %s: %lld epochs and %lld steps done\n", resume.c_str(),
         static_cast<long long>(progress.epoch), static_cast<long long>(progress.step));
   }

@@ -114,8 +114,8 @@ TEST_F(App, AMixedPrecisionRunResumesWithItsLossScale) {
   ASSERT_EQ(cut.status, 0) << cut.output;
   const loom::SafetensorsFile file = loom::load_safetensors(path("ckpt/last.safetensors"));
   EXPECT_TRUE(file.metadata.count("scaler.scale")) << "the loss scale is not checkpointed";
-  Result resumed = run_app(amp + "--resume " + path("ckpt/last.safetensors") + " --log-json " +
-                           path("b.json"));
+  Result resumed =
+      run_app(amp + "--resume " + path("ckpt/last.safetensors") + " --log-json " + path("b.json"));
   ASSERT_EQ(resumed.status, 0) << resumed.output;
   const std::vector<json> b = read_log(path("b.json"));
   ASSERT_EQ(b.size(), 2u);  // the resumed rest of epoch 1, epoch 2
@@ -125,7 +125,12 @@ TEST_F(App, AMixedPrecisionRunResumesWithItsLossScale) {
   // bf16 needs no scaler: its checkpoint has none, and the run ends with a finite loss.
   Result bf16 = run_app(kSmall + "--amp bf16 --epochs 1 --checkpoint-dir " + path("bf16"));
   ASSERT_EQ(bf16.status, 0) << bf16.output;
-  EXPECT_FALSE(loom::load_safetensors(path("bf16/last.safetensors")).metadata.count("scaler.scale"));
+  EXPECT_FALSE(
+      loom::load_safetensors(path("bf16/last.safetensors")).metadata.count("scaler.scale"));
+  // Switching to fp16 from such a checkpoint starts a new loss scale.
+  Result switched = run_app(kSmall + "--amp fp16 --resume " + path("bf16/last.safetensors"));
+  ASSERT_EQ(switched.status, 0) << switched.output;
+  EXPECT_NE(switched.output.find("holds no loss scale"), std::string::npos) << switched.output;
   EXPECT_EQ(run_app(kSmall + "--amp fp8").status, 2);
   EXPECT_EQ(run_app(kSmall + "--comm-dtype fp64").status, 2);
 }
@@ -185,10 +190,10 @@ TEST_F(App, BadInputExitsWithStatusTwoAndSaysWhy) {
   Result help = run_app("--help");
   EXPECT_EQ(help.status, 0);
   for (const char* flag :
-       {"--data", "--dataset", "--epochs", "--batch-size", "--lr", "--momentum", "--weight-decay",
-        "--nesterov", "--schedule", "--width", "--seed", "--threads", "--checkpoint-dir",
-        "--resume", "--eval-only", "--max-steps", "--log-json", "--gpus", "--backend", "--amp",
-        "--comm-dtype"})
+       {"--data",           "--dataset",  "--epochs",    "--batch-size", "--lr",       "--momentum",
+        "--weight-decay",   "--nesterov", "--schedule",  "--width",      "--seed",     "--threads",
+        "--checkpoint-dir", "--resume",   "--eval-only", "--max-steps",  "--log-json", "--gpus",
+        "--backend",        "--amp",      "--comm-dtype"})
     EXPECT_NE(help.output.find(flag), std::string::npos) << flag;
 }
 
