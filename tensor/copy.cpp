@@ -12,6 +12,7 @@
 #include "tensor/cuda/copy.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/dispatch.h"
+#include "tensor/parallel.h"
 #include "tensor/view.h"
 
 namespace loom::kernels {
@@ -20,10 +21,16 @@ namespace {
 
 // float32 <-> float16 in one instruction where the CPU has F16C (round to nearest even, as
 // Half's own conversions): autocast converts every activation of a float16 product.
+#if defined(__F16C__)
+uint16_t to_half_bits(float v) {
+  return static_cast<uint16_t>(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT));
+}
+#endif
+
 Half to_half(float v) {
 #if defined(__F16C__)
   Half h;
-  h.bits = static_cast<uint16_t>(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT));
+  h.bits = to_half_bits(v);
   return h;
 #else
   return Half(v);
@@ -61,7 +68,43 @@ To convert(From v) {
   }
 }
 
+// float32 <-> float16 between dense tensors of one shape, eight values an instruction (F16C):
+// the casts around every float16 product of autocast. False when this path does not apply.
+bool convert_dense_half(const Tensor& dst, const Tensor& src) {
+#if defined(__F16C__)
+  const bool to_half = dst.dtype() == kFloat16 && src.dtype() == kFloat32;
+  const bool from_half = dst.dtype() == kFloat32 && src.dtype() == kFloat16;
+  if (!(to_half || from_half) || dst.sizes() != src.sizes() || !dst.is_contiguous() ||
+      !src.is_contiguous())
+    return false;
+  const int64_t n = dst.numel();
+  parallel_for(0, n, cpu::kParallelGrain, [&](int64_t lo, int64_t hi) {
+    int64_t i = lo;
+    if (to_half) {
+      const float* s = static_cast<const float*>(src.data());
+      auto* d = static_cast<uint16_t*>(dst.data());
+      for (; i + 8 <= hi; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+      for (; i < hi; ++i) d[i] = to_half_bits(s[i]);
+    } else {
+      const auto* s = static_cast<const uint16_t*>(src.data());
+      float* d = static_cast<float*>(dst.data());
+      for (; i + 8 <= hi; i += 8)
+        _mm256_storeu_ps(d + i,
+                         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+      for (; i < hi; ++i) d[i] = _cvtsh_ss(s[i]);
+    }
+  });
+  return true;
+#else
+  (void)dst, (void)src;
+  return false;
+#endif
+}
+
 void copy_cpu(const Tensor& dst, const Tensor& src) {
+  if (convert_dense_half(dst, src)) return;
   dispatch_all(dst.dtype(), "copy_", [&]<typename To>() {
     dispatch_all(src.dtype(), "copy_", [&]<typename From>() {
       cpu::map<To, From>(

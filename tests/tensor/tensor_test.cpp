@@ -4,7 +4,10 @@
 #include <cmath>
 #include <limits>
 
+#include "tensor/copy.h"
 #include "tensor/cuda/runtime.h"
+#include "tensor/index.h"
+#include "tensor/view.h"
 #include "test_util.h"
 
 using namespace loom;
@@ -43,6 +46,39 @@ TEST(DType, HalfRoundsToNearestEven) {
     if (std::isnan(f)) continue;
     ASSERT_EQ(Half(f).bits, h.bits) << bits;
   }
+}
+
+// Tensor conversions (to_dtype) take a vectorised path for dense float32 <-> float16 and an
+// element-by-element one otherwise: both give Half's own rounding, for every half value, the
+// ties between them and values beyond the range.
+TEST(DType, DenseAndStridedHalfConversionsAgreeWithHalf) {
+  std::vector<float> values;
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    Half h;
+    h.bits = static_cast<uint16_t>(bits);
+    const float f = h;
+    if (std::isnan(f)) continue;
+    values.push_back(f);
+    values.push_back(std::nextafter(f, 0.0f));             // rounds to f or its neighbour
+    values.push_back(f * (1.0f + std::ldexp(1.0f, -11)));  // about half an ulp away: ties
+  }
+  values.push_back(1e6f);
+  values.push_back(-1e-9f);
+  const auto n = static_cast<int64_t>(values.size());
+  const Tensor dense = tensor<float>(values, {n});
+  const Tensor every_other = kernels::select(kernels::stack({dense, dense}, 1), 1, 0);  // stride 2
+  const Tensor from_dense = kernels::to_dtype(dense, kFloat16);
+  const Tensor from_strided = kernels::to_dtype(every_other, kFloat16);  // element by element
+  const auto* a = from_dense.data_ptr<Half>();
+  const auto* b = from_strided.data_ptr<Half>();
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(a[i].bits, Half(values[i]).bits) << values[i];
+    ASSERT_EQ(b[i].bits, a[i].bits) << values[i];
+  }
+  // And back: dense float16 to float32 against Half's own conversion.
+  const Tensor back = kernels::to_dtype(from_dense, kFloat32);
+  const float* c = back.data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(c[i], static_cast<float>(a[i])) << values[i];
 }
 
 TEST(DType, BFloat16RoundsToNearestEven) {
