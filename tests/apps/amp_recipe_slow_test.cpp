@@ -5,6 +5,7 @@
 // are in docs/benchmarks.md. Slow: labelled so, and skipped where the dataset is not installed.
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -23,7 +24,8 @@ const std::string kData = "/usr/share/datasets/fashion-mnist";
 // The test accuracy of the recipe with --amp `amp`, read from the run's JSON log (-1 when the
 // run failed; its output is then printed).
 double recipe_accuracy(const std::string& amp) {
-  const fs::path log = fs::temp_directory_path() / ("loom_amp_recipe_" + amp + ".jsonl");
+  const fs::path log = fs::temp_directory_path() /
+                       ("loom_amp_recipe_" + std::to_string(getpid()) + "_" + amp + ".jsonl");
   fs::remove(log);
   const std::string command = kApp + " --dataset fashion-mnist --data " + kData +
                               " --epochs 1 --batch-size 128 --width 16 --lr 0.2 --momentum 0.9 "
