@@ -131,8 +131,7 @@ Tensor reduce_to_input(Tensor grad, const TensorMeta& input, const std::string& 
 // float32 and rounded once: loom has no 16-bit arithmetic (Note [Autocast policy]).
 Tensor accumulate(const Tensor& a, const Tensor& b) {
   if (!is_16bit_float(a.dtype())) return kernels::add(a, b);
-  return kernels::to_dtype(
-      kernels::add(kernels::to_dtype(a, kFloat32), kernels::to_dtype(b, kFloat32)), a.dtype());
+  return kernels::to_dtype(kernels::add(kernels::widened(a), kernels::widened(b)), a.dtype());
 }
 
 struct NewestFirst {

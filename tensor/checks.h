@@ -23,12 +23,11 @@ inline Device common_device(const char* op, std::initializer_list<Tensor> tensor
   return first->device();
 }
 
-// The device switch of an op (Decision 2): true when any operand lives on a CUDA device, whose
-// kernel (tensor/cuda/<family>.cu) then checks the arguments itself.
-inline bool on_cuda(std::initializer_list<Tensor> tensors) {
-  for (const Tensor& t : tensors)
-    if (t.defined() && t.is_cuda()) return true;
-  return false;
+// The device switch of an op (Decision 2): true when its operands live on a CUDA device, whose
+// kernel (tensor/cuda/<family>.cu) then runs. Operands on different devices are refused here,
+// once for both backends (DeviceError), so that no kernel is handed a pointer it cannot read.
+inline bool on_cuda(const char* op, std::initializer_list<Tensor> tensors) {
+  return common_device(op, tensors).is_cuda();
 }
 
 }  // namespace loom::kernels

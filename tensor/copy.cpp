@@ -78,7 +78,7 @@ bool convert_dense_half(const Tensor& dst, const Tensor& src) {
       !src.is_contiguous())
     return false;
   const int64_t n = dst.numel();
-  parallel_for(0, n, cpu::kParallelGrain, [&](int64_t lo, int64_t hi) {
+  parallel_for(0, n, kParallelGrain, [&](int64_t lo, int64_t hi) {
     int64_t i = lo;
     if (to_half) {
       const float* s = static_cast<const float*>(src.data());
@@ -187,6 +187,10 @@ Tensor to_dtype(const Tensor& t, DType dtype) {
   Tensor out = empty(t.sizes(), dtype, t.device());
   copy_(out, t);
   return out;
+}
+
+Tensor widened(const Tensor& t) {
+  return t.defined() && is_16bit_float(t.dtype()) ? to_dtype(t, kFloat32) : t;
 }
 
 Tensor to_device(const Tensor& t, Device device) {

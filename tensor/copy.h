@@ -15,5 +15,8 @@ Tensor contiguous(const Tensor& t);             // t itself when already contigu
 Tensor clone(const Tensor& t);                  // always a fresh contiguous copy
 Tensor to_dtype(const Tensor& t, DType dtype);  // t itself when already of that dtype
 Tensor to_device(const Tensor& t, Device device);
+// t in float32 when it is float16 or bfloat16 (exactly: every 16-bit value is a float32 value),
+// t itself otherwise (undefined included). loom's arithmetic on 16-bit data runs in float32.
+Tensor widened(const Tensor& t);
 
 }  // namespace loom::kernels

@@ -7,6 +7,15 @@
 
 namespace loom {
 
+// Below this many elements a loop runs on one thread: a parallel region costs a few microseconds.
+inline constexpr int64_t kParallelGrain = 32768;
+
+// The grain, in items, of a loop whose items each cost `work` elements: a chunk holds about
+// kParallelGrain elements.
+inline int64_t grain_for(int64_t work) {
+  return work >= kParallelGrain ? 1 : kParallelGrain / (work > 0 ? work : 1);
+}
+
 // The number of threads CPU kernels use (default: the machine's cores, or OMP_NUM_THREADS).
 void set_num_threads(int n);
 int get_num_threads();

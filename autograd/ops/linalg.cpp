@@ -19,13 +19,6 @@ using autograd::Grads;
 using autograd::record;
 using autograd::Saved;
 
-// A 16-bit gradient (autocast's products) in float32 for the sums and scalings of the
-// backwards below, which have no 16-bit kernels; the engine rounds the result to the input's
-// dtype.
-static Tensor widened(const Tensor& t) {
-  return is_16bit_float(t.dtype()) ? k::to_dtype(t, kFloat32) : t;
-}
-
 // a [M,K] @ b [K,N]: da = dout @ b^T ; db = a^T @ dout
 static Tensor mm(const Tensor& a, const Tensor& b) {
   if (autocast::needs_low({a, b})) return mm(autocast::to_low(a), autocast::to_low(b));
@@ -89,7 +82,8 @@ Tensor addmm(const Tensor& input, const Tensor& a, const Tensor& b, double beta,
   return record(
       "addmm", k::addmm(input, a, b, beta, alpha), {input, a, b}, {a, b},
       [beta, alpha](const Grads& dout, Saved& s, Grads& g) {
-        if (s.needs_grad(0)) g[0] = beta == 1.0 ? dout[0] : k::mul_scalar(widened(dout[0]), beta);
+        if (s.needs_grad(0))
+          g[0] = beta == 1.0 ? dout[0] : k::mul_scalar(k::widened(dout[0]), beta);
         if (s.needs_grad(1)) {
           g[1] = empty({dout[0].size(0), s[1].size(0)}, dout[0].dtype(), dout[0].device());
           k::mm_out(g[1], dout[0], k::transpose(s[1], 0, 1), alpha);
@@ -122,7 +116,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                [](const Grads& dout, Saved& s, Grads& g) {
                  if (s.needs_grad(0)) g[0] = k::mm(dout[0], s[1]);
                  if (s.needs_grad(1)) g[1] = k::mm(k::transpose(dout[0], 0, 1), s[0]);
-                 if (s.needs_grad(2)) g[2] = k::sum(widened(dout[0]), {0});
+                 if (s.needs_grad(2)) g[2] = k::sum(k::widened(dout[0]), {0});
                });
   if (x.dim() == 2) return out;
   Shape out_shape(x.sizes().begin(), x.sizes().end() - 1);

@@ -769,9 +769,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
   const Shape out_shape = conv2d_output_shape(x, weight, bias, options);
   if (x.is_cuda()) return cuda::conv2d(x, weight, bias, options);
   if (is_16bit_float(x.dtype())) {  // Note [16-bit products on the CPU] (tensor/cpu/linalg.cpp)
-    const Tensor b32 = bias.defined() ? to_dtype(bias, kFloat32) : Tensor();
-    return to_dtype(conv2d(to_dtype(x, kFloat32), to_dtype(weight, kFloat32), b32, options),
-                    x.dtype());
+    return to_dtype(conv2d(widened(x), widened(weight), widened(bias), options), x.dtype());
   }
   Tensor out = empty(out_shape, x.dtype(), x.device());
   if (out.numel() == 0) return out;
@@ -802,8 +800,7 @@ Conv2dGrads conv2d_backward(const Tensor& dout, const Tensor& x, const Tensor& w
              "conv2d_backward: dtypes differ; got dout=", dout.dtype(), " x=", x.dtype());
   if (x.is_cuda()) return cuda::conv2d_backward(dout, x, weight, options, needs);
   if (is_16bit_float(x.dtype())) {  // Note [16-bit products on the CPU] (tensor/cpu/linalg.cpp)
-    Conv2dGrads grads = conv2d_backward(to_dtype(dout, kFloat32), to_dtype(x, kFloat32),
-                                        to_dtype(weight, kFloat32), options, needs);
+    Conv2dGrads grads = conv2d_backward(widened(dout), widened(x), widened(weight), options, needs);
     for (Tensor* g : {&grads.dx, &grads.dweight, &grads.dbias})
       if (g->defined()) *g = to_dtype(*g, x.dtype());
     return grads;

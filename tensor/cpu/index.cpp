@@ -22,8 +22,6 @@ namespace loom::kernels {
 
 namespace {
 
-constexpr int64_t kGrain = 32768;  // elements below which a loop stays on one thread
-
 // Each op checks that its operands share a device, then what it can check on the host; its CUDA
 // branch follows (tensor/cuda/index.cu checks the index ranges on the device).
 
@@ -79,7 +77,7 @@ void select_rows(const Tensor& src, int64_t outer, int64_t n, int64_t inner, con
   const size_t row_bytes = static_cast<size_t>(inner) * src.itemsize();
   const char* s = static_cast<const char*>(src.data());
   char* o = static_cast<char*>(out.data());
-  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(inner, 1));
+  const int64_t grain = grain_for(inner);
   parallel_for(0, outer * m, grain, [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
       const int64_t outer_i = r / m, j = r % m;
@@ -112,7 +110,7 @@ void accumulate_rows(T* dst, const T* src, int64_t outer, int64_t n, int64_t m, 
   const int64_t blocks = (inner + kBlock - 1) / kBlock;
   const int64_t units = outer * n * blocks;
   const int64_t work = (kOverwrite ? outer * n : 0) + outer * m;
-  const int64_t grain = work * inner >= kGrain ? 1 : units + 1;  // inline when small
+  const int64_t grain = work * inner >= kParallelGrain ? 1 : units + 1;  // inline when small
   parallel_for(0, units, grain, [&](int64_t lo, int64_t hi) {
     for (int64_t u = lo; u < hi; ++u) {
       const int64_t b = u % blocks, row = u / blocks, v = row % n, outer_i = row / n;
@@ -142,7 +140,7 @@ void for_each_line(const Shape& shape, int64_t dim, const std::array<Shape, K>& 
   const int64_t lines = shape_numel(sizes);
   const int64_t line_length = std::max<int64_t>(shape[dim], 1);
   const int64_t r = static_cast<int64_t>(sizes.size());
-  parallel_for(0, lines, std::max<int64_t>(1, kGrain / line_length), [&](int64_t lo, int64_t hi) {
+  parallel_for(0, lines, grain_for(line_length), [&](int64_t lo, int64_t hi) {
     Shape coord(r, 0);
     std::array<int64_t, K> off{};
     for (int64_t i = r - 1, rest = lo; i >= 0; --i) {
@@ -212,7 +210,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   for (size_t i = 0; i < parts.size(); ++i) col[i + 1] = col[i] + parts[i].size(d) * inner;
   const size_t item = out.itemsize();
   char* o = static_cast<char*>(out.data());
-  parallel_for(0, outer * out_row, kGrain, [&](int64_t lo, int64_t hi) {
+  parallel_for(0, outer * out_row, kParallelGrain, [&](int64_t lo, int64_t hi) {
     int64_t pos = lo;
     while (pos < hi) {
       const int64_t row = pos / out_row, c = pos % out_row;
@@ -463,7 +461,7 @@ Tensor one_hot(const Tensor& index, int64_t num_classes) {
   out_shape.push_back(num_classes);
   Tensor out = zeros(out_shape, kInt64);
   int64_t* op = out.data_ptr<int64_t>();
-  parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
+  parallel_for(0, n, kParallelGrain, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) op[i * num_classes + ip[i]] = 1;
   });
   return out;

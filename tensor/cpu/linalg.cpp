@@ -65,7 +65,7 @@ void mm_out(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, d
   if (a.is_cuda()) return cuda::mm_out(out, a, b, alpha, beta);  // bumps the version itself
   if (is_16bit_float(a.dtype())) {  // Note [16-bit products on the CPU]
     const Tensor out32 = beta == 0.0 ? empty(out.sizes(), kFloat32) : to_dtype(out, kFloat32);
-    mm_out(out32, to_dtype(a, kFloat32), to_dtype(b, kFloat32), alpha, beta);
+    mm_out(out32, widened(a), widened(b), alpha, beta);
     copy_(out, out32);  // bumps out's version
     return;
   }

@@ -17,9 +17,6 @@
 
 namespace loom::cpu {
 
-// Below this many elements a loop runs on one thread: a parallel region costs a few microseconds.
-inline constexpr int64_t kParallelGrain = 32768;
-
 // Strides of `t` when broadcast to `shape` (0 in the dims it repeats).
 inline Shape broadcast_strides(const Tensor& t, const Shape& shape) {
   Shape s(shape.size(), 0);
@@ -140,7 +137,7 @@ void map(const Tensor& out, F&& f, const Ins&... in) {
     return;
   }
   // Many rows: split by rows, when there are enough elements to pay for the threads.
-  const int64_t row_grain = std::max<int64_t>(1, kParallelGrain / plan.sizes.back());
+  const int64_t row_grain = grain_for(plan.sizes.back());
   parallel_for(0, rows, row_grain, [&](int64_t lo, int64_t hi) {
     for_each_row<N>(plan, base, bytes, lo, hi, row_body);
   });

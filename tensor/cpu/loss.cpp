@@ -23,8 +23,7 @@ namespace loom::kernels {
 
 namespace {
 
-constexpr int64_t kGrain = 32768;  // elements below which a loop stays on one thread
-constexpr int64_t kLanes = 256;    // inner positions a softmax lane block handles at once
+constexpr int64_t kLanes = 256;  // inner positions a softmax lane block handles at once
 
 void cpu_only(const char* op, std::initializer_list<Tensor> tensors) {
   LOOM_ASSERT(common_device(op, tensors).is_cpu(), op, ": a CUDA operand missed the device switch");
@@ -142,26 +141,23 @@ Tensor softmax_family(const char* op, const Tensor& a, const Tensor& b, int64_t 
     T* op_ = out.data_ptr<T>();
     if (l.inner == 1) {
       // Rows split across threads.
-      parallel_for(0, l.outer, std::max<int64_t>(1, kGrain / std::max<int64_t>(l.n, 1)),
-                   [&](int64_t lo, int64_t hi) {
-                     for (int64_t r = lo; r < hi; ++r)
-                       softmax_row<T, kind>(ap + r * l.n, bp ? bp + r * l.n : nullptr,
-                                            op_ + r * l.n, l.n);
-                   });
+      parallel_for(0, l.outer, grain_for(l.n), [&](int64_t lo, int64_t hi) {
+        for (int64_t r = lo; r < hi; ++r)
+          softmax_row<T, kind>(ap + r * l.n, bp ? bp + r * l.n : nullptr, op_ + r * l.n, l.n);
+      });
       return;
     }
     // Lane blocks (outer index, block of kLanes inner positions) split across threads.
     const int64_t blocks = (l.inner + kLanes - 1) / kLanes;
     const int64_t work = l.n * std::min(l.inner, kLanes);
-    parallel_for(0, l.outer * blocks, std::max<int64_t>(1, kGrain / std::max<int64_t>(work, 1)),
-                 [&](int64_t lo, int64_t hi) {
-                   for (int64_t u = lo; u < hi; ++u) {
-                     const int64_t o = u / blocks, i0 = (u % blocks) * kLanes;
-                     const int64_t base = o * l.n * l.inner + i0;
-                     softmax_lanes<T, kind>(ap + base, bp ? bp + base : nullptr, op_ + base, l.n,
-                                            l.inner, std::min(kLanes, l.inner - i0));
-                   }
-                 });
+    parallel_for(0, l.outer * blocks, grain_for(work), [&](int64_t lo, int64_t hi) {
+      for (int64_t u = lo; u < hi; ++u) {
+        const int64_t o = u / blocks, i0 = (u % blocks) * kLanes;
+        const int64_t base = o * l.n * l.inner + i0;
+        softmax_lanes<T, kind>(ap + base, bp ? bp + base : nullptr, op_ + base, l.n, l.inner,
+                               std::min(kLanes, l.inner - i0));
+      }
+    });
   });
   return out;
 }
@@ -187,7 +183,7 @@ ClassLayout class_layout(const Shape& input) {
 // result does not depend on the thread count. f(lo, hi) returns the sum of its block.
 template <typename F>
 double blocked_sum(int64_t count, int64_t per_item_work, F&& block_sum) {
-  const int64_t block = std::max<int64_t>(1, kGrain / std::max<int64_t>(per_item_work, 1));
+  const int64_t block = grain_for(per_item_work);
   const int64_t blocks = (count + block - 1) / block;
   std::vector<double> partial(blocks, 0.0);
   parallel_for(0, blocks, 1, [&](int64_t lo, int64_t hi) {
@@ -214,25 +210,26 @@ GradScale grad_scale(const Tensor& dloss, Reduction reduction, double divisor, D
 }  // namespace
 
 Tensor softmax(const Tensor& x, int64_t dim) {
-  if (on_cuda({x})) return cuda::softmax(x, dim);
+  if (on_cuda("softmax", {x})) return cuda::softmax(x, dim);
   return softmax_family<SoftmaxKind::Softmax>("softmax", x, Tensor(), dim);
 }
 Tensor log_softmax(const Tensor& x, int64_t dim) {
-  if (on_cuda({x})) return cuda::log_softmax(x, dim);
+  if (on_cuda("log_softmax", {x})) return cuda::log_softmax(x, dim);
   return softmax_family<SoftmaxKind::LogSoftmax>("log_softmax", x, Tensor(), dim);
 }
 Tensor softmax_backward(const Tensor& dy, const Tensor& y, int64_t dim) {
-  if (on_cuda({dy, y})) return cuda::softmax_backward(dy, y, dim);
+  if (on_cuda("softmax_backward", {dy, y})) return cuda::softmax_backward(dy, y, dim);
   return softmax_family<SoftmaxKind::SoftmaxBackward>("softmax_backward", y, dy, dim);
 }
 Tensor log_softmax_backward(const Tensor& dy, const Tensor& y, int64_t dim) {
-  if (on_cuda({dy, y})) return cuda::log_softmax_backward(dy, y, dim);
+  if (on_cuda("log_softmax_backward", {dy, y})) return cuda::log_softmax_backward(dy, y, dim);
   return softmax_family<SoftmaxKind::LogSoftmaxBackward>("log_softmax_backward", y, dy, dim);
 }
 
 int64_t check_class_target(const char* op, const Tensor& input, const Tensor& target,
                            int64_t ignore_index) {
-  if (on_cuda({input, target})) return cuda::check_class_target(op, input, target, ignore_index);
+  if (on_cuda(op, {input, target}))
+    return cuda::check_class_target(op, input, target, ignore_index);
   LOOM_CHECK(input.dim() >= 2, ShapeError, op,
              ": expected input of shape [N, C, ...]; got input=", input.sizes(),
              " target=", target.sizes());
@@ -266,7 +263,7 @@ int64_t check_class_target(const char* op, const Tensor& input, const Tensor& ta
 CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& target,
                                           Reduction reduction, int64_t ignore_index,
                                           double label_smoothing) {
-  if (on_cuda({logits, target}))
+  if (on_cuda("cross_entropy_forward", {logits, target}))
     return cuda::cross_entropy_forward(logits, target, reduction, ignore_index, label_smoothing);
   const char* op = "cross_entropy";
   cpu_only(op, {logits, target});
@@ -308,10 +305,9 @@ CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& ta
         return loss;
       };
       if (per_position) {
-        parallel_for(0, l.positions(), std::max<int64_t>(1, kGrain / std::max<int64_t>(classes, 1)),
-                     [&](int64_t lo, int64_t hi) {
-                       for (int64_t p = lo; p < hi; ++p) lp[p] = static_cast<T>(position_loss(p));
-                     });
+        parallel_for(0, l.positions(), grain_for(classes), [&](int64_t lo, int64_t hi) {
+          for (int64_t p = lo; p < hi; ++p) lp[p] = static_cast<T>(position_loss(p));
+        });
         return;
       }
       const double total = blocked_sum(l.positions(), classes, [&](int64_t lo, int64_t hi) {
@@ -332,7 +328,7 @@ CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& ta
 Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const Tensor& target,
                               const Tensor& lse, Reduction reduction, int64_t ignore_index,
                               double label_smoothing, int64_t count) {
-  if (on_cuda({dloss, logits, target, lse}))
+  if (on_cuda("cross_entropy_backward", {dloss, logits, target, lse}))
     return cuda::cross_entropy_backward(dloss, logits, target, lse, reduction, ignore_index,
                                         label_smoothing, count);
   const char* op = "cross_entropy_backward";
@@ -357,24 +353,23 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const T
       const int64_t classes = l.c;
       const T uniform = static_cast<T>(ls / classes), on_target = static_cast<T>(1.0 - ls);
       // Positions split across threads.
-      parallel_for(0, l.positions(), std::max<int64_t>(1, kGrain / std::max<int64_t>(classes, 1)),
-                   [&](int64_t lo, int64_t hi) {
-                     for (int64_t p = lo; p < hi; ++p) {
-                       T* d = dp + p * classes;
-                       const int64_t t = static_cast<int64_t>(tp[p]);
-                       if (t == ignore_index) {
-                         std::fill(d, d + classes, T(0));
-                         continue;
-                       }
-                       const ConstRun<T> x(xp + p * classes, classes);
-                       const T scale = gp ? gp[p] : static_cast<T>(g.value);
-                       // lse as hi + lo in T: x - hi is exact near the top logits, so softmax keeps
-                       // float precision even when lse is large.
-                       const T hi = static_cast<T>(lp[p]), lo = static_cast<T>(lp[p] - double(hi));
-                       Run<T>(d, classes) = scale * (((x - hi) - lo).exp() - uniform);
-                       d[t] -= scale * on_target;
-                     }
-                   });
+      parallel_for(0, l.positions(), grain_for(classes), [&](int64_t lo, int64_t hi) {
+        for (int64_t p = lo; p < hi; ++p) {
+          T* d = dp + p * classes;
+          const int64_t t = static_cast<int64_t>(tp[p]);
+          if (t == ignore_index) {
+            std::fill(d, d + classes, T(0));
+            continue;
+          }
+          const ConstRun<T> x(xp + p * classes, classes);
+          const T scale = gp ? gp[p] : static_cast<T>(g.value);
+          // lse as hi + lo in T: x - hi is exact near the top logits, so softmax keeps
+          // float precision even when lse is large.
+          const T hi = static_cast<T>(lp[p]), lo = static_cast<T>(lp[p] - double(hi));
+          Run<T>(d, classes) = scale * (((x - hi) - lo).exp() - uniform);
+          d[t] -= scale * on_target;
+        }
+      });
     });
   });
   if (l.s == 1) return reshape(drows, logits.sizes());
@@ -384,7 +379,7 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const T
 // Positions split across threads; each reads (and its backward writes) one element.
 NllLossForward nll_loss_forward(const Tensor& log_probs, const Tensor& target, const Tensor& weight,
                                 Reduction reduction, int64_t ignore_index) {
-  if (on_cuda({log_probs, target, weight}))
+  if (on_cuda("nll_loss_forward", {log_probs, target, weight}))
     return cuda::nll_loss_forward(log_probs, target, weight, reduction, ignore_index);
   const char* op = "nll_loss";
   cpu_only(op, {log_probs, target, weight});
@@ -417,7 +412,7 @@ NllLossForward nll_loss_forward(const Tensor& log_probs, const Tensor& target, c
       };
       if (per_position) {
         T* lp = out.loss.data_ptr<T>();
-        parallel_for(0, l.positions(), kGrain, [&](int64_t lo, int64_t hi) {
+        parallel_for(0, l.positions(), kParallelGrain, [&](int64_t lo, int64_t hi) {
           for (int64_t p = lo; p < hi; ++p) lp[p] = static_cast<T>(loss_of(p));
         });
       } else {
@@ -441,7 +436,7 @@ NllLossForward nll_loss_forward(const Tensor& log_probs, const Tensor& target, c
 Tensor nll_loss_backward(const Tensor& dloss, const Shape& input_shape, const Tensor& target,
                          const Tensor& weight, Reduction reduction, int64_t ignore_index,
                          double total_weight) {
-  if (on_cuda({dloss, target, weight}))
+  if (on_cuda("nll_loss_backward", {dloss, target, weight}))
     return cuda::nll_loss_backward(dloss, input_shape, target, weight, reduction, ignore_index,
                                    total_weight);
   const char* op = "nll_loss_backward";
@@ -461,7 +456,7 @@ Tensor nll_loss_backward(const Tensor& dloss, const Shape& input_shape, const Te
       const T* gp = g.per_position.defined() ? g.per_position.data_ptr<T>() : nullptr;
       const I* tp = tc.data_ptr<I>();
       T* dp = dx.data_ptr<T>();
-      parallel_for(0, l.positions(), kGrain, [&](int64_t lo, int64_t hi) {
+      parallel_for(0, l.positions(), kParallelGrain, [&](int64_t lo, int64_t hi) {
         for (int64_t p = lo; p < hi; ++p) {
           const int64_t t = static_cast<int64_t>(tp[p]);
           if (t == ignore_index) continue;
@@ -478,7 +473,7 @@ Tensor nll_loss_backward(const Tensor& dloss, const Shape& input_shape, const Te
 // ---------------------------------------------------------------- mse
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
-  if (on_cuda({input, target})) return cuda::mse_loss(input, target, reduction);
+  if (on_cuda("mse_loss", {input, target})) return cuda::mse_loss(input, target, reduction);
   const char* op = "mse_loss";
   cpu_only(op, {input, target});
   LOOM_CHECK(input.sizes() == target.sizes(), ShapeError, op,
@@ -496,7 +491,7 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
     const T *xp = xc.data_ptr<T>(), *tp = tc.data_ptr<T>();
     T* o = out.data_ptr<T>();
     if (per_element) {
-      parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
+      parallel_for(0, n, kParallelGrain, [&](int64_t lo, int64_t hi) {
         for (int64_t i = lo; i < hi; ++i) o[i] = (xp[i] - tp[i]) * (xp[i] - tp[i]);
       });
       return;
@@ -518,7 +513,7 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
 
 Tensor mse_loss_backward(const Tensor& dloss, const Tensor& input, const Tensor& target,
                          Reduction reduction) {
-  if (on_cuda({dloss, input, target}))
+  if (on_cuda("mse_loss_backward", {dloss, input, target}))
     return cuda::mse_loss_backward(dloss, input, target, reduction);
   const char* op = "mse_loss_backward";
   cpu_only(op, {dloss, input, target});
@@ -531,7 +526,7 @@ Tensor mse_loss_backward(const Tensor& dloss, const Tensor& input, const Tensor&
     const T* gp = g.per_position.defined() ? g.per_position.data_ptr<T>() : nullptr;
     const T scale = static_cast<T>(2.0 * g.value);
     T* d = dx.data_ptr<T>();
-    parallel_for(0, input.numel(), kGrain, [&](int64_t lo, int64_t hi) {
+    parallel_for(0, input.numel(), kParallelGrain, [&](int64_t lo, int64_t hi) {
       if (gp)
         for (int64_t i = lo; i < hi; ++i) d[i] = T(2) * (xp[i] - tp[i]) * gp[i];
       else

@@ -19,8 +19,6 @@ namespace loom::kernels {
 
 namespace {
 
-constexpr int64_t kGrain = 32768;  // elements below which a loop stays on one thread
-
 void cpu_only(const char* op, std::initializer_list<Tensor> tensors) {
   LOOM_ASSERT(common_device(op, tensors).is_cpu(), op, ": a CUDA operand missed the device switch");
 }
@@ -70,11 +68,6 @@ Tensor channel_vector(const char* op, const char* name, const Tensor& t, int64_t
 template <typename T>
 T* ptr_or_null(const Tensor& t) {
   return t.defined() ? t.data_ptr<T>() : nullptr;
-}
-
-// Channels per parallel chunk: enough that a chunk holds ~kGrain values.
-int64_t channel_grain(const ChannelLayout& l) {
-  return std::max<int64_t>(1, kGrain / std::max<int64_t>(l.count(), 1));
 }
 
 // Sum of f(value, index-in-row) over one channel of [N, C, S].
@@ -161,7 +154,7 @@ DxCoefficients dx_coefficients(double weight, double mean, double invstd, bool t
 // ---------------------------------------------------------------- batch norm statistics
 
 BatchNormSums batch_norm_sums(const Tensor& x) {
-  if (on_cuda({x})) return cuda::batch_norm_sums(x);
+  if (on_cuda("batch_norm_sums", {x})) return cuda::batch_norm_sums(x);
   cpu_only("batch_norm_sums", {x});
   const ChannelLayout l = channel_layout("batch_norm_sums", x);
   const Tensor xc = contiguous(x);
@@ -170,7 +163,7 @@ BatchNormSums batch_norm_sums(const Tensor& x) {
     const T* xp = xc.data_ptr<T>();
     double* sum = out.sum.data_ptr<double>();
     double* sum_sq = out.sum_sq.data_ptr<double>();
-    parallel_for(0, l.c, channel_grain(l), [&](int64_t lo, int64_t hi) {
+    parallel_for(0, l.c, grain_for(l.count()), [&](int64_t lo, int64_t hi) {
       for (int64_t c = lo; c < hi; ++c) {
         sum[c] = channel_sum(xp, l, c, [](const T* r, int64_t i) { return double(r[i]); });
         sum_sq[c] = channel_sum(xp, l, c,
@@ -183,7 +176,7 @@ BatchNormSums batch_norm_sums(const Tensor& x) {
 
 BatchNormStats batch_norm_stats_from_sums(const Tensor& sum, const Tensor& sum_sq, int64_t count,
                                           double eps, DType dtype) {
-  if (on_cuda({sum, sum_sq}))
+  if (on_cuda("batch_norm_stats_from_sums", {sum, sum_sq}))
     return cuda::batch_norm_stats_from_sums(sum, sum_sq, count, eps, dtype);
   cpu_only("batch_norm_stats_from_sums", {sum, sum_sq});
   LOOM_CHECK(sum.numel() == sum_sq.numel(), ShapeError,
@@ -213,7 +206,7 @@ BatchNormStats batch_norm_stats_from_sums(const Tensor& sum, const Tensor& sum_s
 }
 
 BatchNormStats batch_norm_stats(const Tensor& x, double eps) {
-  if (on_cuda({x})) return cuda::batch_norm_stats(x, eps);
+  if (on_cuda("batch_norm_stats", {x})) return cuda::batch_norm_stats(x, eps);
   cpu_only("batch_norm_stats", {x});
   const ChannelLayout l = channel_layout("batch_norm_stats", x);
   const Tensor xc = contiguous(x);
@@ -224,7 +217,7 @@ BatchNormStats batch_norm_stats(const Tensor& x, double eps) {
     T* mean = out.mean.data_ptr<T>();
     T* invstd = out.invstd.data_ptr<T>();
     T* var = out.var.data_ptr<T>();
-    parallel_for(0, l.c, channel_grain(l), [&](int64_t lo, int64_t hi) {
+    parallel_for(0, l.c, grain_for(l.count()), [&](int64_t lo, int64_t hi) {
       for (int64_t c = lo; c < hi; ++c) {
         const auto [m, v] = channel_moments(xp, l, c);
         mean[c] = static_cast<T>(m);
@@ -237,14 +230,14 @@ BatchNormStats batch_norm_stats(const Tensor& x, double eps) {
 }
 
 Tensor batch_norm_invstd(const Tensor& var, double eps) {
-  if (on_cuda({var})) return cuda::batch_norm_invstd(var, eps);
+  if (on_cuda("batch_norm_invstd", {var})) return cuda::batch_norm_invstd(var, eps);
   cpu_only("batch_norm_invstd", {var});
   return rsqrt(add_scalar(var, eps));
 }
 
 void batch_norm_update_running_stats_(const Tensor& running_mean, const Tensor& running_var,
                                       const BatchNormStats& stats, double momentum) {
-  if (on_cuda({running_mean, running_var, stats.mean}))
+  if (on_cuda("batch_norm_update_running_stats_", {running_mean, running_var, stats.mean}))
     return cuda::batch_norm_update_running_stats_(running_mean, running_var, stats, momentum);
   const char* op = "batch_norm_update_running_stats_";
   if (running_mean.defined()) {
@@ -274,7 +267,7 @@ void batch_norm_update_running_stats_(const Tensor& running_mean, const Tensor& 
 
 Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invstd,
                         const Tensor& weight, const Tensor& bias) {
-  if (on_cuda({x, mean, invstd, weight, bias}))
+  if (on_cuda("batch_norm_elemt", {x, mean, invstd, weight, bias}))
     return cuda::batch_norm_elemt(x, mean, invstd, weight, bias);
   const char* op = "batch_norm_elemt";
   cpu_only(op, {x, mean, invstd, weight, bias});
@@ -290,7 +283,7 @@ Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invst
     const T *mp = m.data_ptr<T>(), *ip = is.data_ptr<T>();
     const T *wp = ptr_or_null<T>(w), *bp = ptr_or_null<T>(b);
     T* yp = y.data_ptr<T>();
-    parallel_for(0, l.c, channel_grain(l), [&](int64_t lo, int64_t hi) {
+    parallel_for(0, l.c, grain_for(l.count()), [&](int64_t lo, int64_t hi) {
       for (int64_t c = lo; c < hi; ++c) {
         const double scale = double(ip[c]) * (wp ? double(wp[c]) : 1.0);
         const double shift = (bp ? double(bp[c]) : 0.0) - double(mp[c]) * scale;
@@ -305,7 +298,8 @@ Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invst
 // are still in cache.
 std::pair<Tensor, BatchNormStats> batch_norm_forward_train(const Tensor& x, const Tensor& weight,
                                                            const Tensor& bias, double eps) {
-  if (on_cuda({x, weight, bias})) return cuda::batch_norm_forward_train(x, weight, bias, eps);
+  if (on_cuda("batch_norm_forward_train", {x, weight, bias}))
+    return cuda::batch_norm_forward_train(x, weight, bias, eps);
   const char* op = "batch_norm";
   cpu_only(op, {x, weight, bias});
   const ChannelLayout l = channel_layout(op, x);
@@ -321,7 +315,7 @@ std::pair<Tensor, BatchNormStats> batch_norm_forward_train(const Tensor& x, cons
     T* yp = y.data_ptr<T>();
     T *mean = stats.mean.data_ptr<T>(), *invstd = stats.invstd.data_ptr<T>();
     T* var = stats.var.data_ptr<T>();
-    parallel_for(0, l.c, channel_grain(l), [&](int64_t lo, int64_t hi) {
+    parallel_for(0, l.c, grain_for(l.count()), [&](int64_t lo, int64_t hi) {
       for (int64_t c = lo; c < hi; ++c) {
         const auto [m, v] = channel_moments(xp, l, c);
         const double is = 1.0 / std::sqrt(v + eps);
@@ -341,7 +335,8 @@ std::pair<Tensor, BatchNormStats> batch_norm_forward_train(const Tensor& x, cons
 
 std::pair<Tensor, Tensor> batch_norm_backward_reduce(const Tensor& dy, const Tensor& x,
                                                      const Tensor& mean, const Tensor& invstd) {
-  if (on_cuda({dy, x, mean, invstd})) return cuda::batch_norm_backward_reduce(dy, x, mean, invstd);
+  if (on_cuda("batch_norm_backward_reduce", {dy, x, mean, invstd}))
+    return cuda::batch_norm_backward_reduce(dy, x, mean, invstd);
   const char* op = "batch_norm_backward_reduce";
   cpu_only(op, {dy, x, mean, invstd});
   const ChannelLayout l = channel_layout(op, x);
@@ -355,7 +350,7 @@ std::pair<Tensor, Tensor> batch_norm_backward_reduce(const Tensor& dy, const Ten
     const T *xp = xc.data_ptr<T>(), *gp = dyc.data_ptr<T>();
     const T *mp = m.data_ptr<T>(), *ip = is.data_ptr<T>();
     T *sd = sum_dy.data_ptr<T>(), *sdx = sum_dy_xhat.data_ptr<T>();
-    parallel_for(0, l.c, channel_grain(l), [&](int64_t lo, int64_t hi) {
+    parallel_for(0, l.c, grain_for(l.count()), [&](int64_t lo, int64_t hi) {
       for (int64_t c = lo; c < hi; ++c) {
         const auto [s_dy, s_dy_xmu] = channel_grad_sums(gp, xp, l, c, double(mp[c]));
         sd[c] = static_cast<T>(s_dy);
@@ -369,7 +364,7 @@ std::pair<Tensor, Tensor> batch_norm_backward_reduce(const Tensor& dy, const Ten
 Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor& mean,
                                  const Tensor& invstd, const Tensor& weight, const Tensor& sum_dy,
                                  const Tensor& sum_dy_xhat, int64_t count) {
-  if (on_cuda({dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat}))
+  if (on_cuda("batch_norm_backward_elemt", {dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat}))
     return cuda::batch_norm_backward_elemt(dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat, count);
   const char* op = "batch_norm_backward_elemt";
   cpu_only(op, {dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat});
@@ -392,7 +387,7 @@ Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor
     const T *mp = m.data_ptr<T>(), *ip = is.data_ptr<T>(), *wp = ptr_or_null<T>(w);
     const double *sdp = ptr_or_null<double>(sd), *sdxp = ptr_or_null<double>(sdx);
     T* out = dx.data_ptr<T>();
-    parallel_for(0, l.c, channel_grain(l), [&](int64_t lo, int64_t hi) {
+    parallel_for(0, l.c, grain_for(l.count()), [&](int64_t lo, int64_t hi) {
       for (int64_t c = lo; c < hi; ++c) {
         const DxCoefficients k = dx_coefficients(
             wp ? double(wp[c]) : 1.0, double(mp[c]), double(ip[c]), training,
@@ -408,7 +403,7 @@ Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor
 NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& mean,
                               const Tensor& invstd, const Tensor& weight, bool training,
                               std::array<bool, 3> need) {
-  if (on_cuda({dy, x, mean, invstd, weight}))
+  if (on_cuda("batch_norm_backward", {dy, x, mean, invstd, weight}))
     return cuda::batch_norm_backward(dy, x, mean, invstd, weight, training, need);
   const char* op = "batch_norm_backward";
   cpu_only(op, {dy, x, mean, invstd, weight});
@@ -428,7 +423,7 @@ NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& m
     const T *xp = xc.data_ptr<T>(), *gp = dyc.data_ptr<T>();
     const T *mp = m.data_ptr<T>(), *ip = is.data_ptr<T>(), *wp = ptr_or_null<T>(w);
     T *dxp = ptr_or_null<T>(g.dx), *dwp = ptr_or_null<T>(g.dweight), *dbp = ptr_or_null<T>(g.dbias);
-    parallel_for(0, l.c, channel_grain(l), [&](int64_t lo, int64_t hi) {
+    parallel_for(0, l.c, grain_for(l.count()), [&](int64_t lo, int64_t hi) {
       for (int64_t c = lo; c < hi; ++c) {
         const double mc = double(mp[c]), ic = double(ip[c]);
         double sum_dy = 0, sum_dy_xhat = 0;
@@ -455,7 +450,7 @@ NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& m
 
 LayerNormForward layer_norm_forward(const Tensor& x, int64_t normalized_numel, const Tensor& weight,
                                     const Tensor& bias, double eps) {
-  if (on_cuda({x, weight, bias}))
+  if (on_cuda("layer_norm_forward", {x, weight, bias}))
     return cuda::layer_norm_forward(x, normalized_numel, weight, bias, eps);
   const char* op = "layer_norm";
   cpu_only(op, {x, weight, bias});
@@ -473,33 +468,31 @@ LayerNormForward layer_norm_forward(const Tensor& x, int64_t normalized_numel, c
     const T *wp = ptr_or_null<T>(w), *bp = ptr_or_null<T>(b);
     T *yp = out.out.data_ptr<T>(), *mean = out.mean.data_ptr<T>(), *rstd = out.rstd.data_ptr<T>();
     // Rows split across threads.
-    parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)),
-                 [&](int64_t lo, int64_t hi) {
-                   for (int64_t r = lo; r < hi; ++r) {
-                     const T* in = xp + r * cols;
-                     T* o = yp + r * cols;
-                     const double m =
-                         accumulate(cols, [&](int64_t i) { return double(in[i]); }) / cols;
-                     const double v = accumulate(cols,
-                                                 [&](int64_t i) {
-                                                   const double d = double(in[i]) - m;
-                                                   return d * d;
-                                                 }) /
-                                      cols;
-                     const double rs = 1.0 / std::sqrt(v + eps);
-                     mean[r] = static_cast<T>(m);
-                     rstd[r] = static_cast<T>(rs);
-                     const T tm = static_cast<T>(m), trs = static_cast<T>(rs);
-                     if (wp && bp)
-                       for (int64_t i = 0; i < cols; ++i) o[i] = (in[i] - tm) * trs * wp[i] + bp[i];
-                     else if (wp)
-                       for (int64_t i = 0; i < cols; ++i) o[i] = (in[i] - tm) * trs * wp[i];
-                     else if (bp)
-                       for (int64_t i = 0; i < cols; ++i) o[i] = (in[i] - tm) * trs + bp[i];
-                     else
-                       for (int64_t i = 0; i < cols; ++i) o[i] = (in[i] - tm) * trs;
-                   }
-                 });
+    parallel_for(0, rows, grain_for(cols), [&](int64_t lo, int64_t hi) {
+      for (int64_t r = lo; r < hi; ++r) {
+        const T* in = xp + r * cols;
+        T* o = yp + r * cols;
+        const double m = accumulate(cols, [&](int64_t i) { return double(in[i]); }) / cols;
+        const double v = accumulate(cols,
+                                    [&](int64_t i) {
+                                      const double d = double(in[i]) - m;
+                                      return d * d;
+                                    }) /
+                         cols;
+        const double rs = 1.0 / std::sqrt(v + eps);
+        mean[r] = static_cast<T>(m);
+        rstd[r] = static_cast<T>(rs);
+        const T tm = static_cast<T>(m), trs = static_cast<T>(rs);
+        if (wp && bp)
+          for (int64_t i = 0; i < cols; ++i) o[i] = (in[i] - tm) * trs * wp[i] + bp[i];
+        else if (wp)
+          for (int64_t i = 0; i < cols; ++i) o[i] = (in[i] - tm) * trs * wp[i];
+        else if (bp)
+          for (int64_t i = 0; i < cols; ++i) o[i] = (in[i] - tm) * trs + bp[i];
+        else
+          for (int64_t i = 0; i < cols; ++i) o[i] = (in[i] - tm) * trs;
+      }
+    });
   });
   return out;
 }
@@ -507,7 +500,7 @@ LayerNormForward layer_norm_forward(const Tensor& x, int64_t normalized_numel, c
 NormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& mean,
                               const Tensor& rstd, const Tensor& weight, int64_t normalized_numel,
                               std::array<bool, 3> need) {
-  if (on_cuda({dy, x, mean, rstd, weight}))
+  if (on_cuda("layer_norm_backward", {dy, x, mean, rstd, weight}))
     return cuda::layer_norm_backward(dy, x, mean, rstd, weight, normalized_numel, need);
   const char* op = "layer_norm_backward";
   cpu_only(op, {dy, x, mean, rstd, weight});
@@ -528,43 +521,40 @@ NormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& m
     const T *mp = m.data_ptr<T>(), *rp = rs.data_ptr<T>(), *wp = ptr_or_null<T>(w);
     if (T* dxp = ptr_or_null<T>(g.dx)) {
       // Rows split across threads.
-      parallel_for(
-          0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)),
-          [&](int64_t lo, int64_t hi) {
-            for (int64_t r = lo; r < hi; ++r) {
-              const T *in = xp + r * cols, *d = gp + r * cols;
-              T* out = dxp + r * cols;
-              const double mr = double(mp[r]), rr = double(rp[r]);
-              auto dxhat = [&](int64_t i) { return double(d[i]) * (wp ? double(wp[i]) : 1.0); };
-              const double sum_dxhat = accumulate(cols, dxhat);
-              const double sum_dxhat_xhat =
-                  accumulate(cols, [&](int64_t i) { return dxhat(i) * (double(in[i]) - mr) * rr; });
-              // dx = rr (dxhat - sum_dxhat / D - xhat sum_dxhat_xhat / D), xhat = (x - mr) rr
-              const double c1 = sum_dxhat / cols, c2 = sum_dxhat_xhat / cols;
-              for (int64_t i = 0; i < cols; ++i)
-                out[i] = static_cast<T>(rr * (dxhat(i) - c1 - (double(in[i]) - mr) * rr * c2));
-            }
-          });
+      parallel_for(0, rows, grain_for(cols), [&](int64_t lo, int64_t hi) {
+        for (int64_t r = lo; r < hi; ++r) {
+          const T *in = xp + r * cols, *d = gp + r * cols;
+          T* out = dxp + r * cols;
+          const double mr = double(mp[r]), rr = double(rp[r]);
+          auto dxhat = [&](int64_t i) { return double(d[i]) * (wp ? double(wp[i]) : 1.0); };
+          const double sum_dxhat = accumulate(cols, dxhat);
+          const double sum_dxhat_xhat =
+              accumulate(cols, [&](int64_t i) { return dxhat(i) * (double(in[i]) - mr) * rr; });
+          // dx = rr (dxhat - sum_dxhat / D - xhat sum_dxhat_xhat / D), xhat = (x - mr) rr
+          const double c1 = sum_dxhat / cols, c2 = sum_dxhat_xhat / cols;
+          for (int64_t i = 0; i < cols; ++i)
+            out[i] = static_cast<T>(rr * (dxhat(i) - c1 - (double(in[i]) - mr) * rr * c2));
+        }
+      });
     }
     T *dwp = ptr_or_null<T>(g.dweight), *dbp = ptr_or_null<T>(g.dbias);
     if (dwp || dbp) {
       // Column blocks split across threads; each walks every row of its block.
-      parallel_for(0, cols, std::max<int64_t>(1, kGrain / std::max<int64_t>(rows, 1)),
-                   [&](int64_t lo, int64_t hi) {
-                     std::vector<double> acc_w(hi - lo, 0.0), acc_b(hi - lo, 0.0);
-                     for (int64_t r = 0; r < rows; ++r) {
-                       const T *in = xp + r * cols, *d = gp + r * cols;
-                       const double mr = double(mp[r]), rr = double(rp[r]);
-                       for (int64_t i = lo; i < hi; ++i) {
-                         acc_w[i - lo] += double(d[i]) * (double(in[i]) - mr) * rr;
-                         acc_b[i - lo] += double(d[i]);
-                       }
-                     }
-                     for (int64_t i = lo; i < hi; ++i) {
-                       if (dwp) dwp[i] = static_cast<T>(acc_w[i - lo]);
-                       if (dbp) dbp[i] = static_cast<T>(acc_b[i - lo]);
-                     }
-                   });
+      parallel_for(0, cols, grain_for(rows), [&](int64_t lo, int64_t hi) {
+        std::vector<double> acc_w(hi - lo, 0.0), acc_b(hi - lo, 0.0);
+        for (int64_t r = 0; r < rows; ++r) {
+          const T *in = xp + r * cols, *d = gp + r * cols;
+          const double mr = double(mp[r]), rr = double(rp[r]);
+          for (int64_t i = lo; i < hi; ++i) {
+            acc_w[i - lo] += double(d[i]) * (double(in[i]) - mr) * rr;
+            acc_b[i - lo] += double(d[i]);
+          }
+        }
+        for (int64_t i = lo; i < hi; ++i) {
+          if (dwp) dwp[i] = static_cast<T>(acc_w[i - lo]);
+          if (dbp) dbp[i] = static_cast<T>(acc_b[i - lo]);
+        }
+      });
     }
   });
   return g;

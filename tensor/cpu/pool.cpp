@@ -155,7 +155,8 @@ Tensor max_pool2d_backward(const Tensor& dout, const Tensor& indices, const Shap
              " do not match x=", x_shape);
   LOOM_CHECK(indices.dtype() == kInt64, DTypeError,
              "max_pool2d_backward: expected int64 indices; got ", indices.dtype());
-  if (dout.is_cuda()) return cuda::max_pool2d_backward(dout, indices, x_shape);
+  if (on_cuda("max_pool2d_backward", {dout, indices}))
+    return cuda::max_pool2d_backward(dout, indices, x_shape);
   Tensor dx = empty(x_shape, dout.dtype(), dout.device());
   const Tensor dc = contiguous(dout), ic = contiguous(indices);
   const int64_t planes = x_shape[0] * x_shape[1], in_plane = x_shape[2] * x_shape[3];

@@ -35,7 +35,7 @@ void for_rows(const ReducePlan& plan, const Tensor& out, Row&& row) {
   const T* src = plan.src.data_ptr<T>();
   Tout* dst = out.data_ptr<Tout>();
   const int64_t inner = plan.inner;
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(inner, 1));
+  const int64_t grain = grain_for(inner);
   parallel_for(0, plan.outer, grain, [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) row(src + r * inner, inner, dst + r);
   });
@@ -88,7 +88,7 @@ ReducePlan plan_reduce(const Tensor& x, const Shape& dims, bool keepdim, const c
 // ---------------------------------------------------------------- sum, mean
 
 Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) {
-  if (on_cuda({x})) return cuda::sum(x, dims, keepdim);
+  if (on_cuda("sum", {x})) return cuda::sum(x, dims, keepdim);
   cpu_only("sum", x);
   if (x.dtype() == kBool) return sum(to_dtype(x, kInt64), dims, keepdim);  // counts, as PyTorch
   const DType out_dtype = is_floating(x.dtype()) ? x.dtype() : kInt64;
@@ -106,15 +106,14 @@ Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) {
       const T* src = x.data_ptr<T>();
       T* dst = out.data_ptr<T>();
       // Columns split across threads; each thread walks all rows of its columns.
-      parallel_for(0, cols, std::max<int64_t>(1, 32768 / std::max<int64_t>(rows, 1)),
-                   [&](int64_t lo, int64_t hi) {
-                     std::vector<acc_t<T>> acc(hi - lo, 0);
-                     for (int64_t r = 0; r < rows; ++r) {
-                       const T* row = src + r * cols;
-                       for (int64_t c = lo; c < hi; ++c) acc[c - lo] += row[c];
-                     }
-                     for (int64_t c = lo; c < hi; ++c) dst[c] = static_cast<T>(acc[c - lo]);
-                   });
+      parallel_for(0, cols, grain_for(rows), [&](int64_t lo, int64_t hi) {
+        std::vector<acc_t<T>> acc(hi - lo, 0);
+        for (int64_t r = 0; r < rows; ++r) {
+          const T* row = src + r * cols;
+          for (int64_t c = lo; c < hi; ++c) acc[c - lo] += row[c];
+        }
+        for (int64_t c = lo; c < hi; ++c) dst[c] = static_cast<T>(acc[c - lo]);
+      });
     });
     return out;
   }
@@ -132,7 +131,7 @@ Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) {
 }
 
 Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
-  if (on_cuda({x})) return cuda::mean(x, dims, keepdim);
+  if (on_cuda("mean", {x})) return cuda::mean(x, dims, keepdim);
   LOOM_CHECK(is_floating(x.dtype()), DTypeError, "mean: expected a floating-point tensor; got ",
              x.dtype());
   const Shape rdims = reduce_dims(x, dims, "mean");
@@ -144,7 +143,7 @@ Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
 }
 
 Tensor sum_to(const Tensor& x, const Shape& shape) {
-  if (on_cuda({x})) return cuda::sum_to(x, shape);
+  if (on_cuda("sum_to", {x})) return cuda::sum_to(x, shape);
   if (x.sizes() == shape) return x;
   LOOM_CHECK(static_cast<int64_t>(shape.size()) <= x.dim(), ShapeError,
              "sum_to: cannot reduce shape=", x.sizes(), " to shape=", shape);
@@ -221,29 +220,29 @@ std::pair<Tensor, Tensor> extremum_dim(const Tensor& x, int64_t dim, bool keepdi
 }  // namespace
 
 Tensor amax(const Tensor& x, const Shape& dims, bool keepdim) {
-  if (on_cuda({x})) return cuda::amax(x, dims, keepdim);
+  if (on_cuda("amax", {x})) return cuda::amax(x, dims, keepdim);
   return extremum<true>(x, dims, keepdim, "amax");
 }
 Tensor amin(const Tensor& x, const Shape& dims, bool keepdim) {
-  if (on_cuda({x})) return cuda::amin(x, dims, keepdim);
+  if (on_cuda("amin", {x})) return cuda::amin(x, dims, keepdim);
   return extremum<false>(x, dims, keepdim, "amin");
 }
 std::pair<Tensor, Tensor> max_dim(const Tensor& x, int64_t dim, bool keepdim) {
-  if (on_cuda({x})) return cuda::max_dim(x, dim, keepdim);
+  if (on_cuda("max_dim", {x})) return cuda::max_dim(x, dim, keepdim);
   return extremum_dim<true>(x, dim, keepdim, "max");
 }
 std::pair<Tensor, Tensor> min_dim(const Tensor& x, int64_t dim, bool keepdim) {
-  if (on_cuda({x})) return cuda::min_dim(x, dim, keepdim);
+  if (on_cuda("min_dim", {x})) return cuda::min_dim(x, dim, keepdim);
   return extremum_dim<false>(x, dim, keepdim, "min");
 }
 
 Tensor argmax(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
-  if (on_cuda({x})) return cuda::argmax(x, dim, keepdim);
+  if (on_cuda("argmax", {x})) return cuda::argmax(x, dim, keepdim);
   if (!dim) return extremum_dim<true>(reshape(x, {-1}), 0, false, "argmax").second;
   return extremum_dim<true>(x, *dim, keepdim, "argmax").second;
 }
 Tensor argmin(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
-  if (on_cuda({x})) return cuda::argmin(x, dim, keepdim);
+  if (on_cuda("argmin", {x})) return cuda::argmin(x, dim, keepdim);
   if (!dim) return extremum_dim<false>(reshape(x, {-1}), 0, false, "argmin").second;
   return extremum_dim<false>(x, *dim, keepdim, "argmin").second;
 }
@@ -251,7 +250,7 @@ Tensor argmin(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
 // ---------------------------------------------------------------- var, std, logsumexp
 
 Tensor var(const Tensor& x, const Shape& dims, bool unbiased, bool keepdim) {
-  if (on_cuda({x})) return cuda::var(x, dims, unbiased, keepdim);
+  if (on_cuda("var", {x})) return cuda::var(x, dims, unbiased, keepdim);
   cpu_only("var", x);
   const ReducePlan plan = plan_reduce(x, dims, keepdim, "var");
   Tensor out = empty(plan.out_shape, x.dtype(), x.device());
@@ -273,12 +272,12 @@ Tensor var(const Tensor& x, const Shape& dims, bool unbiased, bool keepdim) {
 }
 
 Tensor std(const Tensor& x, const Shape& dims, bool unbiased, bool keepdim) {
-  if (on_cuda({x})) return cuda::std(x, dims, unbiased, keepdim);
+  if (on_cuda("std", {x})) return cuda::std(x, dims, unbiased, keepdim);
   return sqrt(var(x, dims, unbiased, keepdim));
 }
 
 Tensor logsumexp(const Tensor& x, const Shape& dims, bool keepdim) {
-  if (on_cuda({x})) return cuda::logsumexp(x, dims, keepdim);
+  if (on_cuda("logsumexp", {x})) return cuda::logsumexp(x, dims, keepdim);
   cpu_only("logsumexp", x);
   const ReducePlan plan = plan_reduce(x, dims, keepdim, "logsumexp");
   Tensor out = empty(plan.out_shape, x.dtype(), x.device());
