@@ -1,9 +1,11 @@
-// optim/grad_scaler.cpp — GradScaler (Note [Dynamic loss scaling]). The inf/NaN check runs
-// through kernels on the gradients' own device, and reads back one number per device, so a CUDA
-// run waits for the GPU once per device per iteration, not once per parameter.
+// optim/grad_scaler.cpp — GradScaler (Note [Dynamic loss scaling]). Unscaling is one fused pass
+// over each gradient that divides it and checks the result. On CUDA the checks of a device set
+// one flag there, read back once, so a run waits for the GPU once per device per iteration, not
+// once per parameter.
 
 #include "optim/grad_scaler.h"
 
+#include <atomic>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -12,8 +14,10 @@
 
 #include "autograd/graph.h"
 #include "autograd/ops/elementwise.h"
-#include "tensor/elementwise.h"
-#include "tensor/reduce.h"
+#include "tensor/copy.h"
+#include "tensor/cuda/optim.h"
+#include "tensor/dispatch.h"
+#include "tensor/parallel.h"
 
 namespace loom::optim {
 
@@ -41,6 +45,24 @@ void validate(const GradScalerOptions& o, const std::string& where, const std::s
 // scale in a float32 tensor and refuses a growth that would make it inf).
 constexpr double kMaxScale = std::numeric_limits<float>::max();
 
+// g <- g * inv_scale over one contiguous CPU gradient; true when a result is not finite (an inf
+// or NaN in g, or a finite value that overflows when unscaled by a scale below 1).
+template <typename T>
+bool unscale_and_check(T* g, int64_t n, T inv_scale) {
+  std::atomic<bool> found{false};
+  parallel_for(0, n, kUpdateGrain, [&](int64_t lo, int64_t hi) {
+    constexpr T kMax = std::numeric_limits<T>::max();
+    bool bad = false;
+    for (int64_t j = lo; j < hi; ++j) {
+      const T v = g[j] * inv_scale;
+      g[j] = v;
+      bad |= !(std::abs(v) <= kMax);  // false for inf and NaN
+    }
+    if (bad) found = true;
+  });
+  return found;
+}
+
 }  // namespace
 
 GradScaler::GradScaler(GradScalerOptions options) : options_(options), scale_(options.init_scale) {
@@ -59,30 +81,38 @@ void GradScaler::unscale_(Optimizer& optimizer) {
   LOOM_CHECK(!record.unscaled, ValueError, "GradScaler: unscale_ was already called for this ",
              optimizer.name(), " optimizer since the last update() (step() calls it when it was ",
              "not)");
-  // Each gradient g becomes g / S in place; then sum(g * 0) is 0 when every element of g is
-  // finite and NaN otherwise (inf * 0 = NaN, NaN * 0 = NaN; multiplying by 0 first keeps a sum
-  // of large finite values from overflowing into a false alarm). These partial flags are added on
-  // each device and read once per device.
+  // Each gradient g becomes g / S in place, checked as it is written. A gradient is often a
+  // view into a DDP bucket: a contiguous one is unscaled where it lies, any other through a
+  // contiguous copy written back.
   const double inv_scale = 1.0 / scale_;
-  std::vector<std::pair<Device, Tensor>> flags;  // per device, the sum of its partial flags
+  bool local_found_inf = false;
+  std::vector<std::pair<Device, Tensor>> device_flags;  // int32 [1] on each CUDA device: 1 = inf
   {
     autograd::NoGradGuard no_grad;
     for (const Tensor& param : optimizer.params()) {
       const Tensor grad = param.grad();
-      if (!grad.defined()) continue;
-      k::mul_scalar_(grad, inv_scale);  // works on views (DDP buckets); bumps the version
-      const Tensor partial = k::sum(k::mul_scalar(grad, 0.0));
-      auto it = flags.begin();
-      while (it != flags.end() && !(it->first == grad.device())) ++it;
-      if (it == flags.end())
-        flags.emplace_back(grad.device(), partial);
+      if (!grad.defined() || grad.numel() == 0) continue;
+      const Tensor g = k::contiguous(grad);
+      if (g.is_cuda()) {
+        auto it = device_flags.begin();
+        while (it != device_flags.end() && !(it->first == g.device())) ++it;
+        if (it == device_flags.end())
+          it = device_flags.insert(it, {g.device(), zeros({1}, kInt32, g.device())});
+        cuda::unscale_and_check_(g, inv_scale, it->second);
+      } else {
+        dispatch_floating(g.dtype(), "GradScaler: unscale_", [&]<typename T>() {
+          if (unscale_and_check(g.data_ptr<T>(), g.numel(), static_cast<T>(inv_scale)))
+            local_found_inf = true;
+        });
+      }
+      if (!g.is_same(grad))
+        k::copy_(grad, g);  // bumps grad's version
       else
-        it->second = k::add(it->second, partial);
+        grad.bump_version();
     }
   }
-  bool local_found_inf = false;
-  for (const auto& [device, flag] : flags)
-    if (!(flag.item() == 0.0)) local_found_inf = true;  // NaN compares unequal
+  for (const auto& [device, flag] : device_flags)
+    if (flag.item() != 0.0) local_found_inf = true;
   record.found_inf = agree_ ? agree_(local_found_inf) : local_found_inf;
   record.unscaled = true;
 }

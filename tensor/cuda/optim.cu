@@ -1,5 +1,7 @@
-// tensor/cuda/optim.cu — fused SGD and Adam updates (tensor/cuda/optim.h). One thread per element
-// in a grid-stride loop; each element's arithmetic is the CPU loop's, in the parameter's type.
+// tensor/cuda/optim.cu — fused SGD and Adam updates and GradScaler's unscale (tensor/cuda/optim.h).
+// One thread per element in a grid-stride loop; each element's arithmetic is the CPU loop's
+// operations in the same order, in the parameter's type (nvcc may fuse a multiply and an add into
+// one FMA, so a result can differ from the CPU's in the last bit).
 
 #include "tensor/cuda/common.cuh"
 #include "tensor/cuda/optim.h"
@@ -48,6 +50,20 @@ __global__ void adam_kernel(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, 
   }
 }
 
+// Every thread that meets a non-finite result stores the same 1: the flag does not depend on
+// which one wins.
+template <typename T>
+__global__ void unscale_check_kernel(T* grad, int64_t n, T inv_scale, int* found_inf) {
+  bool bad = false;
+  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < n;
+       j += int64_t{gridDim.x} * blockDim.x) {
+    const T v = grad[j] * inv_scale;
+    grad[j] = v;
+    bad = bad || !isfinite(v);
+  }
+  if (bad) *found_inf = 1;
+}
+
 template <typename T>
 T* data_or_null(const Tensor& t) {
   return t.defined() ? static_cast<T*>(t.data()) : nullptr;
@@ -86,6 +102,19 @@ void adam_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
         static_cast<T>(s.bias_correction2_sqrt), s.decoupled);
   });
   check_launch("adam_kernel", device);
+}
+
+void unscale_and_check_(const Tensor& grad, double inv_scale, const Tensor& found_inf) {
+  const int device = grad.device().index;
+  DeviceGuard guard(device);
+  const int64_t n = grad.numel();
+  if (n == 0) return;
+  dispatch_floating(grad.dtype(), "GradScaler: unscale_", [&]<typename T>() {
+    unscale_check_kernel<T><<<blocks_for(n), kThreads, 0, stream_of(grad)>>>(
+        static_cast<T*>(grad.data()), n, static_cast<T>(inv_scale),
+        static_cast<int*>(found_inf.data()));
+  });
+  check_launch("unscale_check_kernel", device);
 }
 
 }  // namespace loom::cuda

@@ -29,4 +29,9 @@ struct AdamStep {
 void adam_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                  const Tensor& exp_avg_sq, const Tensor& max_exp_avg_sq, const AdamStep& s);
 
+// GradScaler's unscale: grad <- grad * inv_scale in place, and found_inf (int32 [1] on grad's
+// device) set to 1 when a result is not finite. grad: contiguous float32 or float64. Does not
+// bump grad's version.
+void unscale_and_check_(const Tensor& grad, double inv_scale, const Tensor& found_inf);
+
 }  // namespace loom::cuda

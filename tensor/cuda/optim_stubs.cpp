@@ -12,5 +12,8 @@ void adam_update(const Tensor&, const Tensor&, const Tensor&, const Tensor&, con
                  const AdamStep&) {
   built_without_cuda("Adam");
 }
+void unscale_and_check_(const Tensor&, double, const Tensor&) {
+  built_without_cuda("GradScaler: unscale_");
+}
 
 }  // namespace loom::cuda

@@ -107,6 +107,21 @@ TEST(GradScaler, LargeFiniteGradientsAreNotAnOverflow) {
   EXPECT_TRUE(scaler.step(opt));
 }
 
+TEST(GradScaler, GradientsThatOverflowWhenUnscaledAreAnOverflow) {
+  // After many back-offs the scale can fall below 1: unscaling then multiplies, and a finite
+  // gradient can leave float32's range. That step must be skipped, not taken with inf.
+  TinyModel model;
+  SGD opt(model.params(), {.lr = 0.1});
+  GradScaler scaler({.init_scale = 0.25});
+  const std::vector<Tensor> before = snapshot(model.params());
+  scaled_backward(scaler, model, opt);
+  inject(model.b.grad(), 1, 1.0e38f);  // 4e38 when unscaled
+  EXPECT_FALSE(scaler.step(opt));
+  expect_unchanged(model.params(), before);
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 0.125);
+}
+
 TEST(GradScaler, AnInfInAnyOptimizerBacksOffOnce) {
   TinyModel model;
   SGD opt_w({model.w}, {.lr = 0.1});
