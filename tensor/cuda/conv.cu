@@ -293,10 +293,13 @@ std::vector<Candidate> usable(const std::vector<Perf>& perf, int count, bool fma
     if (fma_only &&
         (p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION))
       continue;
-    d.set_math(p.mathType);
+    // Without TF32 the math is pinned to FMA: a candidate reported with CUDNN_DEFAULT_MATH would
+    // otherwise let cuDNN use TF32 on Ampere and Hopper.
+    const cudnnMathType_t math = fma_only ? CUDNN_FMA_MATH : p.mathType;
+    d.set_math(math);
     size_t bytes = 0;
     if (workspace_size(p.algo, &bytes) != CUDNN_STATUS_SUCCESS) continue;
-    const Candidate c{static_cast<int>(p.algo), std::max(bytes, p.memory), p.mathType};
+    const Candidate c{static_cast<int>(p.algo), std::max(bytes, p.memory), math};
     (p.determinism == CUDNN_DETERMINISTIC ? deterministic : others).push_back(c);
   }
   deterministic.insert(deterministic.end(), others.begin(), others.end());
@@ -545,6 +548,8 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                    w.data(), d.conv(), static_cast<cudnnConvolutionFwdAlgo_t>(algo),
                                    workspace, bytes, scalar(dtype, 0), d.y(), sample(out, n0));
   });
+  // In 16 bits the product is rounded before the bias is added (in float32) and rounded again;
+  // the CPU rounds once. The two differ by at most one 16-bit ulp.
   if (bias.defined()) add_bias(out, bias, layout, /*assign=*/false);
   return out;
 }
