@@ -2,7 +2,9 @@
 
 #include "optim/checkpoint.h"
 
+#include <charconv>
 #include <optional>
+#include <type_traits>
 #include <utility>
 
 #include "tensor/random.h"
@@ -14,18 +16,19 @@ namespace {
 constexpr const char* kOptimizerPrefix = "optimizer.";
 constexpr const char* kScalerPrefix = "scaler.";
 
-int64_t read_int(const Metadata& meta, const std::string& key, const std::string& path) {
+// The integer (int64_t or uint64_t) a metadata value holds, all of it; ValueError otherwise.
+template <typename Int = int64_t>
+Int read_int(const Metadata& meta, const std::string& key, const std::string& path) {
   auto it = meta.find(key);
   LOOM_CHECK(it != meta.end(), ValueError, "load_checkpoint: ", path, " has no '", key,
              "' in its metadata: not a loom training checkpoint");
-  try {
-    size_t used = 0;
-    const long long v = std::stoll(it->second, &used);
-    if (used == it->second.size()) return v;
-  } catch (const std::exception&) {
-  }
-  throw ValueError(detail::str("load_checkpoint: ", path, ": metadata '", key,
-                               "' is not an integer: '", it->second, "'"));
+  const std::string& text = it->second;
+  Int value{};
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  LOOM_CHECK(error == std::errc() && end == text.data() + text.size(), ValueError,
+             "load_checkpoint: ", path, ": metadata '", key, "' is not ",
+             std::is_signed_v<Int> ? "an integer" : "a non-negative integer", ": '", text, "'");
+  return value;
 }
 
 }  // namespace
@@ -57,8 +60,12 @@ TrainingProgress load_checkpoint(const std::string& path, nn::Module& model, Opt
   progress.epoch = read_int(meta, "loom.epoch", path);
   progress.step = read_int(meta, "loom.step", path);
   progress.batch = read_int(meta, "loom.batch", path);
-  // The scaler's state goes into a copy first: a checkpoint without it (or with a malformed one)
-  // is refused before the model changes.
+  // The generator's and the scaler's states are read first: a checkpoint without them (or with
+  // malformed ones) is refused before the model changes.
+  Generator::State generator{};
+  if (restore_generator)
+    generator = {read_int<uint64_t>(meta, "generator.seed", path),
+                 read_int<uint64_t>(meta, "generator.offset", path)};
   std::optional<GradScaler> loaded_scaler;
   if (scaler) {
     loaded_scaler.emplace(*scaler);
@@ -71,11 +78,7 @@ TrainingProgress load_checkpoint(const std::string& path, nn::Module& model, Opt
   model.load_state_dict(weights);
   if (optimizer) optimizer->load_state(file, kOptimizerPrefix);
   if (schedule) schedule->load_state(file, "schedule.");
-  if (restore_generator) {
-    const auto seed = static_cast<uint64_t>(std::stoull(meta.at("generator.seed")));
-    const auto offset = static_cast<uint64_t>(std::stoull(meta.at("generator.offset")));
-    default_generator().set_state({seed, offset});
-  }
+  if (restore_generator) default_generator().set_state(generator);
   if (scaler) *scaler = std::move(*loaded_scaler);
   return progress;
 }

@@ -48,7 +48,8 @@ void save_checkpoint(const std::string& path, const nn::Module& model, const Opt
 // and returns the progress. IOError for an unreadable or malformed file, ValueError (naming the
 // key) for a checkpoint that does not fit the model, optimizer, schedule or scaler (a checkpoint
 // saved without a scaler has no scaler.* keys: loading one into a scaler is refused). The
-// scaler's state is read and checked before anything else is loaded, and set last.
+// progress, the generator's and the scaler's states are read and checked before anything else is
+// loaded; the scaler is set last.
 TrainingProgress load_checkpoint(const std::string& path, nn::Module& model,
                                  Optimizer* optimizer = nullptr, LRSchedule* schedule = nullptr,
                                  bool restore_generator = true, GradScaler* scaler = nullptr);

@@ -119,5 +119,34 @@ TEST(Checkpoint, ACheckpointOfAnotherModelIsRefused) {
   EXPECT_THROW(load_checkpoint(path, *run.model), IOError);
 }
 
+TEST(Checkpoint, MalformedNumbersAreRefusedBeforeTheModelChanges) {
+  TrainingRun run(1);
+  const std::string path = temp_path("malformed.safetensors");
+  save_checkpoint(path, *run.model, *run.opt, nullptr, {});
+  const SafetensorsFile good = load_safetensors(path);
+  auto save_with = [&](const std::string& key, const std::string& value) {
+    Metadata meta = good.metadata;
+    meta[key] = value;
+    save_safetensors(path, good.tensors, meta);
+  };
+  TrainingRun other(2);
+  NamedTensors before = other.model->state_dict();
+  for (auto& [name, t] : before) t = t.clone();
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"loom.step", "12x"},
+           {"loom.epoch", ""},
+           {"generator.seed", "-1"},
+           {"generator.offset", "99999999999999999999999"}}) {
+    save_with(key, value);
+    EXPECT_LOOM_ERROR(load_checkpoint(path, *other.model, other.opt.get()), ValueError,
+                      {"load_checkpoint", key, "'" + value + "'"});
+    save_with(key, good.metadata.at(key));
+  }
+  for (size_t i = 0; i < before.size(); ++i)
+    EXPECT_TRUE(test::tensors_close(other.model->state_dict()[i].second, before[i].second, 0, 0));
+  EXPECT_NO_THROW(load_checkpoint(path, *other.model, other.opt.get()));
+  std::remove(path.c_str());
+}
+
 }  // namespace
 }  // namespace loom::optim
