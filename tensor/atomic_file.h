@@ -27,4 +27,10 @@ class AtomicFile {
   bool committed_ = false;
 };
 
+// Makes `path` a second name of the file `existing` (a hard link), replacing what `path` was in
+// one step, as AtomicFile does; where the filesystem has no hard links, the bytes are copied
+// through an AtomicFile. A checkpoint directory's last.safetensors is its newest epoch's file,
+// linked rather than written twice. IOError on failure.
+void link_atomically(const std::string& existing, const std::string& path, const std::string& op);
+
 }  // namespace loom

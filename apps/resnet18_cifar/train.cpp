@@ -59,7 +59,9 @@
 #include "optim/grad_scaler.h"
 #include "optim/schedule.h"
 #include "optim/sgd.h"
+#include "tensor/atomic_file.h"
 #include "tensor/cuda/runtime.h"
+#include "tensor/cuda/upload.h"
 
 namespace resnet18_cifar {
 
@@ -90,9 +92,12 @@ std::string duration_str(double seconds) {
 class ProgressBar {
  public:
   explicit ProgressBar(bool enabled) : enabled_(enabled) {}
-  void update(int epoch, int64_t done, int64_t total, double loss, double acc, double ips,
-              double eta) {
-    if (!enabled_ || (seconds_since(last_) < 0.1 && done < total)) return;
+  // Whether to draw now (the running loss is read back from the GPU only then).
+  bool due(int64_t done, int64_t total) const {
+    return enabled_ && (seconds_since(last_) >= 0.1 || done >= total);
+  }
+  void draw(int epoch, int64_t done, int64_t total, double loss, double acc, double ips,
+            double eta) {
     last_ = Clock::now();
     constexpr int kWidth = 24;
     const int filled = total > 0 ? static_cast<int>(kWidth * done / total) : kWidth;
@@ -117,6 +122,27 @@ struct Totals {
   double loss = 0, correct = 0, seen = 0;
   double mean_loss() const { return seen > 0 ? loss / seen : 0.0; }
   double accuracy() const { return seen > 0 ? correct / seen : 0.0; }
+};
+
+// Totals summed where the logits are: reading a number back from a GPU waits for all its queued
+// work, so the sums stay on the device until someone prints them.
+class RunningTotals {
+ public:
+  explicit RunningTotals(Device device)
+      : loss_(zeros({}, kFloat64, device)), correct_(zeros({}, kFloat64, device)) {}
+  void add(const Tensor& loss, const Tensor& logits, const Tensor& labels) {
+    NoGradGuard no_grad;
+    const auto n = labels.size(0);
+    loss_ = loss_ + loss.to(kFloat64) * static_cast<double>(n);
+    correct_ = correct_ + sum(argmax(logits.to(kFloat32), 1) == labels).to(kFloat64);
+    seen_ += static_cast<double>(n);
+  }
+  double seen() const { return seen_; }
+  Totals read() const { return {loss_.item(), correct_.item(), seen_}; }
+
+ private:
+  Tensor loss_, correct_;
+  double seen_ = 0;
 };
 
 // Rank r of W takes test samples r, r + W, ...: every sample once over all ranks (no padding).
@@ -145,23 +171,20 @@ struct AmpRegion : autocast::Guard {
       : autocast::Guard(amp == "fp16" ? kFloat16 : kBFloat16, amp != "off") {}
 };
 
-Totals evaluate(nn::Module& model, data::DataLoader& loader, Device device,
+Totals evaluate(nn::Module& model, data::DataLoader& loader, cuda::Uploader& upload, Device device,
                 const std::string& amp) {
   model.eval();
   NoGradGuard no_grad;
   AmpRegion region(amp);
-  Totals t;
+  RunningTotals totals(device);
   loader.start_epoch(0);
   while (auto batch = loader.next()) {
-    const Tensor labels = batch->labels.to(device);
-    const Tensor logits = model.forward(batch->images.to(device));
-    const auto n = static_cast<double>(labels.size(0));
-    t.loss += cross_entropy(logits, labels).item() * n;
-    t.correct += sum(argmax(logits, 1) == labels).item();
-    t.seen += n;
+    const Tensor labels = upload(batch->labels, device);
+    const Tensor logits = model.forward(upload(batch->images, device));
+    totals.add(cross_entropy(logits, labels), logits, labels);
   }
   model.train();
-  return t;
+  return totals.read();
 }
 
 // The job this process belongs to (one rank of one when not launched).
@@ -364,8 +387,10 @@ double run(const Options& o) {
     std::fflush(log);
   };
 
+  // Batches reach a GPU without stopping the host (Note [Uploading batches]).
+  cuda::Uploader upload;
   if (o.eval_only) {
-    const Totals test = job.sum(evaluate(*model, test_loader, job.device, o.amp));
+    const Totals test = job.sum(evaluate(*model, test_loader, upload, job.device, o.amp));
     say("test loss %.4f  test accuracy %.2f%%\n", test.mean_loss(), 100 * test.accuracy());
     log_line({{"epoch", progress.epoch},
               {"test_loss", test.mean_loss()},
@@ -410,11 +435,16 @@ double run(const Options& o) {
                                 {"mean", floats_json(data.mean)},
                                 {"std", floats_json(data.std)},
                                 {"world_size", std::to_string(job.world)}};
+  // The checkpoint of the state now, as <checkpoint-dir>/<name> and as last.safetensors (what a
+  // restarted job resumes from): one file under two names.
+  bool last_is_current = false;
   auto checkpoint = [&](const std::string& name) {
+    last_is_current = true;
     if (o.checkpoint_dir.empty() || !job.leader()) return;
     std::filesystem::create_directories(o.checkpoint_dir);
     const std::string path = (std::filesystem::path(o.checkpoint_dir) / name).string();
     optim::save_checkpoint(path, *model, optimizer, schedule.get(), progress, info, saved_scaler);
+    if (path != last) link_atomically(path, last, "resnet18_cifar: checkpoint");
   };
 
   ProgressBar bar(tty);
@@ -429,7 +459,7 @@ double run(const Options& o) {
     const int64_t skip = progress.batch;
     train_loader.start_epoch(epoch, skip);
     net.train();
-    Totals train;
+    RunningTotals train(job.device);
     double train_seconds = 0, first_step_seconds = 0, overlap_sum = 0;
     int64_t first_step_images = 0, trained = 0, skipped = 0;
     double data_start = dist::steady_seconds();
@@ -441,7 +471,9 @@ double run(const Options& o) {
       const auto step_start = Clock::now();
       const double t0 = dist::steady_seconds();
       optimizer.zero_grad();
-      const Tensor images = batch->images.to(job.device), labels = batch->labels.to(job.device);
+      last_is_current = false;
+      const Tensor images = upload(batch->images, job.device);
+      const Tensor labels = upload(batch->labels, job.device);
       Tensor logits, loss;
       {
         AmpRegion region(o.amp);
@@ -468,11 +500,7 @@ double run(const Options& o) {
         }
       }
       const auto n = batch->labels.size(0);
-      {
-        NoGradGuard no_grad;
-        train.loss += loss.item() * static_cast<double>(n);
-        train.correct += sum(argmax(logits.to(kFloat32), 1) == labels).item();
-      }
+      train.add(loss, logits, labels);
       const double step_seconds = seconds_since(step_start);
       if (trained == 0) {
         first_step_seconds = step_seconds;
@@ -485,31 +513,40 @@ double run(const Options& o) {
         ++overlap_steps;
       }
       train_seconds += step_seconds;
-      train.seen += static_cast<double>(n);
       ++trained;
       ++progress.step;
       progress.batch = skip + trained;
-      const double ips =
-          job.world * (trained > 1 ? (train.seen - first_step_images) /
-                                         std::max(1e-9, train_seconds - first_step_seconds)
-                                   : n / std::max(1e-9, step_seconds));
-      const double eta = (steps_per_epoch - progress.batch) * train_seconds / trained;
-      bar.update(static_cast<int>(epoch + 1), progress.batch, steps_per_epoch, train.mean_loss(),
-                 train.accuracy(), ips, eta);
+      if (bar.due(progress.batch, steps_per_epoch)) {
+        const double ips =
+            job.world * (trained > 1 ? (train.seen() - first_step_images) /
+                                           std::max(1e-9, train_seconds - first_step_seconds)
+                                     : n / std::max(1e-9, step_seconds));
+        const double eta = (steps_per_epoch - progress.batch) * train_seconds / trained;
+        const Totals so_far = train.read();
+        bar.draw(static_cast<int>(epoch + 1), progress.batch, steps_per_epoch, so_far.mean_loss(),
+                 so_far.accuracy(), ips, eta);
+      }
       data_start = dist::steady_seconds();
     }
     bar.clear();
+    // A GPU may still be working on the last steps: their time belongs to training.
+    if (job.device.is_cuda() && trained > 0) {
+      const auto wait_start = Clock::now();
+      cuda::synchronize(job.device.index);
+      train_seconds += seconds_since(wait_start);
+    }
     // Images per second of the whole job: every rank's training images over this rank's
     // training time, the first step left out.
-    const double local_ips =
-        trained > 1 ? (train.seen - first_step_images) / (train_seconds - first_step_seconds)
-                    : (trained == 1 ? train.seen / train_seconds : 0.0);
+    const double seen = train.seen();
+    const double local_ips = trained > 1
+                                 ? (seen - first_step_images) / (train_seconds - first_step_seconds)
+                                 : (trained == 1 ? seen / train_seconds : 0.0);
     if (!stopped) {
       progress.epoch = epoch + 1;
       progress.batch = 0;
     }
-    const Totals train_all = job.sum(train);
-    test = job.sum(evaluate(*model, test_loader, job.device, o.amp));
+    const Totals train_all = job.sum(train.read());
+    test = job.sum(evaluate(*model, test_loader, upload, job.device, o.amp));
     evaluated = true;
     const double images_per_s = local_ips * job.world;
     const double seconds = seconds_since(epoch_start);
@@ -549,12 +586,11 @@ double run(const Options& o) {
       std::snprintf(name, sizeof name, "epoch-%03lld.safetensors",
                     static_cast<long long>(epoch + 1));
       checkpoint(name);
-      checkpoint("last.safetensors");  // what a restarted job resumes from
     }
   }
-  if (!evaluated)
-    test = job.sum(evaluate(*model, test_loader, job.device, o.amp));  // nothing left to train
-  checkpoint("last.safetensors");
+  if (!evaluated)  // nothing left to train
+    test = job.sum(evaluate(*model, test_loader, upload, job.device, o.amp));
+  if (!last_is_current) checkpoint("last.safetensors");
   if (log) std::fclose(log);
   if (overlap_steps > 0)
     say("communication hidden behind backward: %.0f%% of the allreduce time (mean over %lld "

@@ -90,6 +90,8 @@ TEST_F(App, AResumedRunMatchesTheUninterruptedOne) {
     EXPECT_EQ(b[2][key], a[1][key]) << key;
   EXPECT_TRUE(fs::exists(path("ckpt/epoch-001.safetensors")));
   EXPECT_TRUE(fs::exists(path("ckpt/epoch-002.safetensors")));
+  // The newest epoch's checkpoint is also last.safetensors: the same file, written once.
+  EXPECT_TRUE(fs::equivalent(path("ckpt/epoch-002.safetensors"), path("ckpt/last.safetensors")));
 
   // The JSON line has every field the issue names.
   for (const char* key :

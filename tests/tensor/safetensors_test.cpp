@@ -2,7 +2,6 @@
 // dtype and of metadata, every malformed file the reader must refuse (built byte by byte here),
 // atomic saves, and a file written by Python (tests/golden/dtypes.safetensors).
 #include "tensor/safetensors.h"
-#include "tensor/cuda/runtime.h"
 
 #include <signal.h>
 #include <sys/resource.h>
@@ -16,6 +15,8 @@
 #include <optional>
 #include <thread>
 
+#include "tensor/atomic_file.h"
+#include "tensor/cuda/runtime.h"
 #include "test_util.h"
 
 namespace loom {
@@ -394,6 +395,24 @@ TEST_F(SafetensorsTest, SaveIntoMissingDirectoryRaises) {
   EXPECT_LOOM_ERROR(save_safetensors(dir_.string(), {{"w", zeros({2})}}), IOError,
                     {"save_safetensors", "cannot rename"});
   EXPECT_TRUE(listing().empty());
+}
+
+TEST_F(SafetensorsTest, LinkAtomicallyGivesAFileASecondName) {
+  const std::string epoch = file("epoch-001.safetensors"), last = file("last.safetensors");
+  save_safetensors(epoch, {{"w", full({3}, 1.0, kFloat64)}});
+  save_safetensors(last, {{"w", full({2}, 7.0, kFloat64)}});  // an older last: replaced
+  link_atomically(epoch, last, "checkpoint");
+  EXPECT_TRUE(fs::equivalent(epoch, last));  // one file, two names: nothing was copied
+  EXPECT_TRUE(values_are(load_safetensors(last).at("w"), {1, 1, 1}));
+  // Saving the first name again makes a new file (rename): the second name keeps the old one.
+  save_safetensors(epoch, {{"w", full({3}, 2.0, kFloat64)}});
+  EXPECT_TRUE(values_are(load_safetensors(last).at("w"), {1, 1, 1}));
+  const std::vector<std::string> names{"epoch-001.safetensors", "last.safetensors"};
+  EXPECT_EQ(listing(), names);  // no temporary file left
+
+  EXPECT_LOOM_ERROR(link_atomically(file("missing.safetensors"), last, "checkpoint"), IOError,
+                    {"checkpoint", "missing.safetensors"});
+  EXPECT_TRUE(values_are(load_safetensors(last).at("w"), {1, 1, 1}));
 }
 
 TEST_F(SafetensorsTest, ReadersSeeOldOrNewNeverHalf) {
