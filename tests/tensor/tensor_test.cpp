@@ -4,9 +4,13 @@
 #include <cmath>
 #include <limits>
 
+#include "tensor/conv.h"
 #include "tensor/copy.h"
 #include "tensor/cuda/runtime.h"
+#include "tensor/elementwise.h"
 #include "tensor/index.h"
+#include "tensor/loss.h"
+#include "tensor/norm.h"
 #include "tensor/view.h"
 #include "test_util.h"
 
@@ -104,6 +108,27 @@ TEST(Device, CudaWithoutAGpuRaisesDeviceError) {
   // device is not available. Either way a DeviceError naming the device, never a crash.
   if (cuda::device_count() > 0) GTEST_SKIP() << "a GPU is present";
   EXPECT_LOOM_ERROR(zeros({2}, kFloat32, Device("cuda:0")), DeviceError, {"cuda"});
+}
+
+TEST(Device, OperandsOnTwoDevicesAreRefusedBeforeAnyKernel) {
+  // The device switch checks every operand: a CUDA kernel must never be handed a host pointer.
+  // The "CUDA" tensor here is host memory labelled cuda:0; nothing may read it.
+  float storage[6] = {};
+  const Tensor on_gpu = from_blob(storage, {2, 3}, kFloat32, Device(DeviceType::CUDA, 0));
+  const Tensor on_cpu = zeros({2, 3});
+  const std::string one_device = "expected all tensors on one device";
+  EXPECT_LOOM_ERROR(kernels::softmax_backward(on_cpu, on_gpu, 1), DeviceError,
+                    {"softmax_backward", one_device, "cpu", "cuda:0"});
+  EXPECT_LOOM_ERROR(kernels::add(on_gpu, on_cpu), DeviceError, {"add", one_device});
+  EXPECT_LOOM_ERROR(
+      kernels::batch_norm_backward_reduce(on_cpu, on_cpu, zeros({3}), on_gpu.select(0, 0)),
+      DeviceError, {"batch_norm_backward_reduce", one_device});
+  const Tensor indices = zeros({1, 1, 1, 1}, kInt64);
+  float gpu_dout[1] = {};
+  EXPECT_LOOM_ERROR(kernels::max_pool2d_backward(
+                        from_blob(gpu_dout, {1, 1, 1, 1}, kFloat32, Device(DeviceType::CUDA, 0)),
+                        indices, {1, 1, 2, 2}),
+                    DeviceError, {"max_pool2d_backward", one_device});
 }
 
 TEST(Factory, Basics) {
