@@ -8,23 +8,17 @@
 #include <numeric>
 #include <vector>
 
+#include "cuda/cuda_test_util.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/storage.h"
-#include "test_util.h"
 
 namespace loom::cuda {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                             \
-  do {                                                                 \
-    if (!is_built()) GTEST_SKIP() << "loom was built without CUDA";    \
-    if (device_count() == 0) GTEST_SKIP() << "no CUDA device visible"; \
-  } while (0)
-
-const Device kCuda0{DeviceType::CUDA, 0};
+using test::kCuda0;
 
 TEST(CudaAllocator, StorageReusesFreedBlocks) {
-  SKIP_WITHOUT_GPU();
+  LOOM_SKIP_WITHOUT_GPU();
   const size_t nbytes = 3 << 20;
   const AllocatorStats before = allocator_stats(0);
   const int64_t tensors_before = memory_stats(kCuda0).current_bytes;
@@ -53,7 +47,7 @@ TEST(CudaAllocator, StorageReusesFreedBlocks) {
 }
 
 TEST(CudaAllocator, StreamsDoNotShareCachedBlocks) {
-  SKIP_WITHOUT_GPU();
+  LOOM_SKIP_WITHOUT_GPU();
   Stream s1 = Stream::create(0), s2 = Stream::create(0);
   void* a = nullptr;
   {
@@ -76,7 +70,7 @@ TEST(CudaAllocator, StreamsDoNotShareCachedBlocks) {
 }
 
 TEST(CudaAllocator, FailingCudaMallocNamesCallErrorAndDevice) {
-  SKIP_WITHOUT_GPU();
+  LOOM_SKIP_WITHOUT_GPU();
   const size_t absurd = size_t(1) << 50;  // 1 PiB
   EXPECT_LOOM_ERROR(allocate(absurd, 0), DeviceError,
                     {"cudaMalloc(1125899906842624 bytes) failed on cuda:0: out of memory"});
@@ -89,7 +83,7 @@ TEST(CudaAllocator, FailingCudaMallocNamesCallErrorAndDevice) {
 }
 
 TEST(CudaStream, CurrentStreamDefaultsAndGuard) {
-  SKIP_WITHOUT_GPU();
+  LOOM_SKIP_WITHOUT_GPU();
   EXPECT_TRUE(Stream::current(0).is_default());
   Stream s = Stream::create(0);
   EXPECT_FALSE(s.is_default());
@@ -104,7 +98,7 @@ TEST(CudaStream, CurrentStreamDefaultsAndGuard) {
 }
 
 TEST(CudaStream, AsyncCopyRoundTripThroughPinnedMemory) {
-  SKIP_WITHOUT_GPU();
+  LOOM_SKIP_WITHOUT_GPU();
   const size_t n = 1 << 22;  // 16 MiB of floats
   const size_t nbytes = n * sizeof(float);
   PinnedBuffer host_in(nbytes), host_out(nbytes);
@@ -130,7 +124,7 @@ TEST(CudaStream, AsyncCopyRoundTripThroughPinnedMemory) {
 }
 
 TEST(CudaEvent, OrdersTwoStreamsWithoutHostSync) {
-  SKIP_WITHOUT_GPU();
+  LOOM_SKIP_WITHOUT_GPU();
   const size_t nbytes = 64 << 20;
   PinnedBuffer host_in(nbytes), host_out(nbytes);
   std::memset(host_in.data(), 0x5a, nbytes);
@@ -149,7 +143,7 @@ TEST(CudaEvent, OrdersTwoStreamsWithoutHostSync) {
 }
 
 TEST(CudaEvent, ElapsedTime) {
-  SKIP_WITHOUT_GPU();
+  LOOM_SKIP_WITHOUT_GPU();
   const size_t nbytes = 256 << 20;
   Stream stream = Stream::create(0);
   StreamGuard guard(stream);
@@ -175,7 +169,7 @@ TEST(CudaEvent, ElapsedTime) {
 }
 
 TEST(CudaDevice, GuardSetsAndRestoresTheDevice) {
-  SKIP_WITHOUT_GPU();
+  LOOM_SKIP_WITHOUT_GPU();
   const int last = device_count() - 1;
   set_device(0);
   {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "autograd/autocast.h"
+#include "ddp_fixtures.h"
 #include "dist/ddp.h"
 #include "dist/sync_batchnorm.h"
 #include "multiprocess.h"
@@ -18,37 +19,18 @@
 namespace loom::dist {
 namespace {
 
+using test::expect_same_parameters;
+using test::global_batch;
 using test::gloo_group;
 using test::Rank;
 using test::run_ranks;
+using test::share;
 using test::tensors_close;
 
 // Convolution, batch norm and linear layers in float32: the layers autocast treats differently.
 std::shared_ptr<nn::Sequential> small_net(uint64_t seed, bool batch_norm = false) {
-  manual_seed(seed);
-  auto net = std::make_shared<nn::Sequential>();
-  net->push_back(nn::make<nn::Conv2d>(2, 8, 3));
-  if (batch_norm) net->push_back(nn::make<nn::BatchNorm2d>(8));
-  net->push_back(nn::make<nn::ReLU>());
-  net->push_back(nn::make<nn::Flatten>());
-  net->push_back(nn::make<nn::Linear>(8 * 3 * 3, 16));
-  net->push_back(nn::make<nn::ReLU>());
-  net->push_back(nn::make<nn::Linear>(16, 3));
-  return net;
-}
-
-// The global batch of step s: 8 samples, the same on every rank; rank r takes samples
-// [4r, 4r + 4).
-std::pair<Tensor, Tensor> global_batch(int step) {
-  manual_seed(200 + static_cast<uint64_t>(step));
-  return {randn({8, 2, 5, 5}), randint(0, 3, {8})};
-}
-
-void expect_same_parameters(nn::Module& a, nn::Module& b, double tol) {
-  const NamedTensors pa = a.named_parameters(), pb = b.named_parameters();
-  ASSERT_EQ(pa.size(), pb.size());
-  for (size_t i = 0; i < pa.size(); ++i)
-    EXPECT_TRUE(tensors_close(pa[i].second, pb[i].second, tol, tol)) << pa[i].first;
+  return test::small_net(
+      seed, {.channels = 8, .hidden = 16, .dtype = kFloat32, .batch_norm = batch_norm});
 }
 
 // One training step as the app takes it (Note [resnet18_cifar in mixed precision]).
@@ -86,10 +68,10 @@ void check_parity(DType dtype, DType comm_dtype, bool sync_bn = false) {
         optim::SGD ref_opt(reference->parameters(), {.lr = 0.05, .momentum = 0.9});
         optim::GradScaler ref_scaler({.enabled = dtype == kFloat16});
         for (int step = 0; step < 6; ++step) {
-          const auto [x, y] = global_batch(step);
-          train_step(ddp, opt, scaler, dtype, x.narrow(0, 4 * r.rank, 4).contiguous(),
-                     y.narrow(0, 4 * r.rank, 4).contiguous());
-          train_step(*reference, ref_opt, ref_scaler, dtype, x, y);
+          const auto batch = global_batch(step, kFloat32);
+          const auto [x, y] = share(batch, r.rank, r.world_size);
+          train_step(ddp, opt, scaler, dtype, x, y);
+          train_step(*reference, ref_opt, ref_scaler, dtype, batch.first, batch.second);
         }
         EXPECT_EQ(scaler.get_scale(), ref_scaler.get_scale());
         const double tol = dtype == kBFloat16 || comm_dtype == kBFloat16 ? 2e-2 : 3e-3;
@@ -120,12 +102,11 @@ TEST(DDPAmp, AnInfOnOneRankMakesEveryRankSkipTheStep) {
     optim::GradScaler scaler;
     scaler.set_found_inf_agreement(found_inf_agreement(group));
     const Tensor before = net->named_parameters()[0].second.clone();
-    const auto [x, y] = global_batch(0);
+    const auto [x, y] = share(global_batch(0, kFloat32), r.rank, r.world_size);
     Tensor loss;
     {
       autocast::Guard amp(kFloat16);
-      loss = cross_entropy(ddp.forward(x.narrow(0, 4 * r.rank, 4).contiguous()),
-                           y.narrow(0, 4 * r.rank, 4).contiguous());
+      loss = cross_entropy(ddp.forward(x), y);
     }
     scaler.scale(loss).backward();
     // After the allreduce, an overflow local to rank 1 (as in a gradient DDP does not reduce).

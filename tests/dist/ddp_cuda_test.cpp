@@ -5,6 +5,7 @@
 
 #include <numeric>
 
+#include "ddp_fixtures.h"
 #include "dist/ddp.h"
 #include "dist/nccl_process_group.h"
 #include "dist/sync_batchnorm.h"
@@ -17,34 +18,6 @@ namespace {
 
 using test::Rank;
 using test::tensors_close;
-
-#define SKIP_WITHOUT_GPUS(n)                                                                 \
-  do {                                                                                       \
-    if (!::loom::cuda::is_built()) GTEST_SKIP() << "loom was built without CUDA";            \
-    if (test::visible_gpus() < (n)) GTEST_SKIP() << "fewer than " << (n) << " GPUs visible"; \
-  } while (0)
-
-std::shared_ptr<nn::Sequential> small_net(bool batch_norm) {
-  manual_seed(1);
-  auto net = std::make_shared<nn::Sequential>();
-  net->push_back(nn::make<nn::Conv2d>(2, 4, 3));
-  if (batch_norm) net->push_back(nn::make<nn::BatchNorm2d>(4));
-  net->push_back(nn::make<nn::ReLU>());
-  net->push_back(nn::make<nn::Flatten>());
-  net->push_back(nn::make<nn::Linear>(4 * 3 * 3, 3));
-  net->to(kFloat64);
-  return net;
-}
-
-std::pair<Tensor, Tensor> global_batch(int step) {
-  Generator g(100 + static_cast<uint64_t>(step));
-  const Generator::State saved = default_generator().state();
-  default_generator().set_state(g.state());
-  Tensor x = randn({8, 2, 5, 5}, kFloat64);
-  Tensor y = randint(0, 3, {8});
-  default_generator().set_state(saved);
-  return {x, y};
-}
 
 // World 2: rank r trains on samples [4r, 4r + 4) of each step's batch on `device`, the reference
 // on all 8 on the CPU; the parameters agree after every step.
@@ -59,24 +32,23 @@ void check_parity(const std::string& backend, bool sync_bn) {
         auto group = backend == "nccl"
                          ? make_nccl_process_group(r.store, r.rank, r.world_size, options)
                          : make_gloo_process_group(r.store, r.rank, r.world_size, options);
-        auto net = small_net(sync_bn);
+        auto net = test::small_net(1, {.batch_norm = sync_bn});
         net->to(device);
         if (sync_bn) {
           EXPECT_EQ(convert_sync_batchnorm(*net, group), 1);
         }
         DistributedDataParallel ddp(net, group, {.first_bucket_bytes = 256, .bucket_bytes = 512});
         optim::SGD opt(net->parameters(), {.lr = 0.1, .momentum = 0.9});
-        auto reference = small_net(sync_bn);
+        auto reference = test::small_net(1, {.batch_norm = sync_bn});
         optim::SGD ref_opt(reference->parameters(), {.lr = 0.1, .momentum = 0.9});
         for (int step = 0; step < 4; ++step) {
-          const auto [x, y] = global_batch(step);
+          const auto batch = test::global_batch(step);
+          const auto [x, y] = test::share(batch, r.rank, r.world_size);
           opt.zero_grad();
-          const Tensor xs = x.narrow(0, 4 * r.rank, 4).contiguous().to(device);
-          const Tensor ys = y.narrow(0, 4 * r.rank, 4).contiguous().to(device);
-          cross_entropy(ddp.forward(xs), ys).backward();
+          cross_entropy(ddp.forward(x.to(device)), y.to(device)).backward();
           opt.step();
           ref_opt.zero_grad();
-          cross_entropy(reference->forward(x), y).backward();
+          cross_entropy(reference->forward(batch.first), batch.second).backward();
           ref_opt.step();
           const NamedTensors mine = net->named_parameters(), ref = reference->named_parameters();
           for (size_t i = 0; i < mine.size(); ++i)
@@ -88,17 +60,17 @@ void check_parity(const std::string& backend, bool sync_bn) {
 }
 
 TEST(DDPOnGpus, GlooRanksSharingAGpuMatchOneProcess) {
-  SKIP_WITHOUT_GPUS(1);
+  LOOM_SKIP_WITHOUT_GPUS(1);
   check_parity("gloo", /*sync_bn=*/false);
 }
 
 TEST(DDPOnGpus, GlooWithSyncBatchNormMatchesOneProcess) {
-  SKIP_WITHOUT_GPUS(1);
+  LOOM_SKIP_WITHOUT_GPUS(1);
   check_parity("gloo", /*sync_bn=*/true);
 }
 
 TEST(DDPOnGpus, NcclRanksOnTwoGpusMatchOneProcess) {
-  SKIP_WITHOUT_GPUS(2);
+  LOOM_SKIP_WITHOUT_GPUS(2);
   check_parity("nccl", /*sync_bn=*/false);
   check_parity("nccl", /*sync_bn=*/true);
 }

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <numeric>
 
+#include "ddp_fixtures.h"
 #include "dist/sampler.h"
 #include "dist/sync_batchnorm.h"
 #include "multiprocess.h"
@@ -21,49 +22,14 @@
 namespace loom::dist {
 namespace {
 
+using test::expect_same_parameters;
+using test::global_batch;
 using test::gloo_group;
 using test::Rank;
 using test::run_ranks;
+using test::share;
+using test::small_net;
 using test::tensors_close;
-
-// A small network with every kind of layer the reducer meets (convs, linear, biases), float64.
-std::shared_ptr<nn::Sequential> small_net(uint64_t seed, bool batch_norm = false) {
-  manual_seed(seed);
-  auto net = std::make_shared<nn::Sequential>();
-  net->push_back(nn::make<nn::Conv2d>(2, 4, 3));
-  if (batch_norm) net->push_back(nn::make<nn::BatchNorm2d>(4));
-  net->push_back(nn::make<nn::ReLU>());
-  net->push_back(nn::make<nn::Flatten>());
-  net->push_back(nn::make<nn::Linear>(4 * 3 * 3, 6));
-  net->push_back(nn::make<nn::ReLU>());
-  net->push_back(nn::make<nn::Linear>(6, 3));
-  net->to(kFloat64);
-  return net;
-}
-
-// The global batch of step s: 8 samples; rank r of W takes a contiguous slice.
-std::pair<Tensor, Tensor> global_batch(int step) {
-  Generator g(100 + static_cast<uint64_t>(step));
-  const Generator::State saved = default_generator().state();
-  default_generator().set_state(g.state());
-  Tensor x = randn({8, 2, 5, 5}, kFloat64);
-  Tensor y = randint(0, 3, {8});
-  default_generator().set_state(saved);
-  return {x, y};
-}
-
-std::pair<Tensor, Tensor> share(const std::pair<Tensor, Tensor>& batch, int rank, int world) {
-  const int64_t n = batch.first.size(0) / world;
-  return {batch.first.narrow(0, rank * n, n).contiguous(),
-          batch.second.narrow(0, rank * n, n).contiguous()};
-}
-
-void expect_same_parameters(nn::Module& a, nn::Module& b, double tol) {
-  const NamedTensors pa = a.named_parameters(), pb = b.named_parameters();
-  ASSERT_EQ(pa.size(), pb.size());
-  for (size_t i = 0; i < pa.size(); ++i)
-    EXPECT_TRUE(tensors_close(pa[i].second, pb[i].second, tol, tol)) << pa[i].first;
-}
 
 // W ranks on 8 / W samples each against one process on all 8: 5 steps of SGD with momentum on
 // shuffled batches, with the model and optimizer saved and loaded back between steps 2 and 3.
@@ -74,13 +40,14 @@ void check_parity(int world, bool sync_bn = false) {
         set_num_threads(1);
         auto group = gloo_group(r);
         // Different seeds per rank: DDP must start every replica from rank 0's weights.
-        auto net = small_net(r.rank == 0 ? 1 : 77 + static_cast<uint64_t>(r.rank), sync_bn);
+        auto net = small_net(r.rank == 0 ? 1 : 77 + static_cast<uint64_t>(r.rank),
+                             {.batch_norm = sync_bn});
         if (sync_bn) {
           EXPECT_EQ(convert_sync_batchnorm(*net, group), 1);
         }
         DistributedDataParallel ddp(net, group, {.first_bucket_bytes = 512, .bucket_bytes = 1024});
         optim::SGD opt(net->parameters(), {.lr = 0.1, .momentum = 0.9});
-        auto reference = small_net(1, sync_bn);  // one process on the whole batch
+        auto reference = small_net(1, {.batch_norm = sync_bn});  // one process on the whole batch
         optim::SGD ref_opt(reference->parameters(), {.lr = 0.1, .momentum = 0.9});
         expect_same_parameters(*net, *reference, 0);
         EXPECT_EQ(ddp.reducer().buckets().size(), 2u);

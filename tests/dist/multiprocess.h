@@ -166,4 +166,12 @@ inline int visible_gpus() {
   return count;
 }
 
+// Skips a multi-process test that needs n GPUs (asked of a forked child, see visible_gpus).
+#define LOOM_SKIP_WITHOUT_GPUS(n)                                                 \
+  do {                                                                            \
+    if (!::loom::cuda::is_built()) GTEST_SKIP() << "loom was built without CUDA"; \
+    if (::loom::test::visible_gpus() < (n))                                       \
+      GTEST_SKIP() << "fewer than " << (n) << " GPUs visible";                    \
+  } while (0)
+
 }  // namespace loom::test

@@ -28,12 +28,6 @@ double ms_since(Clock::time_point t) {
 
 using test::visible_gpus;  // asked of a forked child: the parent never initialises CUDA
 
-#define SKIP_WITHOUT_GPU()                                                        \
-  do {                                                                            \
-    if (!::loom::cuda::is_built()) GTEST_SKIP() << "loom was built without CUDA"; \
-    if (visible_gpus() == 0) GTEST_SKIP() << "no CUDA device visible";            \
-  } while (0)
-
 // Rank r's GPU: its own where there are enough, else every rank shares cuda:0. NCCL refuses two
 // ranks of one host on one GPU ("Duplicate GPU detected"), so ranks that share it each claim a
 // host of their own (NCCL_HOSTID) and talk over sockets on loopback, as ranks on different
@@ -108,7 +102,7 @@ TEST(ProcessGroupNCCL, WithoutAGpuCreatingAGroupRaisesAClearError) {
 // ---------------------------------------------------------------- one rank
 
 TEST(ProcessGroupNCCL, OneRankRunsEveryCollectiveAndChecksItsArguments) {
-  SKIP_WITHOUT_GPU();
+  LOOM_SKIP_WITHOUT_GPUS(1);
   run_gpu_ranks(1, [](test::Rank& r) {
     const Device gpu = gpu_of(r);
     auto pg = join(r, gpu);
@@ -165,7 +159,7 @@ TEST(ProcessGroupNCCL, OneRankRunsEveryCollectiveAndChecksItsArguments) {
 // ---------------------------------------------------------------- two ranks
 
 TEST(ProcessGroupNCCL, TwoRanksAllreduceEveryOpAndDtype) {
-  SKIP_WITHOUT_GPU();
+  LOOM_SKIP_WITHOUT_GPUS(1);
   run_gpu_ranks(2, [](test::Rank& r) {
     const Device gpu = gpu_of(r);
     auto pg = join(r, gpu);
@@ -189,7 +183,7 @@ TEST(ProcessGroupNCCL, TwoRanksAllreduceEveryOpAndDtype) {
 }
 
 TEST(ProcessGroupNCCL, TwoRanksBroadcastAllgatherReduceScatterSendRecv) {
-  SKIP_WITHOUT_GPU();
+  LOOM_SKIP_WITHOUT_GPUS(1);
   run_gpu_ranks(2, [](test::Rank& r) {
     const Device gpu = gpu_of(r);
     auto pg = join(r, gpu);
@@ -264,7 +258,7 @@ TEST(ProcessGroupNCCL, TwoRanksBroadcastAllgatherReduceScatterSendRecv) {
 }
 
 TEST(ProcessGroupNCCL, WorkInFlightOnANonDefaultStreamAndTwoGroupsSideBySide) {
-  SKIP_WITHOUT_GPU();
+  LOOM_SKIP_WITHOUT_GPUS(1);
   run_gpu_ranks(2, [](test::Rank& r) {
     const Device gpu = gpu_of(r);
     auto pg = join(r, gpu);
@@ -297,7 +291,7 @@ TEST(ProcessGroupNCCL, WorkInFlightOnANonDefaultStreamAndTwoGroupsSideBySide) {
 // ---------------------------------------------------------------- failures
 
 TEST(ProcessGroupNCCL, ARankThatNeverJoinsACollectiveRaisesWithinTheTimeout) {
-  SKIP_WITHOUT_GPU();
+  LOOM_SKIP_WITHOUT_GPUS(1);
   run_gpu_ranks(2, [](test::Rank& r) {
     const Device gpu = gpu_of(r);
     auto pg = join(r, gpu, 5000ms);
