@@ -1,5 +1,6 @@
-// bench/allreduce_bench.cpp — the gloo process group's allreduce (sum, float32) from 1 KiB to
-// 256 MiB on 2 and 4 ranks of this machine, as nccl-tests prints it: time, algbw = bytes / time
+// bench/allreduce_bench.cpp — a process group's allreduce (sum, float32; gloo on CPU tensors by
+// default) from 1 KiB to 256 MiB on 2 and 4 ranks of this machine, as nccl-tests prints it: time,
+// algbw = bytes / time
 // and busbw = algbw * 2(n-1)/n (the bytes each rank must move in a ring allreduce, so that busbw
 // compares across rank counts). Beside it, memcpy bandwidth (bytes / time) of the same sizes,
 // measured by this binary, the ceiling that busbw on one machine can be held against.
@@ -10,6 +11,11 @@
 // a file that the launching process reads and prints.
 //
 //   allreduce_bench [--ranks 2,4] [--max-size 256M] [--repeats R (5)] [--check-collectives]
+//                   [--backend gloo|nccl] [--device cpu|cuda]
+//
+// --device cuda puts rank r's tensor on cuda:(r mod GPUs): with nccl, one GPU per rank; with
+// gloo, staged through host memory, so ranks may share a GPU (tools/gpu_check.sh uses that on a
+// machine with one GPU).
 //
 // --check-collectives keeps Note [Collective checks] (process_group.h) on: one store set and
 // get per collective, which shows in the small sizes. Off by default, as nccl-tests measure the
@@ -29,11 +35,15 @@
 #include <vector>
 
 #include "dist/launch.h"
+#include "dist/nccl_process_group.h"
 #include "dist/process_group.h"
 #include "dist/store.h"
 #include "dist_bench.h"
 #include "loom.h"
 #include "stats.h"
+#include "tensor/copy.h"
+#include "tensor/cuda/runtime.h"
+#include "tensor/index.h"
 
 namespace {
 
@@ -50,6 +60,8 @@ struct Options {
   int64_t max_size = int64_t{256} << 20;
   int repeats = 5;
   bool check_collectives = false;
+  std::string backend = "gloo";
+  bool cuda = false;  // --device cuda
   bool worker = false;
   std::string result;  // the worker's output file (rank 0 writes it)
 };
@@ -106,6 +118,15 @@ Options parse(int argc, char** argv) {
       o.repeats = std::stoi(next());
     } else if (arg == "--check-collectives") {
       o.check_collectives = true;
+    } else if (arg == "--backend") {
+      o.backend = next();
+      LOOM_CHECK(o.backend == "gloo" || o.backend == "nccl", ValueError,
+                 "allreduce_bench: --backend is gloo or nccl; got ", o.backend);
+    } else if (arg == "--device") {
+      const std::string device = next();
+      LOOM_CHECK(device == "cpu" || device == "cuda", ValueError,
+                 "allreduce_bench: --device is cpu or cuda; got ", device);
+      o.cuda = device == "cuda";
     } else if (arg == "--worker") {
       o.worker = true;
     } else if (arg == "--result") {
@@ -113,9 +134,11 @@ Options parse(int argc, char** argv) {
     } else {
       LOOM_CHECK(false, ValueError, "allreduce_bench: unknown argument ", arg,
                  "; usage: allreduce_bench [--ranks 2,4] [--max-size 256M] [--repeats R] "
-                 "[--check-collectives]");
+                 "[--check-collectives] [--backend gloo|nccl] [--device cpu|cuda]");
     }
   }
+  LOOM_CHECK(o.backend == "gloo" || o.cuda, ValueError,
+             "allreduce_bench: --backend nccl needs --device cuda");
   LOOM_CHECK(!o.ranks.empty(), ValueError, "allreduce_bench: --ranks is empty");
   for (int n : o.ranks)
     LOOM_CHECK(n >= 2, ValueError, "allreduce_bench: --ranks needs 2 or more; got ", n);
@@ -136,7 +159,20 @@ int run_worker(const Options& o) {
   dist::ProcessGroupOptions group_options;
   group_options.timeout = std::chrono::minutes(2);
   group_options.check_collectives = o.check_collectives;
-  auto group = dist::make_gloo_process_group(store, env.rank, env.world_size, group_options);
+  loom::Device device = loom::kCPU;
+  if (o.cuda) {
+    device = {loom::DeviceType::CUDA, env.local_rank % std::max(1, loom::cuda::device_count())};
+    loom::cuda::set_device(device.index);
+  }
+  auto group = o.backend == "nccl"
+                   ? dist::make_nccl_process_group(store, env.rank, env.world_size, group_options)
+                   : dist::make_gloo_process_group(store, env.rank, env.world_size, group_options);
+  // A collective is done for the timer when its result is in memory: on a GPU, wait() only
+  // orders the current stream after it.
+  auto finish = [&](const std::shared_ptr<dist::Work>& work) {
+    work->wait();
+    if (o.cuda) loom::cuda::synchronize(device.index);
+  };
 
   std::ofstream out;
   if (env.rank == 0) {
@@ -145,21 +181,23 @@ int run_worker(const Options& o) {
   }
   for (const int64_t bytes : sizes_up_to(o.max_size)) {
     const int64_t count = bytes / 4;
-    loom::Tensor t = loom::ones({count});
-    // Warm-up (connections, pages, gloo's scratch buffers): three allreduces, the first of which
-    // checks the sum.
-    group->allreduce(t)->wait();
-    float* data = t.data_ptr<float>();
-    LOOM_CHECK(data[0] == env.world_size && data[count - 1] == env.world_size, ValueError,
+    loom::Tensor t = loom::ones({count}, loom::kFloat32, device);
+    // Warm-up (connections, pages, scratch buffers): three allreduces, the first of which checks
+    // the sum.
+    finish(group->allreduce(t));
+    const loom::Tensor ends =
+        loom::kernels::index_select(t, 0, loom::tensor<int64_t>({0, count - 1}, {2}).to(device));
+    const std::vector<double> sums = ends.to_vector<double>();
+    LOOM_CHECK(sums[0] == env.world_size && sums[1] == env.world_size, ValueError,
                "allreduce_bench: the sum of ones over ", env.world_size, " ranks came out as ",
-               data[0], " and ", data[count - 1]);
-    std::fill(data, data + count, 0.0f);  // the timed sums stay at zero: no overflow
-    for (int w = 0; w < 2; ++w) group->allreduce(t)->wait();
+               sums[0], " and ", sums[1]);
+    loom::kernels::fill_(t, 0.0);  // the timed sums stay at zero: no overflow
+    for (int w = 0; w < 2; ++w) finish(group->allreduce(t));
     std::vector<double> seconds;
     for (int r = 0; r < o.repeats; ++r) {
-      group->barrier()->wait();
+      finish(group->barrier());
       const auto start = Clock::now();
-      group->allreduce(t)->wait();
+      finish(group->allreduce(t));
       seconds.push_back(seconds_since(start));
     }
     if (env.rank == 0) out << bytes << " " << median(seconds) << "\n";
@@ -168,7 +206,7 @@ int run_worker(const Options& o) {
     out.close();
     LOOM_CHECK(out.good(), ValueError, "allreduce_bench: cannot write ", o.result);
   }
-  group->barrier()->wait();  // rank 0 serves the store: it leaves last
+  finish(group->barrier());  // rank 0 serves the store: it leaves last
   return 0;
 }
 
@@ -210,8 +248,11 @@ int run_launcher(const Options& o, int argc, char** argv) {
   command.insert(command.end(), {"--worker", "--result", path});
 
   std::printf(
-      "allreduce (sum, float32), gloo over TCP on localhost, 1 thread per rank, "
-      "collective checks %s; median of %d; memcpy of 256 MiB: %.1f GB/s\n",
+      "allreduce (sum, float32), %s, 1 thread per rank, collective checks %s; median of %d; "
+      "memcpy of 256 MiB: %.1f GB/s\n",
+      o.backend == "nccl" ? "nccl on CUDA tensors"
+      : o.cuda            ? "gloo over TCP on localhost, CUDA tensors staged through host memory"
+                          : "gloo over TCP on localhost",
       o.check_collectives ? "on" : "off", o.repeats, memcpy_big);
   for (const int world : o.ranks) {
     dist::LaunchOptions launch;

@@ -30,7 +30,10 @@ function(loom_find_cuda_library target header)
   string(MAKE_C_IDENTIFIER ${target} id)
   find_path(LOOM_${id}_INCLUDE_DIR ${header}
             HINTS ${CUDAToolkit_INCLUDE_DIRS} ${loom_cuda_hints} PATH_SUFFIXES include)
-  find_library(LOOM_${id}_LIBRARY NAMES ${ARGN}
+  # NAMES_PER_DIR: every name in a folder before the next folder, so that the wheels' versioned
+  # libcudnn.so.9 wins over an unversioned libcudnn.so in a system folder searched later (the
+  # header comes from the wheel too).
+  find_library(LOOM_${id}_LIBRARY NAMES ${ARGN} NAMES_PER_DIR
                HINTS ${CUDAToolkit_LIBRARY_DIR} ${loom_cuda_hints}
                PATH_SUFFIXES lib lib64)
   if(NOT LOOM_${id}_INCLUDE_DIR OR NOT LOOM_${id}_LIBRARY)

@@ -39,5 +39,13 @@ find "$dest" -type l | while read -r link; do
     *) copy="$(dirname "$link")/$(basename "$target")" ;;
   esac
   [ -e "$copy" ] || cp -a "$target" "$copy"
+  case "$(readlink "$link")" in  # an absolute link would dangle on the GPU machine
+    /*) ln -sfn "$(realpath --relative-to="$(dirname "$link")" "$copy")" "$link" ;;
+  esac
 done
+if find "$dest" -type l -lname '/*' | grep -q .; then
+  echo "gpu_deps: absolute symbolic links left in $dest:" >&2
+  find "$dest" -type l -lname '/*' >&2
+  exit 1
+fi
 echo "$(du -sh "$dest" | cut -f1) in $dest"
