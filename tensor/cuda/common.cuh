@@ -30,6 +30,16 @@ inline unsigned blocks_for(int64_t n, int threads = kThreads, int per_thread = 1
   return static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, int64_t{1} << 20));
 }
 
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// The smallest power of two >= n, within [1, cap]: block shapes of the tree reductions.
+inline int next_pow2(int64_t n, int cap) {
+  int p = 1;
+  while (p < n && p < cap) p *= 2;
+  return p;
+}
+
+__device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+
 // After a launch: a bad configuration or an earlier asynchronous fault surfaces here as
 // DeviceError naming the kernel and the device.
 inline void check_launch(const char* kernel, int device) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tensor/checks.h"
+#include "tensor/copy.h"
 #include "tensor/cuda/conv.h"
 #include "tensor/cuda/handles.h"
 #include "tensor/view.h"
@@ -93,7 +94,7 @@ Tensor in_layout(const Tensor& t, Layout layout) {
   const bool dense = layout == Layout::kNCHW ? t.is_contiguous() : dense_nhwc(t);
   if (dense && aligned16(t)) return t;
   Tensor out = empty_in(t.sizes(), t.dtype(), t.device(), layout);
-  copy_strided(out, t);
+  kernels::copy_(out, t);
   return out;
 }
 
@@ -619,7 +620,7 @@ kernels::Conv2dGrads conv2d_backward(const Tensor& dout, const Tensor& x, const 
           d.conv(), static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), workspace, bytes,
           scalar(dtype, first ? 0 : 1), d.w(), dw.data());
     });
-    if (layout == Layout::kNHWC) copy_strided(grads.dweight, dw);
+    if (layout == Layout::kNHWC) kernels::copy_(grads.dweight, dw);
   }
   return grads;
 }

@@ -1,7 +1,6 @@
 // tensor/cuda/handles.h — what the library-backed CUDA kernels (linalg.cu: cuBLAS, conv.cu:
 // cuDNN) and the pooling kernels share: library handles per (device, thread) bound to the current
-// stream, checked library calls, the element types they compute in, and one strided copy that
-// lays an operand out densely for a library that cannot read its strides. CUDA sources only.
+// stream, checked library calls and the element types they compute in. CUDA sources only.
 #pragma once
 
 #include <cublas_v2.h>
@@ -39,13 +38,6 @@ void check_cudnn(cudnnStatus_t status, int device, const Call&... call) {
 // own teardown). The caller holds a DeviceGuard for `device`.
 cublasHandle_t cublas_handle(int device);
 cudnnHandle_t cudnn_handle(int device);
-
-// dst = src for two tensors of one shape and dtype on one device, any strides (dst must not
-// overlap itself). Runs in dst's memory order, so writes are coalesced. The caller holds a
-// DeviceGuard.
-void copy_strided(const Tensor& dst, const Tensor& src);
-// src itself when contiguous, else a contiguous copy (copy_strided).
-Tensor contiguous_on_device(const Tensor& src);
 
 // Raw device memory from the caching allocator, for this thread's current stream of `device`;
 // given back (for reuse by later work on that stream) when it goes out of scope, which is safe

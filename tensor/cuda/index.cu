@@ -90,29 +90,6 @@ size_t widest_word(std::initializer_list<uint64_t> values) {
 }
 uint64_t address(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
-// dst[i] = src[offset of element i]: a strided tensor made contiguous, converted on the way
-// (int32 -> int64 indices). Thread per element.
-template <typename To, typename From>
-__global__ void strided_copy_kernel(const From* src, To* dst, Layout src_layout, int64_t n) {
-  for (int64_t i = thread_index(); i < n; i += thread_count())
-    dst[i] = static_cast<To>(src[offset_of(src_layout, i)]);
-}
-
-// t itself when contiguous, else a contiguous copy on t's device (same dtype).
-Tensor contiguous_on_device(const Tensor& t, const char* op) {
-  if (t.is_contiguous()) return t;
-  Tensor out = empty(t.sizes(), t.dtype(), t.device());
-  const int64_t n = t.numel();
-  if (n == 0) return out;
-  const Layout l = layout_of(t.sizes(), t.strides(), op);
-  dispatch_word(t.itemsize(), [&]<typename W>() {
-    strided_copy_kernel<W, W><<<blocks_for(n), kThreads, 0, stream_of(t)>>>(
-        static_cast<const W*>(t.data()), static_cast<W*>(out.data()), l, n);
-    check_launch("strided_copy_kernel", t.device().index);
-  });
-  return out;
-}
-
 // The index as a contiguous int64 tensor on its device (itself when already so). Raises the CPU's
 // DTypeError for other dtypes.
 Tensor index_as_int64(const Tensor& index, const char* op) {
@@ -120,17 +97,7 @@ Tensor index_as_int64(const Tensor& index, const char* op) {
   LOOM_CHECK(index.dtype() == kInt64 || index.dtype() == kInt32, DTypeError, op,
              ": expected an int64 or int32 index tensor; got ", index.dtype(),
              " index=", index.sizes());
-  if (index.dtype() == kInt64 && index.is_contiguous()) return index;
-  Tensor out = empty(index.sizes(), kInt64, index.device());
-  const int64_t n = index.numel();
-  if (n == 0) return out;
-  const Layout l = layout_of(index.sizes(), index.strides(), op);
-  dispatch_index(index.dtype(), op, [&]<typename From>() {
-    strided_copy_kernel<int64_t, From><<<blocks_for(n), kThreads, 0, stream_of(index)>>>(
-        index.data_ptr<From>(), out.data_ptr<int64_t>(), l, n);
-    check_launch("strided_copy_kernel", index.device().index);
-  });
-  return out;
+  return kernels::contiguous(kernels::to_dtype(index, kInt64));
 }
 
 // The index's values on the host, as int64 in row-major order (waits for the device).
@@ -207,16 +174,6 @@ std::string shapes_of(const std::vector<Tensor>& tensors) {
   for (size_t i = 0; i < tensors.size(); ++i)
     s += (i ? ", " : "") + (tensors[i].defined() ? detail::str(tensors[i].sizes()) : "undefined");
   return s;
-}
-
-// A contiguous copy of x on its device, always fresh (scatter_add works on it).
-Tensor clone_on_device(const Tensor& x, const char* op) {
-  if (!x.is_contiguous()) return contiguous_on_device(x, op);
-  Tensor out = empty(x.sizes(), x.dtype(), x.device());
-  if (x.numel() == 0) return out;
-  copy_bytes_async(out.data(), x.data(), x.nbytes(), CopyKind::DeviceToDevice,
-                   Stream::current(x.device().index));
-  return out;
 }
 
 bool is_empty_1d(const Tensor& t) { return t.dim() == 1 && t.size(0) == 0; }
@@ -415,11 +372,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
     LOOM_CHECK(match, ShapeError, "cat: tensors must have the same shape except in dim ", d,
                "; got shapes ", shapes_of(tensors));
     out_shape[d] += t.size(d);
-    Tensor part = contiguous_on_device(t, "cat");
-    // Mixed dtypes are rare: convert on the host with the CPU's rules, then come back.
-    if (part.dtype() != dtype)
-      part = kernels::to_device(kernels::to_dtype(kernels::to_device(part, kCPU), dtype), device);
-    parts.push_back(part);
+    parts.push_back(kernels::contiguous(kernels::to_dtype(t, dtype)));  // converted on the device
   }
   Tensor out = empty(out_shape, dtype, device);
   const int64_t outer = prod(out_shape, 0, d), inner = prod(out_shape, d + 1, out.dim());
@@ -463,7 +416,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
     out_shape = {};
   }
   Tensor out = empty(out_shape, x.dtype(), x.device());
-  select_rows(contiguous_on_device(x, "index_select"), prod(xs, 0, d), n,
+  select_rows(kernels::contiguous(x), prod(xs, 0, d), n,
               prod(xs, d + 1, static_cast<int64_t>(xs.size())), idx, out);
   return out;
 }
@@ -478,7 +431,7 @@ void index_add_(const Tensor& self, int64_t dim, const Tensor& index, const Tens
              " is out of range for dim ", d, " of size ", xs[d], "; got self=", self.sizes(),
              " index=", index.sizes());
   self.bump_version();
-  const Tensor s = contiguous_on_device(src, "index_add_");
+  const Tensor s = kernels::contiguous(src);
   dispatch_numeric(self.dtype(), "index_add_", [&]<typename T>() {
     accumulate_rows</*kOverwrite=*/false, T>(
         self, s, prod(xs, 0, d), xs[d], static_cast<int64_t>(idx.size()),
@@ -579,7 +532,7 @@ void scatter_add_(const Tensor& self, int64_t dim, const Tensor& index, const Te
 
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
   DeviceGuard guard(x.device().index);
-  Tensor out = clone_on_device(x, "scatter_add");
+  Tensor out = kernels::clone(x);
   scatter_add_into(out, dim, index, src, "scatter_add");
   return out;
 }
@@ -628,7 +581,7 @@ Tensor embedding(const Tensor& weight, const Tensor& index) {
   Shape out_shape = index.sizes();
   out_shape.push_back(dim);
   Tensor out = empty(out_shape, weight.dtype(), weight.device());
-  select_rows(contiguous_on_device(weight, "embedding"), 1, num_weights, dim, idx, out);
+  select_rows(kernels::contiguous(weight), 1, num_weights, dim, idx, out);
   return out;
 }
 
@@ -642,7 +595,7 @@ Tensor embedding_backward(const Tensor& dout, const Tensor& index, int64_t num_w
   LOOM_CHECK(!first_out_of_range(idx, num_weights, bad), IndexError, "embedding_backward: index ",
              bad, " is out of range for ", num_weights, " embeddings; got index=", index.sizes());
   Tensor dweight = empty({num_weights, dim}, dout.dtype(), dout.device());  // all written below
-  const Tensor g = contiguous_on_device(dout, "embedding_backward");
+  const Tensor g = kernels::contiguous(dout);
   dispatch_floating(dout.dtype(), "embedding_backward", [&]<typename T>() {
     accumulate_rows</*kOverwrite=*/true, T>(
         dweight, g, 1, num_weights, static_cast<int64_t>(idx.size()), dim, idx, padding_idx);
@@ -656,7 +609,7 @@ Tensor dropout_masked(const Tensor& x, double p, uint64_t seed, uint64_t first) 
   LOOM_CHECK(p > 0.0 && p < 1.0, ValueError,
              "dropout: the masked kernel needs 0 < p < 1; got p=", p, " for x=", x.sizes());
   DeviceGuard guard(x.device().index);
-  const Tensor src = contiguous_on_device(x, "dropout");
+  const Tensor src = kernels::contiguous(x);
   Tensor out = empty(x.sizes(), x.dtype(), x.device());
   const int64_t n = x.numel();
   dispatch_floating(x.dtype(), "dropout", [&]<typename T>() {

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "tensor/checks.h"
+#include "tensor/copy.h"
 #include "tensor/cuda/handles.h"
 #include "tensor/cuda/linalg.h"
 
@@ -46,7 +47,7 @@ Operand as_operand(const Tensor& t) {
   }
   // No usable unit stride: the one case that copies.
   Tensor dense = empty(t.sizes(), t.dtype(), t.device());
-  copy_strided(dense, t);
+  kernels::copy_(dense, t);
   return {dense, false, std::max<int64_t>(1, cols), t.dim() == 3 ? rows * cols : 0};
 }
 
@@ -165,12 +166,12 @@ void mm_out(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, d
   Tensor c = out;
   if (!direct) {
     c = empty({m, n}, out.dtype(), out.device());
-    if (beta != 0.0) copy_strided(c, out);
+    if (beta != 0.0) kernels::copy_(c, out);
   }
   const Gemm gemm{m, n,     k,   1, as_operand(a), as_operand(b), c.data(), direct ? ldc : n,
                   0, alpha, beta};
   run_gemm(gemm, a.dtype(), device, "mm");
-  if (!direct) copy_strided(out, c);
+  if (!direct) kernels::copy_(out, c);
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b) {

@@ -34,19 +34,12 @@ namespace {
 constexpr int kBlock = 256;
 constexpr int64_t kMaxGrid = 1 << 20;  // larger problems loop over their work items
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int next_pow2(int64_t n, int cap) {  // the smallest power of two >= n, within [1, cap]
-  int p = 1;
-  while (p < n && p < cap) p *= 2;
-  return p;
-}
 unsigned grid_for(int64_t items) {
   return static_cast<unsigned>(std::clamp<int64_t>(items, 1, kMaxGrid));
 }
 
 __device__ __forceinline__ float dev_exp(float v) { return ::expf(v); }
 __device__ __forceinline__ double dev_exp(double v) { return ::exp(v); }
-__device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 
 struct Plus {
   __device__ double operator()(double a, double b) const { return a + b; }

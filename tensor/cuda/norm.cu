@@ -38,13 +38,6 @@ constexpr int64_t kMinPerThread = 16;    // ... as long as each thread keeps thi
 constexpr int64_t kMaxSplit = 1024;
 constexpr int64_t kMaxGridX = 1 << 20;
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int next_pow2(int64_t n, int cap) {  // the smallest power of two >= n, within [1, cap]
-  int p = 1;
-  while (p < n && p < cap) p *= 2;
-  return p;
-}
-__device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 __device__ __forceinline__ float dev_sqrt(float v) { return ::sqrtf(v); }
 __device__ __forceinline__ double dev_sqrt(double v) { return ::sqrt(v); }
 

@@ -1,5 +1,5 @@
 // tensor/cuda/reduce.cu — reductions on CUDA: sum, mean, max/min (values and indices), var,
-// std, logsumexp, and the strided gather (contiguous_as) the loss and norm kernels read through.
+// std, logsumexp, and contiguous_as, through which the loss and norm kernels read their inputs.
 // Each reduction sees x as [M outputs, N reduced elements] without copying it; see
 // Note [CUDA reduction]. Results match tensor/cpu/reduce.cpp: same dtypes, NaN rules, ties.
 
@@ -14,6 +14,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "tensor/copy.h"
 #include "tensor/cuda/common.cuh"
 #include "tensor/cuda/reduce.h"
 #include "tensor/dispatch.h"
@@ -47,15 +48,6 @@ constexpr int64_t kTargetBlocks = 1024;  // fewer blocks than this: split the re
 constexpr int64_t kMinPerThread = 16;    // ... as long as each thread keeps this many
 constexpr int64_t kMaxSplit = 1024;      // chunks per output at most
 constexpr int64_t kMaxGridX = 1 << 20;   // larger problems loop over their outputs
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int next_pow2(int64_t n, int cap) {  // the smallest power of two >= n, within [1, cap]
-  int p = 1;
-  while (p < n && p < cap) p *= 2;
-  return p;
-}
-
-__device__ __forceinline__ int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 
 template <typename T>
 __device__ __forceinline__ bool is_nan(T v) {
@@ -601,29 +593,6 @@ Tensor var_impl(const Tensor& x, const Shape& dims, bool unbiased, bool keepdim,
   return out;
 }
 
-// contiguous_as: one thread per output element, grid-stride.
-template <typename To, typename From>
-__device__ __forceinline__ To convert(From v) {
-  if constexpr (std::is_same_v<From, Half>) {
-    return convert<To>(__half2float(__ushort_as_half(v.bits)));
-  } else if constexpr (std::is_same_v<From, BFloat16>) {
-    return convert<To>(__uint_as_float(static_cast<unsigned>(v.bits) << 16));
-  } else if constexpr (std::is_same_v<To, From>) {
-    return v;
-  } else if constexpr (std::is_same_v<From, int64_t> && std::is_integral_v<To>) {
-    return static_cast<To>(v);
-  } else {
-    return static_cast<To>(static_cast<double>(v));  // as tensor/copy.cpp converts
-  }
-}
-
-template <typename To, typename From>
-__global__ void gather_kernel(To* out, const From* src, IndexMap map, int64_t n) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = convert<To>(src[map.offset(i)]);
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- entry points
@@ -701,22 +670,7 @@ Tensor logsumexp(const Tensor& x, const Shape& dims, bool keepdim) {
 }
 
 Tensor contiguous_as(const Tensor& x, DType dtype) {
-  if (x.dtype() == dtype && x.is_contiguous()) return x;
-  DeviceGuard guard(x.device().index);
-  Tensor out = empty(x.sizes(), dtype, x.device());
-  const int64_t n = x.numel();
-  if (n == 0) return out;
-  Shape all(x.dim());
-  for (int64_t d = 0; d < x.dim(); ++d) all[d] = d;
-  const IndexMap map = make_map(x, all, "contiguous_as");
-  dispatch_numeric(dtype, "contiguous_as", [&]<typename To>() {
-    dispatch_all(x.dtype(), "contiguous_as", [&]<typename From>() {
-      gather_kernel<<<blocks_for(n), kThreads, 0, stream_of(x)>>>(out.data_ptr<To>(),
-                                                                  x.data_ptr<From>(), map, n);
-      check_launch("gather_kernel", x.device().index);
-    });
-  });
-  return out;
+  return x.dtype() == dtype ? kernels::contiguous(x) : kernels::to_dtype(x, dtype);
 }
 
 }  // namespace loom::cuda

@@ -24,9 +24,9 @@ Tensor var(const Tensor& x, const Shape& dims = {}, bool unbiased = true, bool k
 Tensor std(const Tensor& x, const Shape& dims = {}, bool unbiased = true, bool keepdim = false);
 Tensor logsumexp(const Tensor& x, const Shape& dims, bool keepdim = false);
 
-// A contiguous copy of a CUDA tensor converted to `dtype` (any strides; source of any dtype,
-// `dtype` a numeric one), or x itself when it already is both. The loss and norm kernels read
-// their inputs through it (a strided gather, so they do not wait on kernels::contiguous).
+// x contiguous and of `dtype` (kernels::contiguous, or kernels::to_dtype, whose copies run on the
+// device): x itself when it already is both. The loss and norm kernels read their inputs
+// through it.
 Tensor contiguous_as(const Tensor& x, DType dtype);
 
 }  // namespace loom::cuda
