@@ -33,11 +33,10 @@ std::string directory_of(const std::string& path) {
 // A name beside `path` for a temporary file: ".<name>.tmp.<pid>.<counter>".
 std::string temporary_name(const std::string& path) {
   static std::atomic<uint64_t> counter{0};
-  const std::filesystem::path p(path);
-  return (std::filesystem::path(directory_of(path)) /
-          ("." + p.filename().string() + ".tmp." + std::to_string(::getpid()) + "." +
-           std::to_string(counter.fetch_add(1))))
-      .string();
+  const std::string base = std::filesystem::path(path).filename().string();
+  const std::string name = "." + base + ".tmp." + std::to_string(::getpid()) + "." +
+                           std::to_string(counter.fetch_add(1));
+  return (std::filesystem::path(directory_of(path)) / name).string();
 }
 
 // Makes a rename in `dir` durable. Filesystems that cannot fsync a directory say EINVAL.
