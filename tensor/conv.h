@@ -56,6 +56,18 @@ struct Pool2dOptions {
 int64_t pool_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t padding,
                          int64_t dilation, bool ceil_mode);
 
+// A pooling call's geometry, for both devices: N C planes of H x W in, Ho x Wo out, and the
+// window with stride {0,0} replaced by the kernel (and dilation {1,1} where it does not apply).
+struct Pool2dGeometry {
+  int64_t planes, h, w, ho, wo;
+  Pair kernel, stride, padding, dilation;
+};
+
+// Checks x_shape [N,C,H,W] and the options as PyTorch does (errors name `op`) and returns the
+// geometry; `dilated` says whether options.dilation applies (max pooling only).
+Pool2dGeometry pool2d_geometry(const char* op, const Shape& x_shape, const Pool2dOptions& options,
+                               bool dilated);
+
 // Returns (values, int64 indices of each maximum within its H*W input plane).
 std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dOptions& options);
 Tensor max_pool2d_backward(const Tensor& dout, const Tensor& indices, const Shape& x_shape);

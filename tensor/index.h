@@ -14,6 +14,15 @@ namespace loom::kernels {
 // Concatenates along dim. Shapes must agree except in dim; dtypes promote (promote_types);
 // 1-D tensors of size 0 are skipped, as PyTorch does.
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+// cat's arguments checked (cat's errors all come from here) and its output worked out, shared
+// by the CPU and CUDA cat.
+struct CatPlan {
+  DType dtype = kFloat32;     // the inputs' promoted dtype
+  int64_t dim = 0;            // wrapped
+  Shape out_shape;            // [0] when every input is an empty 1-D tensor
+  std::vector<Tensor> parts;  // the inputs to copy, in order (empty 1-D ones left out)
+};
+CatPlan plan_cat(const std::vector<Tensor>& tensors, int64_t dim);
 // Joins tensors of one shape along a new dim.
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
 // The sizes of the pieces split / chunk produce along dim (checks the arguments).
@@ -25,6 +34,9 @@ std::vector<Tensor> split_with_sizes(const Tensor& x, const Shape& sizes, int64_
 // --- indexing (index: an int64 or int32 tensor; negative values are out of range) ---
 // Rows of x along dim picked by a 1-D (or 0-d) index.
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+// Its output shape for the wrapped dim d, once the index is known in range (both devices): x's
+// with index.numel() in dim d; a 0-d x takes one index (ShapeError) and gives a 0-d result.
+Shape index_select_shape(const Tensor& x, int64_t d, const Tensor& index);
 // self[..., index[j], ...] += src[..., j, ...] along dim (duplicates accumulate). self must be
 // contiguous; bumps its version.
 void index_add_(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src);

@@ -15,6 +15,14 @@ enum class Reduction { None, Mean, Sum };
 
 namespace loom::kernels {
 
+// x seen as [outer, n, inner] around dim (a 0-d tensor as one element): the lines of n elements,
+// inner apart, that the softmax kernels of both devices reduce. IndexError names `op` when dim
+// is out of range.
+struct DimLayout {
+  int64_t outer = 1, n = 1, inner = 1;
+};
+DimLayout dim_layout(const Tensor& x, int64_t dim, const char* op);
+
 // Along dim, max-subtracted: softmax = exp(x - max) / sum(exp(x - max)).
 Tensor softmax(const Tensor& x, int64_t dim);
 Tensor log_softmax(const Tensor& x, int64_t dim);
@@ -55,6 +63,14 @@ NllLossForward nll_loss_forward(const Tensor& log_probs, const Tensor& target, c
 Tensor nll_loss_backward(const Tensor& dloss, const Shape& input_shape, const Tensor& target,
                          const Tensor& weight, Reduction reduction, int64_t ignore_index,
                          double total_weight);
+
+// A class loss's input [N, C, *] as [N, C, S] (its rank checked by the caller), on both
+// devices.
+struct ClassLayout {
+  int64_t n = 0, c = 0, s = 1;
+  int64_t positions() const { return n * s; }
+};
+ClassLayout class_layout(const Shape& input);
 
 // Checks target against input [N, C, *] for a class loss (shapes, dtype, every value in
 // [0, C) or ignore_index) and returns the number of positions not ignored. IndexError,

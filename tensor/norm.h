@@ -38,6 +38,15 @@ struct BatchNormSums {
   int64_t count = 0;  // N * S
 };
 
+// x [N, C, *] as [N, C, S], the layout of both devices' batch norm kernels. ShapeError names `op`
+// when x has fewer than 2 dims.
+struct ChannelLayout {
+  int64_t n = 0, c = 0, s = 1;
+  int64_t count() const { return n * s; }  // values per channel
+  int64_t row(int64_t batch, int64_t channel) const { return (batch * c + channel) * s; }
+};
+ChannelLayout channel_layout(const char* op, const Tensor& x);
+
 // Gradients of a normalisation (batch or layer norm); undefined where not asked for.
 struct NormGrads {
   Tensor dx, dweight, dbias;
@@ -78,6 +87,8 @@ NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& m
                               std::array<bool, 3> need);
 
 // Layer norm over the trailing dims whose product is `normalized_numel`: x seen as [M, D].
+// layer_norm_rows gives M, or ShapeError naming `op` when D does not divide x.
+int64_t layer_norm_rows(const char* op, const Tensor& x, int64_t normalized_numel);
 struct LayerNormForward {
   Tensor out;
   Tensor mean;  // [M]

@@ -29,6 +29,9 @@ Tensor sum(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
 Tensor mean(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
 // Sums a broadcast gradient back to `shape` (leading dims dropped, size-1 dims kept).
 Tensor sum_to(const Tensor& x, const Shape& shape);
+// The dims of x that sum_to(x, shape) sums (ShapeError when x does not reduce to shape): the
+// checks and plan of both devices' sum_to.
+Shape sum_to_dims(const Tensor& x, const Shape& shape);
 
 // Max/min values over dims (NaN propagates).
 Tensor amax(const Tensor& x, const Shape& dims = {}, bool keepdim = false);

@@ -166,14 +166,13 @@ bool is_empty_1d(const Tensor& t) { return t.dim() == 1 && t.size(0) == 0; }
 
 // ---------------------------------------------------------------- cat, stack, split
 
-// Work maps to threads by output elements: each thread copies a range of the flat output,
-// which crosses input boundaries as memcpy segments.
-Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+CatPlan plan_cat(const std::vector<Tensor>& tensors, int64_t dim) {
   LOOM_CHECK(!tensors.empty(), ValueError, "cat: expected a non-empty list of tensors");
   for (size_t i = 0; i < tensors.size(); ++i)
     LOOM_CHECK(tensors[i].defined(), ValueError, "cat: tensor ", i, " is undefined; got shapes ",
                shapes_of(tensors));
-  DType dtype = tensors[0].dtype();
+  CatPlan plan;
+  plan.dtype = tensors[0].dtype();
   const Tensor* ref = nullptr;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
@@ -182,28 +181,41 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
                t.device(), " (tensor ", i, ") for shapes ", shapes_of(tensors));
     LOOM_CHECK(t.dim() > 0, ShapeError, "cat: a 0-d tensor (tensor ", i,
                ") cannot be concatenated; got shapes ", shapes_of(tensors));
-    dtype = promote_types(dtype, t.dtype());
+    plan.dtype = promote_types(plan.dtype, t.dtype());
     if (!ref && !is_empty_1d(t)) ref = &t;
   }
-  if (tensors[0].is_cuda()) return cuda::cat(tensors, dim);
   if (!ref) {  // only empty 1-D tensors
     wrap_dim(dim, 1, "cat");
-    return empty({0}, dtype);
+    plan.out_shape = {0};
+    return plan;
   }
   const int64_t d = wrap_dim(dim, ref->dim(), "cat");
-  Shape out_shape = ref->sizes();
-  out_shape[d] = 0;
-  std::vector<Tensor> parts;  // contiguous, of the output dtype, empty 1-D ones left out
+  plan.dim = d;
+  plan.out_shape = ref->sizes();
+  plan.out_shape[d] = 0;
   for (const Tensor& t : tensors) {
     if (is_empty_1d(t)) continue;
     bool match = t.dim() == ref->dim();
     for (int64_t k = 0; match && k < t.dim(); ++k) match = k == d || t.size(k) == ref->size(k);
     LOOM_CHECK(match, ShapeError, "cat: tensors must have the same shape except in dim ", d,
                "; got shapes ", shapes_of(tensors));
-    out_shape[d] += t.size(d);
-    parts.push_back(contiguous(to_dtype(t, dtype)));
+    plan.out_shape[d] += t.size(d);
+    plan.parts.push_back(t);
   }
-  Tensor out = empty(out_shape, dtype);
+  return plan;
+}
+
+// Work maps to threads by output elements: each thread copies a range of the flat output,
+// which crosses input boundaries as memcpy segments.
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  const CatPlan plan = plan_cat(tensors, dim);
+  if (tensors[0].is_cuda()) return cuda::cat(tensors, dim);
+  const int64_t d = plan.dim;
+  const Shape& out_shape = plan.out_shape;
+  std::vector<Tensor> parts;  // contiguous, of the output dtype
+  parts.reserve(plan.parts.size());
+  for (const Tensor& t : plan.parts) parts.push_back(contiguous(to_dtype(t, plan.dtype)));
+  Tensor out = empty(out_shape, plan.dtype);
   const int64_t outer = prod(out_shape, 0, d), inner = prod(out_shape, d + 1, out.dim());
   const int64_t out_row = out_shape[d] * inner;
   std::vector<int64_t> col(parts.size() + 1, 0);  // each part's first column in an output row
@@ -290,6 +302,18 @@ std::vector<Tensor> split_with_sizes(const Tensor& x, const Shape& sizes, int64_
 
 // ---------------------------------------------------------------- index_select, index_add_
 
+Shape index_select_shape(const Tensor& x, int64_t d, const Tensor& index) {
+  if (x.dim() == 0) {
+    LOOM_CHECK(index.numel() == 1, ShapeError,
+               "index_select: a 0-d x takes one index; got x=", x.sizes(),
+               " index=", index.sizes());
+    return {};
+  }
+  Shape out_shape = x.sizes();
+  out_shape[d] = index.numel();
+  return out_shape;
+}
+
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   common_device("index_select", {x, index});
   const Tensor idx = index_as_int64(index, "index_select");
@@ -303,14 +327,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   LOOM_CHECK(bad < 0, IndexError, "index_select: index ",
              bad < 0 ? 0 : idx.data_ptr<int64_t>()[bad], " is out of range for dim ", d,
              " of size ", n, "; got x=", x.sizes(), " index=", index.sizes());
-  Shape out_shape = xs;
-  out_shape[d] = m;
-  if (x.dim() == 0) {
-    LOOM_CHECK(m == 1, ShapeError, "index_select: a 0-d x takes one index; got x=", x.sizes(),
-               " index=", index.sizes());
-    out_shape = {};
-  }
-  Tensor out = empty(out_shape, x.dtype());
+  Tensor out = empty(index_select_shape(x, d, index), x.dtype());
   select_rows(contiguous(x), prod(xs, 0, d), n, prod(xs, d + 1, xs.size()), idx.data_ptr<int64_t>(),
               m, out);
   return out;
@@ -446,14 +463,12 @@ Tensor one_hot(const Tensor& index, int64_t num_classes) {
   const Tensor idx = index_as_int64(index, "one_hot");
   LOOM_CHECK(num_classes >= -1, ValueError, "one_hot: num_classes must be -1 or >= 0; got ",
              num_classes, " for index=", index.sizes());
+  LOOM_CHECK(num_classes != -1 || index.numel() > 0, ValueError,
+             "one_hot: cannot infer num_classes from an empty index; got index=", index.sizes());
   if (index.is_cuda()) return cuda::one_hot(index, num_classes);
   const int64_t n = idx.numel();
   const int64_t* ip = idx.data_ptr<int64_t>();
-  if (num_classes == -1) {
-    LOOM_CHECK(n > 0, ValueError,
-               "one_hot: cannot infer num_classes from an empty index; got index=", index.sizes());
-    num_classes = *std::max_element(ip, ip + n) + 1;
-  }
+  if (num_classes == -1) num_classes = *std::max_element(ip, ip + n) + 1;
   const int64_t bad = first_out_of_range(idx, num_classes);
   LOOM_CHECK(bad < 0, IndexError, "one_hot: class ", bad < 0 ? 0 : ip[bad], " is out of range [0, ",
              num_classes, "); got index=", index.sizes());
@@ -474,8 +489,8 @@ Tensor embedding(const Tensor& weight, const Tensor& index) {
   LOOM_CHECK(weight.dim() == 2, ShapeError,
              "embedding: expected a 2-D weight [V, D]; got weight=", weight.sizes(),
              " index=", index.sizes());
-  if (weight.is_cuda()) return cuda::embedding(weight, index);
   const Tensor idx = index_as_int64(index, "embedding");
+  if (weight.is_cuda()) return cuda::embedding(weight, index);
   const int64_t num_weights = weight.size(0), dim = weight.size(1);
   const int64_t bad = first_out_of_range(idx, num_weights);
   LOOM_CHECK(bad < 0, IndexError, "embedding: index ", bad < 0 ? 0 : idx.data_ptr<int64_t>()[bad],
@@ -516,9 +531,9 @@ Tensor embedding_backward(const Tensor& dout, const Tensor& index, int64_t num_w
 // mask does not depend on the thread count.
 Tensor dropout_masked(const Tensor& x, double p, uint64_t seed, uint64_t first) {
   common_device("dropout", {x});
-  if (x.is_cuda()) return cuda::dropout_masked(x, p, seed, first);
   LOOM_CHECK(p > 0.0 && p < 1.0, ValueError,
              "dropout: the masked kernel needs 0 < p < 1; got p=", p, " for x=", x.sizes());
+  if (x.is_cuda()) return cuda::dropout_masked(x, p, seed, first);
   const Tensor src = contiguous(x);
   Tensor out = empty(x.sizes(), x.dtype());
   const int64_t n = x.numel();

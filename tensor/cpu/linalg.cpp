@@ -62,7 +62,8 @@ void mm_out(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, d
              "] with a unit inner stride; got out=", out.sizes());
   LOOM_CHECK(out.dtype() == a.dtype(), DTypeError, "mm: output is ", out.dtype(),
              " but the inputs are ", a.dtype());
-  if (a.is_cuda()) return cuda::mm_out(out, a, b, alpha, beta);  // bumps the version itself
+  // cuda::mm_out bumps out's version itself.
+  if (on_cuda("mm", {out, a})) return cuda::mm_out(out, a, b, alpha, beta);
   if (is_16bit_float(a.dtype())) {  // Note [16-bit products on the CPU]
     const Tensor out32 = beta == 0.0 ? empty(out.sizes(), kFloat32) : to_dtype(out, kFloat32);
     mm_out(out32, widened(a), widened(b), alpha, beta);

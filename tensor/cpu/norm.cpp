@@ -39,30 +39,32 @@ inline double accumulate(int64_t n, F&& f) {
   return (a0 + a1) + (a2 + a3);
 }
 
-// x [N, C, *] as [N, C, S].
-struct ChannelLayout {
-  int64_t n = 0, c = 0, s = 1;
-  int64_t count() const { return n * s; }  // values per channel
-  int64_t row(int64_t batch, int64_t channel) const { return (batch * c + channel) * s; }
-};
+// ---------------------------------------------------------------- checks
+// Every entry point checks its arguments with these before its device switch, so the CUDA
+// kernels (tensor/cuda/norm.cu) receive validated inputs.
 
-ChannelLayout channel_layout(const char* op, const Tensor& x) {
-  LOOM_CHECK(x.dim() >= 2, ShapeError, op, ": expected x of shape [N, C, ...]; got x=", x.sizes());
-  ChannelLayout l;
-  l.n = x.size(0);
-  l.c = x.size(1);
-  for (int64_t d = 2; d < x.dim(); ++d) l.s *= x.size(d);
-  return l;
+// A vector of `count` values (per channel, per row, ...); undefined passes (optional ones).
+void check_vector(const char* op, const char* name, const Tensor& t, int64_t count) {
+  LOOM_CHECK(!t.defined() || t.numel() == count, ShapeError, op, ": expected ", name, " with ",
+             count, " elements; got ", name, "=", t.sizes());
 }
 
-// A vector of `count` values (per channel, per row, ...) as a contiguous tensor of dtype;
-// undefined stays undefined.
-Tensor channel_vector(const char* op, const char* name, const Tensor& t, int64_t count,
-                      DType dtype) {
-  if (!t.defined()) return t;
-  LOOM_CHECK(t.numel() == count, ShapeError, op, ": expected ", name, " with ", count,
-             " elements; got ", name, "=", t.sizes());
-  return contiguous(to_dtype(t, dtype));
+// dy and x of a backward, read element for element: one shape.
+void check_grad_shape(const char* op, const Tensor& dy, const Tensor& x) {
+  LOOM_CHECK(dy.sizes() == x.sizes(), ShapeError, op, ": dy and x differ; got dy=", dy.sizes(),
+             " x=", x.sizes());
+}
+
+// The DTypeError the kernels' dispatch_floating raises for x's dtype, raised with the checks.
+void require_floating(const char* op, DType dtype) {
+  dispatch_floating(dtype, op, []<typename T>() {});
+}
+
+// ---------------------------------------------------------------- channel helpers
+
+// A checked vector as a contiguous tensor of dtype; undefined stays undefined.
+Tensor channel_vector(const Tensor& t, DType dtype) {
+  return t.defined() ? contiguous(to_dtype(t, dtype)) : t;
 }
 
 template <typename T>
@@ -151,12 +153,28 @@ DxCoefficients dx_coefficients(double weight, double mean, double invstd, bool t
 
 }  // namespace
 
+ChannelLayout channel_layout(const char* op, const Tensor& x) {
+  LOOM_CHECK(x.dim() >= 2, ShapeError, op, ": expected x of shape [N, C, ...]; got x=", x.sizes());
+  ChannelLayout l;
+  l.n = x.size(0);
+  l.c = x.size(1);
+  for (int64_t d = 2; d < x.dim(); ++d) l.s *= x.size(d);
+  return l;
+}
+
+int64_t layer_norm_rows(const char* op, const Tensor& x, int64_t normalized_numel) {
+  const int64_t cols = normalized_numel;
+  LOOM_CHECK(cols >= 0 && (cols == 0 ? x.numel() == 0 : x.numel() % cols == 0), ShapeError, op,
+             ": ", cols, " normalised elements do not divide x=", x.sizes());
+  return cols == 0 ? 0 : x.numel() / cols;
+}
+
 // ---------------------------------------------------------------- batch norm statistics
 
 BatchNormSums batch_norm_sums(const Tensor& x) {
+  const ChannelLayout l = channel_layout("batch_norm_sums", x);
   if (on_cuda("batch_norm_sums", {x})) return cuda::batch_norm_sums(x);
   cpu_only("batch_norm_sums", {x});
-  const ChannelLayout l = channel_layout("batch_norm_sums", x);
   const Tensor xc = contiguous(x);
   BatchNormSums out{empty({l.c}, kFloat64), empty({l.c}, kFloat64), l.count()};
   dispatch_floating(x.dtype(), "batch_norm_sums", [&]<typename T>() {
@@ -176,14 +194,14 @@ BatchNormSums batch_norm_sums(const Tensor& x) {
 
 BatchNormStats batch_norm_stats_from_sums(const Tensor& sum, const Tensor& sum_sq, int64_t count,
                                           double eps, DType dtype) {
-  if (on_cuda("batch_norm_stats_from_sums", {sum, sum_sq}))
-    return cuda::batch_norm_stats_from_sums(sum, sum_sq, count, eps, dtype);
-  cpu_only("batch_norm_stats_from_sums", {sum, sum_sq});
+  const Device device = common_device("batch_norm_stats_from_sums", {sum, sum_sq});
   LOOM_CHECK(sum.numel() == sum_sq.numel(), ShapeError,
              "batch_norm_stats_from_sums: sum and sum_sq differ; got sum=", sum.sizes(),
              " sum_sq=", sum_sq.sizes());
   LOOM_CHECK(count > 0, ValueError, "batch_norm_stats_from_sums: expected a positive count; got ",
              count);
+  if (device.is_cuda()) return cuda::batch_norm_stats_from_sums(sum, sum_sq, count, eps, dtype);
+  cpu_only("batch_norm_stats_from_sums", {sum, sum_sq});
   const int64_t channels = sum.numel();
   const Tensor s = contiguous(to_dtype(sum, kFloat64)), sq = contiguous(to_dtype(sum_sq, kFloat64));
   BatchNormStats out{empty({channels}, dtype), empty({channels}, dtype), empty({channels}, dtype),
@@ -206,9 +224,9 @@ BatchNormStats batch_norm_stats_from_sums(const Tensor& sum, const Tensor& sum_s
 }
 
 BatchNormStats batch_norm_stats(const Tensor& x, double eps) {
+  const ChannelLayout l = channel_layout("batch_norm_stats", x);
   if (on_cuda("batch_norm_stats", {x})) return cuda::batch_norm_stats(x, eps);
   cpu_only("batch_norm_stats", {x});
-  const ChannelLayout l = channel_layout("batch_norm_stats", x);
   const Tensor xc = contiguous(x);
   BatchNormStats out{empty({l.c}, x.dtype()), empty({l.c}, x.dtype()), empty({l.c}, x.dtype()),
                      l.count()};
@@ -237,25 +255,30 @@ Tensor batch_norm_invstd(const Tensor& var, double eps) {
 
 void batch_norm_update_running_stats_(const Tensor& running_mean, const Tensor& running_var,
                                       const BatchNormStats& stats, double momentum) {
-  if (on_cuda("batch_norm_update_running_stats_", {running_mean, running_var, stats.mean}))
-    return cuda::batch_norm_update_running_stats_(running_mean, running_var, stats, momentum);
   const char* op = "batch_norm_update_running_stats_";
-  if (running_mean.defined()) {
-    cpu_only(op, {running_mean, stats.mean});
+  const Device device = common_device(op, {running_mean, running_var, stats.mean});
+  if (running_mean.defined())
     LOOM_CHECK(running_mean.numel() == stats.mean.numel(), ShapeError, op,
                ": running_mean does not match the statistics; got running_mean=",
                running_mean.sizes(), " mean=", stats.mean.sizes());
-    const Tensor batch = reshape(to_dtype(stats.mean, running_mean.dtype()), running_mean.sizes());
-    copy_(running_mean, add(mul_scalar(running_mean, 1.0 - momentum), batch, momentum));
-  }
   if (running_var.defined()) {
-    cpu_only(op, {running_var, stats.var});
+    common_device(op, {running_var, stats.var});
     LOOM_CHECK(running_var.numel() == stats.var.numel(), ShapeError, op,
                ": running_var does not match the statistics; got running_var=", running_var.sizes(),
                " var=", stats.var.sizes());
     LOOM_CHECK(
         stats.count > 1, ValueError, op,
         ": the unbiased variance needs more than one value per channel; got count=", stats.count);
+  }
+  if (device.is_cuda())
+    return cuda::batch_norm_update_running_stats_(running_mean, running_var, stats, momentum);
+  if (running_mean.defined()) {
+    cpu_only(op, {running_mean, stats.mean});
+    const Tensor batch = reshape(to_dtype(stats.mean, running_mean.dtype()), running_mean.sizes());
+    copy_(running_mean, add(mul_scalar(running_mean, 1.0 - momentum), batch, momentum));
+  }
+  if (running_var.defined()) {
+    cpu_only(op, {running_var, stats.var});
     const double bessel = static_cast<double>(stats.count) / static_cast<double>(stats.count - 1);
     const Tensor batch =
         reshape(to_dtype(mul_scalar(stats.var, bessel), running_var.dtype()), running_var.sizes());
@@ -267,16 +290,21 @@ void batch_norm_update_running_stats_(const Tensor& running_mean, const Tensor& 
 
 Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invstd,
                         const Tensor& weight, const Tensor& bias) {
-  if (on_cuda("batch_norm_elemt", {x, mean, invstd, weight, bias}))
-    return cuda::batch_norm_elemt(x, mean, invstd, weight, bias);
   const char* op = "batch_norm_elemt";
-  cpu_only(op, {x, mean, invstd, weight, bias});
+  const Device device = common_device(op, {x, mean, invstd, weight, bias});
   const ChannelLayout l = channel_layout(op, x);
+  check_vector(op, "mean", mean, l.c);
+  check_vector(op, "invstd", invstd, l.c);
+  check_vector(op, "weight", weight, l.c);
+  check_vector(op, "bias", bias, l.c);
+  require_floating(op, x.dtype());
+  if (device.is_cuda()) return cuda::batch_norm_elemt(x, mean, invstd, weight, bias);
+  cpu_only(op, {x, mean, invstd, weight, bias});
   const Tensor xc = contiguous(x);
-  const Tensor m = channel_vector(op, "mean", mean, l.c, x.dtype());
-  const Tensor is = channel_vector(op, "invstd", invstd, l.c, x.dtype());
-  const Tensor w = channel_vector(op, "weight", weight, l.c, x.dtype());
-  const Tensor b = channel_vector(op, "bias", bias, l.c, x.dtype());
+  const Tensor m = channel_vector(mean, x.dtype());
+  const Tensor is = channel_vector(invstd, x.dtype());
+  const Tensor w = channel_vector(weight, x.dtype());
+  const Tensor b = channel_vector(bias, x.dtype());
   Tensor y = empty(x.sizes(), x.dtype(), x.device());
   dispatch_floating(x.dtype(), op, [&]<typename T>() {
     const T* xp = xc.data_ptr<T>();
@@ -298,14 +326,17 @@ Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invst
 // are still in cache.
 std::pair<Tensor, BatchNormStats> batch_norm_forward_train(const Tensor& x, const Tensor& weight,
                                                            const Tensor& bias, double eps) {
-  if (on_cuda("batch_norm_forward_train", {x, weight, bias}))
-    return cuda::batch_norm_forward_train(x, weight, bias, eps);
   const char* op = "batch_norm";
-  cpu_only(op, {x, weight, bias});
+  const Device device = common_device("batch_norm_forward_train", {x, weight, bias});
   const ChannelLayout l = channel_layout(op, x);
+  check_vector(op, "weight", weight, l.c);
+  check_vector(op, "bias", bias, l.c);
+  require_floating(op, x.dtype());
+  if (device.is_cuda()) return cuda::batch_norm_forward_train(x, weight, bias, eps);
+  cpu_only(op, {x, weight, bias});
   const Tensor xc = contiguous(x);
-  const Tensor w = channel_vector(op, "weight", weight, l.c, x.dtype());
-  const Tensor b = channel_vector(op, "bias", bias, l.c, x.dtype());
+  const Tensor w = channel_vector(weight, x.dtype());
+  const Tensor b = channel_vector(bias, x.dtype());
   Tensor y = empty(x.sizes(), x.dtype(), x.device());
   BatchNormStats stats{empty({l.c}, x.dtype()), empty({l.c}, x.dtype()), empty({l.c}, x.dtype()),
                        l.count()};
@@ -335,16 +366,18 @@ std::pair<Tensor, BatchNormStats> batch_norm_forward_train(const Tensor& x, cons
 
 std::pair<Tensor, Tensor> batch_norm_backward_reduce(const Tensor& dy, const Tensor& x,
                                                      const Tensor& mean, const Tensor& invstd) {
-  if (on_cuda("batch_norm_backward_reduce", {dy, x, mean, invstd}))
-    return cuda::batch_norm_backward_reduce(dy, x, mean, invstd);
   const char* op = "batch_norm_backward_reduce";
-  cpu_only(op, {dy, x, mean, invstd});
+  const Device device = common_device(op, {dy, x, mean, invstd});
   const ChannelLayout l = channel_layout(op, x);
-  LOOM_CHECK(dy.sizes() == x.sizes(), ShapeError, op, ": dy and x differ; got dy=", dy.sizes(),
-             " x=", x.sizes());
+  check_grad_shape(op, dy, x);
+  check_vector(op, "mean", mean, l.c);
+  check_vector(op, "invstd", invstd, l.c);
+  require_floating(op, x.dtype());
+  if (device.is_cuda()) return cuda::batch_norm_backward_reduce(dy, x, mean, invstd);
+  cpu_only(op, {dy, x, mean, invstd});
   const Tensor xc = contiguous(x), dyc = contiguous(to_dtype(dy, x.dtype()));
-  const Tensor m = channel_vector(op, "mean", mean, l.c, x.dtype());
-  const Tensor is = channel_vector(op, "invstd", invstd, l.c, x.dtype());
+  const Tensor m = channel_vector(mean, x.dtype());
+  const Tensor is = channel_vector(invstd, x.dtype());
   Tensor sum_dy = empty({l.c}, x.dtype()), sum_dy_xhat = empty({l.c}, x.dtype());
   dispatch_floating(x.dtype(), op, [&]<typename T>() {
     const T *xp = xc.data_ptr<T>(), *gp = dyc.data_ptr<T>();
@@ -364,23 +397,29 @@ std::pair<Tensor, Tensor> batch_norm_backward_reduce(const Tensor& dy, const Ten
 Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor& mean,
                                  const Tensor& invstd, const Tensor& weight, const Tensor& sum_dy,
                                  const Tensor& sum_dy_xhat, int64_t count) {
-  if (on_cuda("batch_norm_backward_elemt", {dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat}))
-    return cuda::batch_norm_backward_elemt(dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat, count);
   const char* op = "batch_norm_backward_elemt";
-  cpu_only(op, {dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat});
+  const Device device = common_device(op, {dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat});
   const ChannelLayout l = channel_layout(op, x);
-  LOOM_CHECK(dy.sizes() == x.sizes(), ShapeError, op, ": dy and x differ; got dy=", dy.sizes(),
-             " x=", x.sizes());
+  check_grad_shape(op, dy, x);
   LOOM_CHECK(sum_dy.defined() == sum_dy_xhat.defined(), ValueError, op,
              ": give both sum_dy and sum_dy_xhat (training) or neither (eval)");
   const bool training = sum_dy.defined();
   LOOM_CHECK(!training || count > 0, ValueError, op, ": expected a positive count; got ", count);
+  check_vector(op, "mean", mean, l.c);
+  check_vector(op, "invstd", invstd, l.c);
+  check_vector(op, "weight", weight, l.c);
+  check_vector(op, "sum_dy", sum_dy, l.c);
+  check_vector(op, "sum_dy_xhat", sum_dy_xhat, l.c);
+  require_floating(op, x.dtype());
+  if (device.is_cuda())
+    return cuda::batch_norm_backward_elemt(dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat, count);
+  cpu_only(op, {dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat});
   const Tensor xc = contiguous(x), dyc = contiguous(to_dtype(dy, x.dtype()));
-  const Tensor m = channel_vector(op, "mean", mean, l.c, x.dtype());
-  const Tensor is = channel_vector(op, "invstd", invstd, l.c, x.dtype());
-  const Tensor w = channel_vector(op, "weight", weight, l.c, x.dtype());
-  const Tensor sd = channel_vector(op, "sum_dy", sum_dy, l.c, kFloat64);
-  const Tensor sdx = channel_vector(op, "sum_dy_xhat", sum_dy_xhat, l.c, kFloat64);
+  const Tensor m = channel_vector(mean, x.dtype());
+  const Tensor is = channel_vector(invstd, x.dtype());
+  const Tensor w = channel_vector(weight, x.dtype());
+  const Tensor sd = channel_vector(sum_dy, kFloat64);
+  const Tensor sdx = channel_vector(sum_dy_xhat, kFloat64);
   Tensor dx = empty(x.sizes(), x.dtype(), x.device());
   dispatch_floating(x.dtype(), op, [&]<typename T>() {
     const T *xp = xc.data_ptr<T>(), *gp = dyc.data_ptr<T>();
@@ -403,17 +442,21 @@ Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor
 NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& mean,
                               const Tensor& invstd, const Tensor& weight, bool training,
                               std::array<bool, 3> need) {
-  if (on_cuda("batch_norm_backward", {dy, x, mean, invstd, weight}))
-    return cuda::batch_norm_backward(dy, x, mean, invstd, weight, training, need);
   const char* op = "batch_norm_backward";
-  cpu_only(op, {dy, x, mean, invstd, weight});
+  const Device device = common_device(op, {dy, x, mean, invstd, weight});
   const ChannelLayout l = channel_layout(op, x);
-  LOOM_CHECK(dy.sizes() == x.sizes(), ShapeError, op, ": dy and x differ; got dy=", dy.sizes(),
-             " x=", x.sizes());
+  check_grad_shape(op, dy, x);
+  check_vector(op, "mean", mean, l.c);
+  check_vector(op, "invstd", invstd, l.c);
+  check_vector(op, "weight", weight, l.c);
+  require_floating(op, x.dtype());
+  if (device.is_cuda())
+    return cuda::batch_norm_backward(dy, x, mean, invstd, weight, training, need);
+  cpu_only(op, {dy, x, mean, invstd, weight});
   const Tensor xc = contiguous(x), dyc = contiguous(to_dtype(dy, x.dtype()));
-  const Tensor m = channel_vector(op, "mean", mean, l.c, x.dtype());
-  const Tensor is = channel_vector(op, "invstd", invstd, l.c, x.dtype());
-  const Tensor w = channel_vector(op, "weight", weight, l.c, x.dtype());
+  const Tensor m = channel_vector(mean, x.dtype());
+  const Tensor is = channel_vector(invstd, x.dtype());
+  const Tensor w = channel_vector(weight, x.dtype());
   NormGrads g;
   if (need[0]) g.dx = empty(x.sizes(), x.dtype(), x.device());
   if (need[1]) g.dweight = empty({l.c}, x.dtype(), x.device());
@@ -450,17 +493,18 @@ NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& m
 
 LayerNormForward layer_norm_forward(const Tensor& x, int64_t normalized_numel, const Tensor& weight,
                                     const Tensor& bias, double eps) {
-  if (on_cuda("layer_norm_forward", {x, weight, bias}))
-    return cuda::layer_norm_forward(x, normalized_numel, weight, bias, eps);
   const char* op = "layer_norm";
-  cpu_only(op, {x, weight, bias});
+  const Device device = common_device("layer_norm_forward", {x, weight, bias});
   const int64_t cols = normalized_numel;
-  LOOM_CHECK(cols >= 0 && (cols == 0 ? x.numel() == 0 : x.numel() % cols == 0), ShapeError, op,
-             ": ", cols, " normalised elements do not divide x=", x.sizes());
-  const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
+  const int64_t rows = layer_norm_rows(op, x, cols);
+  check_vector(op, "weight", weight, cols);
+  check_vector(op, "bias", bias, cols);
+  require_floating(op, x.dtype());
+  if (device.is_cuda()) return cuda::layer_norm_forward(x, normalized_numel, weight, bias, eps);
+  cpu_only(op, {x, weight, bias});
   const Tensor xc = contiguous(x);
-  const Tensor w = channel_vector(op, "weight", weight, cols, x.dtype());
-  const Tensor b = channel_vector(op, "bias", bias, cols, x.dtype());
+  const Tensor w = channel_vector(weight, x.dtype());
+  const Tensor b = channel_vector(bias, x.dtype());
   LayerNormForward out{empty(x.sizes(), x.dtype(), x.device()), empty({rows}, x.dtype()),
                        empty({rows}, x.dtype())};
   dispatch_floating(x.dtype(), op, [&]<typename T>() {
@@ -500,18 +544,22 @@ LayerNormForward layer_norm_forward(const Tensor& x, int64_t normalized_numel, c
 NormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& mean,
                               const Tensor& rstd, const Tensor& weight, int64_t normalized_numel,
                               std::array<bool, 3> need) {
-  if (on_cuda("layer_norm_backward", {dy, x, mean, rstd, weight}))
-    return cuda::layer_norm_backward(dy, x, mean, rstd, weight, normalized_numel, need);
   const char* op = "layer_norm_backward";
-  cpu_only(op, {dy, x, mean, rstd, weight});
-  LOOM_CHECK(dy.sizes() == x.sizes(), ShapeError, op, ": dy and x differ; got dy=", dy.sizes(),
-             " x=", x.sizes());
+  const Device device = common_device(op, {dy, x, mean, rstd, weight});
+  check_grad_shape(op, dy, x);
   const int64_t cols = normalized_numel;
-  const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
+  const int64_t rows = layer_norm_rows(op, x, cols);
+  check_vector(op, "mean", mean, rows);
+  check_vector(op, "rstd", rstd, rows);
+  check_vector(op, "weight", weight, cols);
+  require_floating(op, x.dtype());
+  if (device.is_cuda())
+    return cuda::layer_norm_backward(dy, x, mean, rstd, weight, normalized_numel, need);
+  cpu_only(op, {dy, x, mean, rstd, weight});
   const Tensor xc = contiguous(x), dyc = contiguous(to_dtype(dy, x.dtype()));
-  const Tensor m = channel_vector(op, "mean", mean, rows, x.dtype());
-  const Tensor rs = channel_vector(op, "rstd", rstd, rows, x.dtype());
-  const Tensor w = channel_vector(op, "weight", weight, cols, x.dtype());
+  const Tensor m = channel_vector(mean, x.dtype());
+  const Tensor rs = channel_vector(rstd, x.dtype());
+  const Tensor w = channel_vector(weight, x.dtype());
   NormGrads g;
   if (need[0]) g.dx = empty(x.sizes(), x.dtype(), x.device());
   if (need[1]) g.dweight = empty({cols}, x.dtype(), x.device());

@@ -16,16 +16,9 @@
 
 namespace loom::kernels {
 
-namespace {
-
-// B,C planes of H x W in, Ho x Wo out.
-struct PoolGeometry {
-  int64_t planes, h, w, ho, wo;
-  Pair kernel, stride, padding, dilation;
-};
-
 // Checks x and the options as PyTorch does; stride {0,0} becomes the kernel size.
-PoolGeometry pool_geometry(const char* op, const Shape& x, const Pool2dOptions& opt, bool dilated) {
+Pool2dGeometry pool2d_geometry(const char* op, const Shape& x, const Pool2dOptions& opt,
+                               bool dilated) {
   LOOM_CHECK(x.size() == 4, ShapeError, op, ": expected a 4-D input x [N, C, H, W]; got x=", x);
   const Pair stride = opt.stride == Pair{0, 0} ? opt.kernel : opt.stride;
   const Pair dilation = dilated ? opt.dilation : Pair{1, 1};
@@ -42,7 +35,7 @@ PoolGeometry pool_geometry(const char* op, const Shape& x, const Pool2dOptions& 
              ValueError, op,
              ": padding must be between 0 and half the kernel; got padding=", pair(opt.padding),
              " kernel=", pair(opt.kernel), " x=", x);
-  PoolGeometry g;
+  Pool2dGeometry g;
   g.planes = x[0] * x[1], g.h = x[2], g.w = x[3];
   g.ho =
       pool_output_size(g.h, opt.kernel[0], stride[0], opt.padding[0], dilation[0], opt.ceil_mode);
@@ -56,6 +49,8 @@ PoolGeometry pool_geometry(const char* op, const Shape& x, const Pool2dOptions& 
   return g;
 }
 
+namespace {
+
 // Runs plane(i) for planes [0, planes) in parallel; `work` is the cost of one plane.
 template <typename F>
 void for_planes(int64_t planes, int64_t work, F&& plane) {
@@ -65,9 +60,9 @@ void for_planes(int64_t planes, int64_t work, F&& plane) {
   });
 }
 
-void check_grad(const char* op, const Tensor& dout, const Shape& x_shape, const PoolGeometry& g) {
-  LOOM_CHECK(dout.dim() == 4 && dout.size(0) * dout.size(1) == g.planes && dout.size(2) == g.ho &&
-                 dout.size(3) == g.wo,
+void check_grad(const char* op, const Tensor& dout, const Shape& x_shape, const Pool2dGeometry& g) {
+  LOOM_CHECK(dout.dim() == 4 && dout.size(0) == x_shape[0] && dout.size(1) == x_shape[1] &&
+                 dout.size(2) == g.ho && dout.size(3) == g.wo,
              ShapeError, op, ": dout=", dout.sizes(), " does not match the output of x=", x_shape);
 }
 
@@ -78,7 +73,7 @@ struct AvgWindow {
   int64_t h0, h1, w0, w1, divisor;
 };
 
-AvgWindow avg_window(const PoolGeometry& g, int64_t oh, int64_t ow, bool count_include_pad) {
+AvgWindow avg_window(const Pool2dGeometry& g, int64_t oh, int64_t ow, bool count_include_pad) {
   AvgWindow win;
   win.h0 = oh * g.stride[0] - g.padding[0];
   win.w0 = ow * g.stride[1] - g.padding[1];
@@ -103,7 +98,7 @@ int64_t pool_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad
 }
 
 std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dOptions& options) {
-  const PoolGeometry g = pool_geometry("max_pool2d", x.sizes(), options, /*dilated=*/true);
+  const Pool2dGeometry g = pool2d_geometry("max_pool2d", x.sizes(), options, /*dilated=*/true);
   if (x.is_cuda()) return cuda::max_pool2d(x, options);
   Tensor out = empty({x.size(0), x.size(1), g.ho, g.wo}, x.dtype(), x.device());
   Tensor indices = empty(out.sizes(), kInt64, x.device());
@@ -176,7 +171,7 @@ Tensor max_pool2d_backward(const Tensor& dout, const Tensor& indices, const Shap
 }
 
 Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& options) {
-  const PoolGeometry g = pool_geometry("avg_pool2d", x.sizes(), options, /*dilated=*/false);
+  const Pool2dGeometry g = pool2d_geometry("avg_pool2d", x.sizes(), options, /*dilated=*/false);
   if (x.is_cuda()) return cuda::avg_pool2d(x, options);
   Tensor out = empty({x.size(0), x.size(1), g.ho, g.wo}, x.dtype(), x.device());
   const Tensor xc = contiguous(x);
@@ -204,7 +199,7 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& options) {
 
 // dx[i] = sum over the windows w holding i of dout[w] / divisor(w)
 Tensor avg_pool2d_backward(const Tensor& dout, const Shape& x_shape, const Pool2dOptions& options) {
-  const PoolGeometry g = pool_geometry("avg_pool2d_backward", x_shape, options, false);
+  const Pool2dGeometry g = pool2d_geometry("avg_pool2d_backward", x_shape, options, false);
   check_grad("avg_pool2d_backward", dout, x_shape, g);
   if (dout.is_cuda()) return cuda::avg_pool2d_backward(dout, x_shape, options);
   Tensor dx = empty(x_shape, dout.dtype(), dout.device());

@@ -131,9 +131,9 @@ Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) {
 }
 
 Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
-  if (on_cuda("mean", {x})) return cuda::mean(x, dims, keepdim);
   LOOM_CHECK(is_floating(x.dtype()), DTypeError, "mean: expected a floating-point tensor; got ",
              x.dtype());
+  if (on_cuda("mean", {x})) return cuda::mean(x, dims, keepdim);
   const Shape rdims = reduce_dims(x, dims, "mean");
   int64_t count = 1;
   for (int64_t d : rdims) count *= x.sizes()[d];
@@ -142,9 +142,7 @@ Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
   return s;
 }
 
-Tensor sum_to(const Tensor& x, const Shape& shape) {
-  if (on_cuda("sum_to", {x})) return cuda::sum_to(x, shape);
-  if (x.sizes() == shape) return x;
+Shape sum_to_dims(const Tensor& x, const Shape& shape) {
   LOOM_CHECK(static_cast<int64_t>(shape.size()) <= x.dim(), ShapeError,
              "sum_to: cannot reduce shape=", x.sizes(), " to shape=", shape);
   const int64_t lead = x.dim() - static_cast<int64_t>(shape.size());
@@ -159,6 +157,13 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
                "sum_to: cannot reduce shape=", x.sizes(), " to shape=", shape);
     if (want == 1 && x.sizes()[d] != 1) dims.push_back(d);
   }
+  return dims;
+}
+
+Tensor sum_to(const Tensor& x, const Shape& shape) {
+  if (x.sizes() == shape) return x;
+  const Shape dims = sum_to_dims(x, shape);
+  if (on_cuda("sum_to", {x})) return cuda::sum_to(x, shape);
   if (dims.empty()) return reshape(x, shape);
   return reshape(sum(x, dims, /*keepdim=*/true), shape);
 }
@@ -167,13 +172,21 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
 
 namespace {
 
+// A max or min needs an element to pick: checks dims and that none of them has size zero,
+// before the device switch. `shape` names x in the message (the flattened [numel] of an
+// argmax/argmin without a dim, which reduces every dim).
+void check_extremum(const Tensor& x, const Shape& dims, const char* op, const Shape& shape) {
+  int64_t count = 1;
+  for (int64_t d : reduce_dims(x, dims, op)) count *= x.sizes()[d];
+  LOOM_CHECK(count > 0, ValueError, op, ": cannot reduce over a zero-size dim; got shape=", shape);
+}
+
 // Extremum over rows; Better(a, b) is true when a should replace b. NaN wins, as in PyTorch.
+// The caller has run check_extremum.
 template <bool kMax>
 Tensor extremum(const Tensor& x, const Shape& dims, bool keepdim, const char* op) {
   cpu_only(op, x);
   const ReducePlan plan = plan_reduce(x, dims, keepdim, op);
-  LOOM_CHECK(plan.inner > 0, ValueError, op,
-             ": cannot reduce over a zero-size dim; got shape=", x.sizes());
   Tensor out = empty(plan.out_shape, x.dtype(), x.device());
   dispatch_numeric(x.dtype(), op, [&]<typename T>() {
     for_rows<T, T>(plan, out, [](const T* row, int64_t n, T* o) {
@@ -193,8 +206,6 @@ template <bool kMax>
 std::pair<Tensor, Tensor> extremum_dim(const Tensor& x, int64_t dim, bool keepdim, const char* op) {
   cpu_only(op, x);
   const ReducePlan plan = plan_reduce(x, {dim}, keepdim, op);
-  LOOM_CHECK(plan.inner > 0, ValueError, op,
-             ": cannot reduce over a zero-size dim; got shape=", x.sizes());
   Tensor values = empty(plan.out_shape, x.dtype(), x.device());
   Tensor indices = empty(plan.out_shape, kInt64, x.device());
   int64_t* idx = indices.data_ptr<int64_t>();
@@ -220,28 +231,40 @@ std::pair<Tensor, Tensor> extremum_dim(const Tensor& x, int64_t dim, bool keepdi
 }  // namespace
 
 Tensor amax(const Tensor& x, const Shape& dims, bool keepdim) {
+  check_extremum(x, dims, "amax", x.sizes());
   if (on_cuda("amax", {x})) return cuda::amax(x, dims, keepdim);
   return extremum<true>(x, dims, keepdim, "amax");
 }
 Tensor amin(const Tensor& x, const Shape& dims, bool keepdim) {
+  check_extremum(x, dims, "amin", x.sizes());
   if (on_cuda("amin", {x})) return cuda::amin(x, dims, keepdim);
   return extremum<false>(x, dims, keepdim, "amin");
 }
 std::pair<Tensor, Tensor> max_dim(const Tensor& x, int64_t dim, bool keepdim) {
+  check_extremum(x, {dim}, "max", x.sizes());
   if (on_cuda("max_dim", {x})) return cuda::max_dim(x, dim, keepdim);
   return extremum_dim<true>(x, dim, keepdim, "max");
 }
 std::pair<Tensor, Tensor> min_dim(const Tensor& x, int64_t dim, bool keepdim) {
+  check_extremum(x, {dim}, "min", x.sizes());
   if (on_cuda("min_dim", {x})) return cuda::min_dim(x, dim, keepdim);
   return extremum_dim<false>(x, dim, keepdim, "min");
 }
 
 Tensor argmax(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
+  if (dim)
+    check_extremum(x, {*dim}, "argmax", x.sizes());
+  else
+    check_extremum(x, {}, "argmax", {x.numel()});
   if (on_cuda("argmax", {x})) return cuda::argmax(x, dim, keepdim);
   if (!dim) return extremum_dim<true>(reshape(x, {-1}), 0, false, "argmax").second;
   return extremum_dim<true>(x, *dim, keepdim, "argmax").second;
 }
 Tensor argmin(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
+  if (dim)
+    check_extremum(x, {*dim}, "argmin", x.sizes());
+  else
+    check_extremum(x, {}, "argmin", {x.numel()});
   if (on_cuda("argmin", {x})) return cuda::argmin(x, dim, keepdim);
   if (!dim) return extremum_dim<false>(reshape(x, {-1}), 0, false, "argmin").second;
   return extremum_dim<false>(x, *dim, keepdim, "argmin").second;

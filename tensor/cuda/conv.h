@@ -1,7 +1,8 @@
 // tensor/cuda/conv.h — the CUDA side of tensor/conv.h's conv2d and its backward, through cuDNN
 // (tensor/cuda/conv.cu, Note [conv2d on cuDNN]), with the names and semantics of the
-// loom::kernels ones. Host-only. float32, float64, float16 and bfloat16 (the 16-bit types
-// accumulate in float32). Pooling is tensor/cuda/pool.h.
+// loom::kernels ones, which check the arguments and then switch here. Host-only. float32,
+// float64, float16 and bfloat16 (the 16-bit types accumulate in float32). Pooling is
+// tensor/cuda/pool.h.
 #pragma once
 
 #include <array>

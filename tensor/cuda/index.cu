@@ -15,6 +15,7 @@
 #include "tensor/cuda/common.cuh"
 #include "tensor/cuda/index.h"
 #include "tensor/dispatch.h"
+#include "tensor/index.h"
 #include "tensor/philox.h"
 
 namespace loom::cuda {
@@ -90,19 +91,15 @@ size_t widest_word(std::initializer_list<uint64_t> values) {
 }
 uint64_t address(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
-// The index as a contiguous int64 tensor on its device (itself when already so). Raises the CPU's
-// DTypeError for other dtypes.
-Tensor index_as_int64(const Tensor& index, const char* op) {
-  LOOM_CHECK(index.defined(), ValueError, op, ": the index tensor is undefined");
-  LOOM_CHECK(index.dtype() == kInt64 || index.dtype() == kInt32, DTypeError, op,
-             ": expected an int64 or int32 index tensor; got ", index.dtype(),
-             " index=", index.sizes());
+// The index (int64 or int32: checked by the CPU entry) as a contiguous int64 tensor on its
+// device (itself when already so).
+Tensor index_as_int64(const Tensor& index) {
   return kernels::contiguous(kernels::to_dtype(index, kInt64));
 }
 
 // The index's values on the host, as int64 in row-major order (waits for the device).
-std::vector<int64_t> index_to_host(const Tensor& index, const char* op) {
-  const Tensor idx = index_as_int64(index, op);
+std::vector<int64_t> index_to_host(const Tensor& index) {
+  const Tensor idx = index_as_int64(index);
   std::vector<int64_t> host(static_cast<size_t>(idx.numel()));
   copy_bytes(host.data(), idx.data(), host.size() * sizeof(int64_t), CopyKind::DeviceToHost,
              idx.device().index);
@@ -168,15 +165,6 @@ int64_t prod(const Shape& s, int64_t begin, int64_t end) {
   for (int64_t d = begin; d < end; ++d) p *= s[d];
   return p;
 }
-
-std::string shapes_of(const std::vector<Tensor>& tensors) {
-  std::string s;
-  for (size_t i = 0; i < tensors.size(); ++i)
-    s += (i ? ", " : "") + (tensors[i].defined() ? detail::str(tensors[i].sizes()) : "undefined");
-  return s;
-}
-
-bool is_empty_1d(const Tensor& t) { return t.dim() == 1 && t.size(0) == 0; }
 
 // ---------------------------------------------------------------- copies of rows and blocks
 
@@ -347,34 +335,15 @@ __global__ void dropout_kernel(const T* src, T* out, int64_t n, double p, T scal
 // One copy_block launch per input: its [outer, size(d) * inner] block lands at its columns of
 // the output rows, in the widest word that the byte counts and addresses allow.
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
-  LOOM_ASSERT(!tensors.empty() && tensors[0].defined() && tensors[0].is_cuda(),
-              "cuda::cat: expected CUDA tensors");
+  const kernels::CatPlan plan = kernels::plan_cat(tensors, dim);
   const Device device = tensors[0].device();
   DeviceGuard guard(device.index);
-  DType dtype = tensors[0].dtype();
-  const Tensor* ref = nullptr;
-  for (const Tensor& t : tensors) {
-    dtype = promote_types(dtype, t.dtype());
-    if (!ref && !is_empty_1d(t)) ref = &t;
-  }
-  if (!ref) {  // only empty 1-D tensors
-    wrap_dim(dim, 1, "cat");
-    return empty({0}, dtype, device);
-  }
-  const int64_t d = wrap_dim(dim, ref->dim(), "cat");
-  Shape out_shape = ref->sizes();
-  out_shape[d] = 0;
-  std::vector<Tensor> parts;  // contiguous, of the output dtype, empty 1-D ones left out
-  for (const Tensor& t : tensors) {
-    if (is_empty_1d(t)) continue;
-    bool match = t.dim() == ref->dim();
-    for (int64_t k = 0; match && k < t.dim(); ++k) match = k == d || t.size(k) == ref->size(k);
-    LOOM_CHECK(match, ShapeError, "cat: tensors must have the same shape except in dim ", d,
-               "; got shapes ", shapes_of(tensors));
-    out_shape[d] += t.size(d);
-    parts.push_back(kernels::contiguous(kernels::to_dtype(t, dtype)));  // converted on the device
-  }
-  Tensor out = empty(out_shape, dtype, device);
+  const int64_t d = plan.dim;
+  const Shape& out_shape = plan.out_shape;
+  std::vector<Tensor> parts;  // contiguous, of the output dtype
+  for (const Tensor& t : plan.parts)
+    parts.push_back(kernels::contiguous(kernels::to_dtype(t, plan.dtype)));  // on the device
+  Tensor out = empty(out_shape, plan.dtype, device);
   const int64_t outer = prod(out_shape, 0, d), inner = prod(out_shape, d + 1, out.dim());
   const uint64_t item = out.itemsize();
   const uint64_t out_row = static_cast<uint64_t>(out_shape[d] * inner) * item;  // bytes
@@ -400,22 +369,15 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
 
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   DeviceGuard guard(x.device().index);
-  const Tensor idx = index_as_int64(index, "index_select");
+  const Tensor idx = index_as_int64(index);
   const int64_t d = wrap_dim(dim, x.dim(), "index_select");
   const Shape xs = sizes_1d(x);
-  const int64_t n = xs[d], m = idx.numel();
+  const int64_t n = xs[d];
   int64_t bad = 0;
   LOOM_CHECK(!first_out_of_range(idx, n, bad), IndexError, "index_select: index ", bad,
              " is out of range for dim ", d, " of size ", n, "; got x=", x.sizes(),
              " index=", index.sizes());
-  Shape out_shape = xs;
-  out_shape[d] = m;
-  if (x.dim() == 0) {
-    LOOM_CHECK(m == 1, ShapeError, "index_select: a 0-d x takes one index; got x=", x.sizes(),
-               " index=", index.sizes());
-    out_shape = {};
-  }
-  Tensor out = empty(out_shape, x.dtype(), x.device());
+  Tensor out = empty(kernels::index_select_shape(x, d, index), x.dtype(), x.device());
   select_rows(kernels::contiguous(x), prod(xs, 0, d), n,
               prod(xs, d + 1, static_cast<int64_t>(xs.size())), idx, out);
   return out;
@@ -423,7 +385,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
 
 void index_add_(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src) {
   DeviceGuard guard(self.device().index);
-  const std::vector<int64_t> idx = index_to_host(index, "index_add_");
+  const std::vector<int64_t> idx = index_to_host(index);
   const int64_t d = wrap_dim(dim, self.dim(), "index_add_");
   const Shape xs = sizes_1d(self);
   int64_t bad = 0;
@@ -443,7 +405,7 @@ void index_add_(const Tensor& self, int64_t dim, const Tensor& index, const Tens
 
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
   DeviceGuard guard(x.device().index);
-  const Tensor idx = index_as_int64(index, "gather");
+  const Tensor idx = index_as_int64(index);
   const int64_t d = wrap_dim(dim, x.dim(), "gather");
   const Shape xs = sizes_1d(x), is = sizes_1d(index);
   int64_t bad = 0;
@@ -471,7 +433,7 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
 void scatter_add_into(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src,
                       const char* op) {
   DeviceGuard guard(self.device().index);
-  const std::vector<int64_t> idx = index_to_host(index, op);
+  const std::vector<int64_t> idx = index_to_host(index);
   const int64_t d = wrap_dim(dim, self.dim(), op);
   const Shape xs = sizes_1d(self), is = sizes_1d(index);
   const Shape xst = strides_1d(self), sst = strides_1d(src);
@@ -539,12 +501,10 @@ Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tens
 
 Tensor one_hot(const Tensor& index, int64_t num_classes) {
   DeviceGuard guard(index.device().index);
-  const Tensor idx = index_as_int64(index, "one_hot");
+  const Tensor idx = index_as_int64(index);
   const int64_t n = idx.numel();
   const int device = index.device().index;
-  if (num_classes == -1) {
-    LOOM_CHECK(n > 0, ValueError,
-               "one_hot: cannot infer num_classes from an empty index; got index=", index.sizes());
+  if (num_classes == -1) {  // n > 0: checked by the CPU entry
     Tensor best = empty({1}, kInt64, index.device());
     const long long lowest = LLONG_MIN;
     copy_bytes_async(best.data(), &lowest, sizeof(lowest), CopyKind::HostToDevice,
@@ -573,7 +533,7 @@ Tensor one_hot(const Tensor& index, int64_t num_classes) {
 
 Tensor embedding(const Tensor& weight, const Tensor& index) {
   DeviceGuard guard(weight.device().index);
-  const Tensor idx = index_as_int64(index, "embedding");
+  const Tensor idx = index_as_int64(index);
   const int64_t num_weights = weight.size(0), dim = weight.size(1);
   int64_t bad = 0;
   LOOM_CHECK(!first_out_of_range(idx, num_weights, bad), IndexError, "embedding: index ", bad,
@@ -589,7 +549,7 @@ Tensor embedding(const Tensor& weight, const Tensor& index) {
 Tensor embedding_backward(const Tensor& dout, const Tensor& index, int64_t num_weights,
                           int64_t padding_idx) {
   DeviceGuard guard(dout.device().index);
-  const std::vector<int64_t> idx = index_to_host(index, "embedding_backward");
+  const std::vector<int64_t> idx = index_to_host(index);
   const int64_t dim = dout.size(-1);
   int64_t bad = 0;
   LOOM_CHECK(!first_out_of_range(idx, num_weights, bad), IndexError, "embedding_backward: index ",
@@ -606,8 +566,6 @@ Tensor embedding_backward(const Tensor& dout, const Tensor& index, int64_t num_w
 // ---------------------------------------------------------------- dropout
 
 Tensor dropout_masked(const Tensor& x, double p, uint64_t seed, uint64_t first) {
-  LOOM_CHECK(p > 0.0 && p < 1.0, ValueError,
-             "dropout: the masked kernel needs 0 < p < 1; got p=", p, " for x=", x.sizes());
   DeviceGuard guard(x.device().index);
   const Tensor src = kernels::contiguous(x);
   Tensor out = empty(x.sizes(), x.dtype(), x.device());

@@ -1,6 +1,7 @@
 // tensor/cuda/index.h — CUDA versions of tensor/index.h's kernels that need a kernel (stack and
 // split stay host-side: views and cat). Same names, arguments and results as loom::kernels::;
-// tensor/cpu/index.cpp calls them for CUDA tensors. Host-only header.
+// tensor/cpu/index.cpp checks the arguments on the host, then calls them for CUDA tensors.
+// Host-only header.
 //
 // Index tensors (int64 or int32, any strides) are range-checked here against the data, with the
 // CPU's IndexError message: the value is on the device, so the check waits for it (one small copy
@@ -16,8 +17,8 @@
 
 namespace loom::cuda {
 
-// Checks the shapes as the CPU does (ShapeError), promotes dtypes (mixed dtypes are converted
-// through the host), skips empty 1-D tensors. All tensors on one CUDA device (checked by caller).
+// Works from kernels::plan_cat (the CPU's checks and output shape): promotes dtypes, skips empty
+// 1-D tensors. All tensors on one CUDA device.
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim);
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
 void index_add_(const Tensor& self, int64_t dim, const Tensor& index, const Tensor& src);

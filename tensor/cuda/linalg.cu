@@ -5,7 +5,6 @@
 
 #include <algorithm>
 
-#include "tensor/checks.h"
 #include "tensor/copy.h"
 #include "tensor/cuda/handles.h"
 #include "tensor/cuda/linalg.h"
@@ -133,26 +132,10 @@ void scale_matrix(const Tensor& out, double beta) {
   });
 }
 
-void check_mm(const char* op, const Tensor& a, const Tensor& b) {
-  kernels::common_device(op, {a, b});
-  LOOM_CHECK(a.dim() == 2 && b.dim() == 2, ShapeError, op,
-             ": expected 2-D inputs; got a=", a.sizes(), " b=", b.sizes());
-  LOOM_CHECK(a.size(1) == b.size(0), ShapeError, op, ": inner dimensions differ; got a=", a.sizes(),
-             " b=", b.sizes());
-  LOOM_CHECK(a.dtype() == b.dtype(), DTypeError, op, ": dtypes differ; got a=", a.dtype(),
-             " b=", b.dtype());
-  gemm_types(a.dtype(), op);  // DTypeError for the dtypes cuBLAS is not asked to multiply
-}
-
 }  // namespace
 
 void mm_out(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, double beta) {
-  check_mm("mm", a, b);
-  kernels::common_device("mm", {out, a});
-  LOOM_CHECK(out.dim() == 2 && out.size(0) == a.size(0) && out.size(1) == b.size(1), ShapeError,
-             "mm: output must be [", a.size(0), ", ", b.size(1), "]; got out=", out.sizes());
-  LOOM_CHECK(out.dtype() == a.dtype(), DTypeError, "mm: output is ", out.dtype(),
-             " but the inputs are ", a.dtype());
+  gemm_types(a.dtype(), "mm");  // DTypeError for the dtypes cuBLAS is not asked to multiply
   const int device = a.device().index;
   DeviceGuard guard(device);
   out.bump_version();
@@ -175,13 +158,6 @@ void mm_out(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, d
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
-  kernels::common_device("bmm", {a, b});
-  LOOM_CHECK(a.dim() == 3 && b.dim() == 3, ShapeError,
-             "bmm: expected 3-D inputs; got a=", a.sizes(), " b=", b.sizes());
-  LOOM_CHECK(a.size(0) == b.size(0) && a.size(2) == b.size(1), ShapeError,
-             "bmm: batch or inner dimensions differ; got a=", a.sizes(), " b=", b.sizes());
-  LOOM_CHECK(a.dtype() == b.dtype(), DTypeError, "bmm: dtypes differ; got a=", a.dtype(),
-             " b=", b.dtype());
   gemm_types(a.dtype(), "bmm");
   const int device = a.device().index;
   DeviceGuard guard(device);

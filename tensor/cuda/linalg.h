@@ -1,5 +1,6 @@
 // tensor/cuda/linalg.h — the CUDA side of tensor/linalg.h: matrix products through cuBLAS
-// (tensor/cuda/linalg.cu), with the names and semantics of the loom::kernels ones. Host-only.
+// (tensor/cuda/linalg.cu), with the names and semantics of the loom::kernels ones, which check
+// the arguments and then switch here. Host-only.
 // Operands are read in place when they have a unit stride in either matrix dim (a transposed
 // view costs nothing); float32, float64, float16 and bfloat16 (the 16-bit types on tensor
 // cores, accumulating in float32). float32 may use TF32 (tensor/cuda/blas.h).

@@ -10,7 +10,6 @@
 #include <cstdint>
 #include <limits>
 
-#include "tensor/checks.h"
 #include "tensor/cuda/common.cuh"
 #include "tensor/cuda/loss.h"
 #include "tensor/cuda/reduce.h"
@@ -50,22 +49,7 @@ struct Max {  // std::max(a, b): a NaN b leaves a
 
 // ---------------------------------------------------------------- lines
 
-struct LineShape {
-  int64_t outer = 1, n = 1, inner = 1;
-};
-
-LineShape line_shape(const Tensor& x, int64_t dim, const char* op) {
-  LineShape l;
-  if (x.dim() == 0) {  // a 0-d tensor is one element
-    wrap_dim(dim, 1, op);
-    return l;
-  }
-  const int64_t d = wrap_dim(dim, x.dim(), op);
-  for (int64_t i = 0; i < d; ++i) l.outer *= x.size(i);
-  l.n = x.size(d);
-  for (int64_t i = d + 1; i < x.dim(); ++i) l.inner *= x.size(i);
-  return l;
-}
+using LineShape = kernels::DimLayout;  // [outer, n, inner], tensor/loss.h
 
 // This thread's line for work item `item`: element j at base + j * step; `lane` of `lanes`
 // threads; `index` the line's number (outer index * inner + inner index).
@@ -208,11 +192,8 @@ __global__ void __launch_bounds__(kBlock)
 
 template <Kind kind>
 Tensor softmax_family(const char* op, const Tensor& a, const Tensor& b, int64_t dim) {
-  if (b.defined())
-    LOOM_CHECK(a.sizes() == b.sizes(), ShapeError, op, ": dy and y differ; got dy=", b.sizes(),
-               " y=", a.sizes());
   DeviceGuard guard(a.device().index);
-  const LineShape s = line_shape(a, dim, op);
+  const LineShape s = kernels::dim_layout(a, dim, op);
   Tensor out = empty(a.sizes(), a.dtype(), a.device());
   dispatch_floating(a.dtype(), op, [&]<typename T>() {
     const Tensor ac = contiguous_as(a, a.dtype());
@@ -324,33 +305,23 @@ __device__ __forceinline__ double reduced_scale(const double* dloss, bool mean, 
   return mean ? dloss[0] / divisor : dloss[0];
 }
 
-// dloss as the kernels read it: per position in T (None), or its one value in double.
+// dloss as the kernels read it (its size checked by the CPU entry): per position in T (None), or
+// its one value in double.
 struct GradInput {
   Tensor per_position;
   Tensor value;
 };
-GradInput grad_input(const char* op, const Tensor& dloss, Reduction reduction, int64_t positions,
-                     DType dtype) {
-  if (reduction == Reduction::None) {
-    LOOM_CHECK(dloss.numel() == positions, ShapeError, op, ": expected dloss with ", positions,
-               " elements; got dloss=", dloss.sizes());
-    return {contiguous_as(dloss, dtype), Tensor()};
-  }
-  LOOM_CHECK(dloss.numel() == 1, ShapeError, op,
-             ": expected a one-element dloss for a reduced loss; got dloss=", dloss.sizes());
+GradInput grad_input(const Tensor& dloss, Reduction reduction, DType dtype) {
+  if (reduction == Reduction::None) return {contiguous_as(dloss, dtype), Tensor()};
   return {Tensor(), contiguous_as(dloss, kFloat64)};
 }
 
 // ---------------------------------------------------------------- class losses
 
-// x [N, C, *] as [N, C, S].
+// x [N, C, *] as the lines of [N, C, S].
 LineShape class_shape(const Shape& input) {
-  LOOM_ASSERT(input.size() >= 2, "class losses need input [N, C, ...]");
-  LineShape l;
-  l.outer = input[0];
-  l.n = input[1];
-  for (size_t d = 2; d < input.size(); ++d) l.inner *= input[d];
-  return l;
+  const kernels::ClassLayout l = kernels::class_layout(input);
+  return {l.n, l.c, l.s};
 }
 
 // Counts targets != ignore_index and finds the first one outside [0, classes). Integer
@@ -596,17 +567,6 @@ Tensor log_softmax_backward(const Tensor& dy, const Tensor& y, int64_t dim) {
 
 int64_t check_class_target(const char* op, const Tensor& input, const Tensor& target,
                            int64_t ignore_index) {
-  LOOM_CHECK(input.dim() >= 2, ShapeError, op,
-             ": expected input of shape [N, C, ...]; got input=", input.sizes(),
-             " target=", target.sizes());
-  LOOM_CHECK(target.dtype() == kInt64 || target.dtype() == kInt32, DTypeError, op,
-             ": expected target of int64 class indices; got ", target.dtype(),
-             " target=", target.sizes(), " input=", input.sizes());
-  bool match = target.dim() == input.dim() - 1 && target.size(0) == input.size(0);
-  for (int64_t d = 1; match && d < target.dim(); ++d) match = target.size(d) == input.size(d + 1);
-  LOOM_CHECK(match, ShapeError, op,
-             ": expected target of shape [N, ...] for input [N, C, ...]; got input=", input.sizes(),
-             " target=", target.sizes());
   const int device = target.device().index;
   DeviceGuard guard(device);
   const int64_t classes = input.size(1), n = target.numel();
@@ -637,7 +597,6 @@ kernels::CrossEntropyForward cross_entropy_forward(const Tensor& logits, const T
                                                    Reduction reduction, int64_t ignore_index,
                                                    double label_smoothing) {
   const char* op = "cross_entropy";
-  kernels::common_device(op, {logits, target});
   DeviceGuard guard(logits.device().index);
   const int64_t count = check_class_target(op, logits, target, ignore_index);
   const LineShape s = class_shape(logits.sizes());
@@ -683,12 +642,7 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const T
                               const Tensor& lse, Reduction reduction, int64_t ignore_index,
                               double label_smoothing, int64_t count) {
   const char* op = "cross_entropy_backward";
-  kernels::common_device(op, {dloss, logits, target, lse});
   const LineShape s = class_shape(logits.sizes());
-  const int64_t positions = s.outer * s.inner;
-  LOOM_CHECK(lse.numel() == positions && target.numel() == positions, ShapeError, op,
-             ": lse and target need one value per position; got logits=", logits.sizes(),
-             " target=", target.sizes(), " lse=", lse.sizes());
   DeviceGuard guard(logits.device().index);
   Tensor dx = empty(logits.sizes(), logits.dtype(), logits.device());
   dispatch_floating(logits.dtype(), op, [&]<typename T>() {
@@ -696,7 +650,7 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const T
       const Tensor xc = contiguous_as(logits, logits.dtype());
       const Tensor tc = contiguous_as(target, target.dtype());
       const Tensor lsec = contiguous_as(lse, kFloat64);
-      const GradInput g = grad_input(op, dloss, reduction, positions, logits.dtype());
+      const GradInput g = grad_input(dloss, reduction, logits.dtype());
       const double ls = label_smoothing;
       const CrossEntropyGrad<T, I> f{
           xc.data_ptr<T>(),
@@ -721,13 +675,9 @@ kernels::NllLossForward nll_loss_forward(const Tensor& log_probs, const Tensor& 
                                          const Tensor& weight, Reduction reduction,
                                          int64_t ignore_index) {
   const char* op = "nll_loss";
-  kernels::common_device(op, {log_probs, target, weight});
   DeviceGuard guard(log_probs.device().index);
   check_class_target(op, log_probs, target, ignore_index);
   const LineShape s = class_shape(log_probs.sizes());
-  LOOM_CHECK(!weight.defined() || (weight.dim() == 1 && weight.size(0) == s.n), ShapeError, op,
-             ": expected weight of shape [", s.n, "] (one per class); got weight=", weight.sizes(),
-             " input=", log_probs.sizes());
   const int64_t positions = s.outer * s.inner;
   kernels::NllLossForward out;
   const bool per_position = reduction == Reduction::None;
@@ -761,15 +711,7 @@ Tensor nll_loss_backward(const Tensor& dloss, const Shape& input_shape, const Te
                          const Tensor& weight, Reduction reduction, int64_t ignore_index,
                          double total_weight) {
   const char* op = "nll_loss_backward";
-  kernels::common_device(op, {dloss, target, weight});
   const LineShape s = class_shape(input_shape);
-  const int64_t positions = s.outer * s.inner;
-  LOOM_CHECK(target.numel() == positions, ShapeError, op,
-             ": target needs one value per position; got log_probs=", input_shape,
-             " target=", target.sizes());
-  LOOM_CHECK(!weight.defined() || weight.numel() == s.n, ShapeError, op,
-             ": expected weight of shape [", s.n, "] (one per class); got weight=", weight.sizes(),
-             " input=", input_shape);
   DeviceGuard guard(dloss.device().index);
   const DType dtype = dloss.dtype();
   Tensor dx = empty(input_shape, dtype, dloss.device());
@@ -777,7 +719,7 @@ Tensor nll_loss_backward(const Tensor& dloss, const Shape& input_shape, const Te
     dispatch_index(target.dtype(), op, [&]<typename I>() {
       const Tensor tc = contiguous_as(target, target.dtype());
       const Tensor wc = weight.defined() ? contiguous_as(weight, dtype) : Tensor();
-      const GradInput g = grad_input(op, dloss, reduction, positions, dtype);
+      const GradInput g = grad_input(dloss, reduction, dtype);
       const NllGrad<T, I> f{tc.data_ptr<I>(),
                             wc.defined() ? wc.data_ptr<T>() : nullptr,
                             g.per_position.defined() ? g.per_position.data_ptr<T>() : nullptr,
@@ -795,13 +737,6 @@ Tensor nll_loss_backward(const Tensor& dloss, const Shape& input_shape, const Te
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
   const char* op = "mse_loss";
-  kernels::common_device(op, {input, target});
-  LOOM_CHECK(input.sizes() == target.sizes(), ShapeError, op,
-             ": input and target differ in shape; got input=", input.sizes(),
-             " target=", target.sizes());
-  LOOM_CHECK(input.dtype() == target.dtype(), DTypeError, op, ": input is ", input.dtype(),
-             " but target is ", target.dtype(), "; got input=", input.sizes(),
-             " target=", target.sizes());
   DeviceGuard guard(input.device().index);
   const int64_t n = input.numel();
   const bool per_element = reduction == Reduction::None;
@@ -826,17 +761,13 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
 Tensor mse_loss_backward(const Tensor& dloss, const Tensor& input, const Tensor& target,
                          Reduction reduction) {
   const char* op = "mse_loss_backward";
-  kernels::common_device(op, {dloss, input, target});
-  LOOM_CHECK(input.numel() == target.numel(), ShapeError, op,
-             ": input and target differ in shape; got input=", input.sizes(),
-             " target=", target.sizes());
   DeviceGuard guard(input.device().index);
   const int64_t n = input.numel();
   Tensor dx = empty(input.sizes(), input.dtype(), input.device());
   dispatch_floating(input.dtype(), op, [&]<typename T>() {
     const Tensor xc = contiguous_as(input, input.dtype()),
                  tc = contiguous_as(target, input.dtype());
-    const GradInput g = grad_input(op, dloss, reduction, n, input.dtype());
+    const GradInput g = grad_input(dloss, reduction, input.dtype());
     const SquaredErrorGrad<T> f{xc.data_ptr<T>(),
                                 tc.data_ptr<T>(),
                                 g.per_position.defined() ? g.per_position.data_ptr<T>() : nullptr,

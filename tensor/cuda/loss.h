@@ -1,6 +1,7 @@
 // tensor/cuda/loss.h — the CUDA softmax family and losses behind tensor/loss.h: same names,
-// signatures and results as the loom::kernels ones (tensor/cpu/loss.cpp switches here for CUDA
-// tensors). Host-only header; kernels in tensor/cuda/loss.cu (loss_stubs.cpp without CUDA).
+// signatures and results as the loom::kernels ones (tensor/cpu/loss.cpp checks the arguments,
+// then switches here for CUDA tensors). Host-only header; kernels in tensor/cuda/loss.cu
+// (loss_stubs.cpp without CUDA).
 #pragma once
 
 #include "tensor/loss.h"
@@ -13,8 +14,9 @@ Tensor log_softmax(const Tensor& x, int64_t dim);
 Tensor softmax_backward(const Tensor& dy, const Tensor& y, int64_t dim);
 Tensor log_softmax_backward(const Tensor& dy, const Tensor& y, int64_t dim);
 
-// Reads the targets on the device and copies back two numbers (the count and the first bad
-// position), so it waits for the stream: the range check and the count need the host.
+// The value check of kernels::check_class_target (which has checked the shapes and dtype): reads
+// the targets on the device and copies back two numbers (the count and the first bad position),
+// so it waits for the stream: the range check and the count need the host.
 int64_t check_class_target(const char* op, const Tensor& input, const Tensor& target,
                            int64_t ignore_index);
 

@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstdint>
 
-#include "tensor/checks.h"
 #include "tensor/cuda/common.cuh"
 #include "tensor/cuda/norm.h"
 #include "tensor/cuda/reduce.h"
@@ -46,35 +45,12 @@ T* ptr_or_null(const Tensor& t) {
   return t.defined() ? t.data_ptr<T>() : nullptr;
 }
 
-// x [N, C, *] as [N, C, S].
-struct ChannelShape {
-  int64_t n = 0, c = 0, s = 1;
-  int64_t count() const { return n * s; }  // values per channel
-};
+using ChannelShape = kernels::ChannelLayout;  // x [N, C, *] as [N, C, S], tensor/norm.h
 
-ChannelShape channel_shape(const char* op, const Tensor& x) {
-  LOOM_CHECK(x.dim() >= 2, ShapeError, op, ": expected x of shape [N, C, ...]; got x=", x.sizes());
-  ChannelShape l;
-  l.n = x.size(0);
-  l.c = x.size(1);
-  for (int64_t d = 2; d < x.dim(); ++d) l.s *= x.size(d);
-  return l;
-}
-
-// The DTypeError dispatch_floating raises for a storage or integer dtype, raised before any
-// channel vector is converted (so the message names the op, as on the CPU).
-void require_floating(const char* op, DType dtype) {
-  dispatch_floating(dtype, op, [&]<typename T>() {});
-}
-
-// A vector of `count` values (per channel, per row, ...) as a contiguous tensor of dtype;
-// undefined stays undefined.
-Tensor channel_vector(const char* op, const char* name, const Tensor& t, int64_t count,
-                      DType dtype) {
-  if (!t.defined()) return t;
-  LOOM_CHECK(t.numel() == count, ShapeError, op, ": expected ", name, " with ", count,
-             " elements; got ", name, "=", t.sizes());
-  return contiguous_as(t, dtype);
+// A vector of values (per channel, per row, ...; its size checked by the CPU entry) as a
+// contiguous tensor of dtype; undefined stays undefined.
+Tensor channel_vector(const Tensor& t, DType dtype) {
+  return t.defined() ? contiguous_as(t, dtype) : t;
 }
 
 // ---------------------------------------------------------------- channel sums
@@ -550,7 +526,7 @@ void update_running(const char* op, const Tensor& running, const Tensor& stat, d
 
 kernels::BatchNormSums batch_norm_sums(const Tensor& x) {
   const char* op = "batch_norm_sums";
-  const ChannelShape l = channel_shape(op, x);
+  const ChannelShape l = kernels::channel_layout(op, x);
   DeviceGuard guard(x.device().index);
   kernels::BatchNormSums out{empty({l.c}, kFloat64, x.device()), empty({l.c}, kFloat64, x.device()),
                              l.count()};
@@ -566,12 +542,6 @@ kernels::BatchNormSums batch_norm_sums(const Tensor& x) {
 kernels::BatchNormStats batch_norm_stats_from_sums(const Tensor& sum, const Tensor& sum_sq,
                                                    int64_t count, double eps, DType dtype) {
   const char* op = "batch_norm_stats_from_sums";
-  kernels::common_device(op, {sum, sum_sq});
-  LOOM_CHECK(sum.numel() == sum_sq.numel(), ShapeError,
-             "batch_norm_stats_from_sums: sum and sum_sq differ; got sum=", sum.sizes(),
-             " sum_sq=", sum_sq.sizes());
-  LOOM_CHECK(count > 0, ValueError, "batch_norm_stats_from_sums: expected a positive count; got ",
-             count);
   DeviceGuard guard(sum.device().index);
   const int64_t channels = sum.numel();
   const Device device = sum.device();
@@ -589,7 +559,7 @@ kernels::BatchNormStats batch_norm_stats_from_sums(const Tensor& sum, const Tens
 
 kernels::BatchNormStats batch_norm_stats(const Tensor& x, double eps) {
   const char* op = "batch_norm_stats";
-  const ChannelShape l = channel_shape(op, x);
+  const ChannelShape l = kernels::channel_layout(op, x);
   DeviceGuard guard(x.device().index);
   kernels::BatchNormStats out{empty({l.c}, x.dtype(), x.device()),
                               empty({l.c}, x.dtype(), x.device()),
@@ -619,23 +589,12 @@ void batch_norm_update_running_stats_(const Tensor& running_mean, const Tensor& 
                                       const kernels::BatchNormStats& stats, double momentum) {
   const char* op = "batch_norm_update_running_stats_";
   if (running_mean.defined()) {
-    kernels::common_device(op, {running_mean, stats.mean});
-    LOOM_CHECK(running_mean.numel() == stats.mean.numel(), ShapeError, op,
-               ": running_mean does not match the statistics; got running_mean=",
-               running_mean.sizes(), " mean=", stats.mean.sizes());
     DeviceGuard guard(running_mean.device().index);
     dispatch_floating(running_mean.dtype(), op, [&]<typename R>() {
       update_running<R>(op, running_mean, stats.mean, momentum, false, 1.0);
     });
   }
   if (running_var.defined()) {
-    kernels::common_device(op, {running_var, stats.var});
-    LOOM_CHECK(running_var.numel() == stats.var.numel(), ShapeError, op,
-               ": running_var does not match the statistics; got running_var=", running_var.sizes(),
-               " var=", stats.var.sizes());
-    LOOM_CHECK(
-        stats.count > 1, ValueError, op,
-        ": the unbiased variance needs more than one value per channel; got count=", stats.count);
     const double bessel = static_cast<double>(stats.count) / static_cast<double>(stats.count - 1);
     DeviceGuard guard(running_var.device().index);
     dispatch_floating(running_var.dtype(), op, [&]<typename R>() {
@@ -649,14 +608,12 @@ void batch_norm_update_running_stats_(const Tensor& running_mean, const Tensor& 
 Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invstd,
                         const Tensor& weight, const Tensor& bias) {
   const char* op = "batch_norm_elemt";
-  kernels::common_device(op, {x, mean, invstd, weight, bias});
-  const ChannelShape l = channel_shape(op, x);
+  const ChannelShape l = kernels::channel_layout(op, x);
   DeviceGuard guard(x.device().index);
-  require_floating(op, x.dtype());
-  const Tensor m = channel_vector(op, "mean", mean, l.c, x.dtype());
-  const Tensor is = channel_vector(op, "invstd", invstd, l.c, x.dtype());
-  const Tensor w = channel_vector(op, "weight", weight, l.c, x.dtype());
-  const Tensor b = channel_vector(op, "bias", bias, l.c, x.dtype());
+  const Tensor m = channel_vector(mean, x.dtype());
+  const Tensor is = channel_vector(invstd, x.dtype());
+  const Tensor w = channel_vector(weight, x.dtype());
+  const Tensor b = channel_vector(bias, x.dtype());
   Tensor y = empty(x.sizes(), x.dtype(), x.device());
   dispatch_floating(x.dtype(), op, [&]<typename T>() {
     const Tensor xc = contiguous_as(x, x.dtype());
@@ -677,12 +634,10 @@ std::pair<Tensor, kernels::BatchNormStats> batch_norm_forward_train(const Tensor
                                                                     const Tensor& bias,
                                                                     double eps) {
   const char* op = "batch_norm";
-  kernels::common_device(op, {x, weight, bias});
-  const ChannelShape l = channel_shape(op, x);
+  const ChannelShape l = kernels::channel_layout(op, x);
   DeviceGuard guard(x.device().index);
-  require_floating(op, x.dtype());
-  const Tensor w = channel_vector(op, "weight", weight, l.c, x.dtype());
-  const Tensor b = channel_vector(op, "bias", bias, l.c, x.dtype());
+  const Tensor w = channel_vector(weight, x.dtype());
+  const Tensor b = channel_vector(bias, x.dtype());
   Tensor y = empty(x.sizes(), x.dtype(), x.device());
   kernels::BatchNormStats stats{empty({l.c}, x.dtype(), x.device()),
                                 empty({l.c}, x.dtype(), x.device()),
@@ -705,14 +660,10 @@ std::pair<Tensor, kernels::BatchNormStats> batch_norm_forward_train(const Tensor
 std::pair<Tensor, Tensor> batch_norm_backward_reduce(const Tensor& dy, const Tensor& x,
                                                      const Tensor& mean, const Tensor& invstd) {
   const char* op = "batch_norm_backward_reduce";
-  kernels::common_device(op, {dy, x, mean, invstd});
-  const ChannelShape l = channel_shape(op, x);
-  LOOM_CHECK(dy.sizes() == x.sizes(), ShapeError, op, ": dy and x differ; got dy=", dy.sizes(),
-             " x=", x.sizes());
+  const ChannelShape l = kernels::channel_layout(op, x);
   DeviceGuard guard(x.device().index);
-  require_floating(op, x.dtype());
-  const Tensor m = channel_vector(op, "mean", mean, l.c, x.dtype());
-  const Tensor is = channel_vector(op, "invstd", invstd, l.c, x.dtype());
+  const Tensor m = channel_vector(mean, x.dtype());
+  const Tensor is = channel_vector(invstd, x.dtype());
   Tensor sum_dy = empty({l.c}, x.dtype(), x.device());
   Tensor sum_dy_xhat = empty({l.c}, x.dtype(), x.device());
   dispatch_floating(x.dtype(), op, [&]<typename T>() {
@@ -731,21 +682,13 @@ Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor
                                  const Tensor& invstd, const Tensor& weight, const Tensor& sum_dy,
                                  const Tensor& sum_dy_xhat, int64_t count) {
   const char* op = "batch_norm_backward_elemt";
-  kernels::common_device(op, {dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat});
-  const ChannelShape l = channel_shape(op, x);
-  LOOM_CHECK(dy.sizes() == x.sizes(), ShapeError, op, ": dy and x differ; got dy=", dy.sizes(),
-             " x=", x.sizes());
-  LOOM_CHECK(sum_dy.defined() == sum_dy_xhat.defined(), ValueError, op,
-             ": give both sum_dy and sum_dy_xhat (training) or neither (eval)");
-  const bool training = sum_dy.defined();
-  LOOM_CHECK(!training || count > 0, ValueError, op, ": expected a positive count; got ", count);
+  const ChannelShape l = kernels::channel_layout(op, x);
   DeviceGuard guard(x.device().index);
-  require_floating(op, x.dtype());
-  const Tensor m = channel_vector(op, "mean", mean, l.c, x.dtype());
-  const Tensor is = channel_vector(op, "invstd", invstd, l.c, x.dtype());
-  const Tensor w = channel_vector(op, "weight", weight, l.c, x.dtype());
-  const Tensor sd = channel_vector(op, "sum_dy", sum_dy, l.c, kFloat64);
-  const Tensor sdx = channel_vector(op, "sum_dy_xhat", sum_dy_xhat, l.c, kFloat64);
+  const Tensor m = channel_vector(mean, x.dtype());
+  const Tensor is = channel_vector(invstd, x.dtype());
+  const Tensor w = channel_vector(weight, x.dtype());
+  const Tensor sd = channel_vector(sum_dy, kFloat64);
+  const Tensor sdx = channel_vector(sum_dy_xhat, kFloat64);
   Tensor dx = empty(x.sizes(), x.dtype(), x.device());
   dispatch_floating(x.dtype(), op, [&]<typename T>() {
     const Tensor xc = contiguous_as(x, x.dtype()), dyc = contiguous_as(dy, x.dtype());
@@ -765,15 +708,11 @@ kernels::NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const 
                                        const Tensor& invstd, const Tensor& weight, bool training,
                                        std::array<bool, 3> need) {
   const char* op = "batch_norm_backward";
-  kernels::common_device(op, {dy, x, mean, invstd, weight});
-  const ChannelShape l = channel_shape(op, x);
-  LOOM_CHECK(dy.sizes() == x.sizes(), ShapeError, op, ": dy and x differ; got dy=", dy.sizes(),
-             " x=", x.sizes());
+  const ChannelShape l = kernels::channel_layout(op, x);
   DeviceGuard guard(x.device().index);
-  require_floating(op, x.dtype());
-  const Tensor m = channel_vector(op, "mean", mean, l.c, x.dtype());
-  const Tensor is = channel_vector(op, "invstd", invstd, l.c, x.dtype());
-  const Tensor w = channel_vector(op, "weight", weight, l.c, x.dtype());
+  const Tensor m = channel_vector(mean, x.dtype());
+  const Tensor is = channel_vector(invstd, x.dtype());
+  const Tensor w = channel_vector(weight, x.dtype());
   kernels::NormGrads g;
   if (need[0]) g.dx = empty(x.sizes(), x.dtype(), x.device());
   if (need[1]) g.dweight = empty({l.c}, x.dtype(), x.device());
@@ -811,15 +750,11 @@ kernels::NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const 
 kernels::LayerNormForward layer_norm_forward(const Tensor& x, int64_t normalized_numel,
                                              const Tensor& weight, const Tensor& bias, double eps) {
   const char* op = "layer_norm";
-  kernels::common_device(op, {x, weight, bias});
   const int64_t cols = normalized_numel;
-  LOOM_CHECK(cols >= 0 && (cols == 0 ? x.numel() == 0 : x.numel() % cols == 0), ShapeError, op,
-             ": ", cols, " normalised elements do not divide x=", x.sizes());
-  const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
+  const int64_t rows = kernels::layer_norm_rows(op, x, cols);
   DeviceGuard guard(x.device().index);
-  require_floating(op, x.dtype());
-  const Tensor w = channel_vector(op, "weight", weight, cols, x.dtype());
-  const Tensor b = channel_vector(op, "bias", bias, cols, x.dtype());
+  const Tensor w = channel_vector(weight, x.dtype());
+  const Tensor b = channel_vector(bias, x.dtype());
   kernels::LayerNormForward out{empty(x.sizes(), x.dtype(), x.device()),
                                 empty({rows}, x.dtype(), x.device()),
                                 empty({rows}, x.dtype(), x.device())};
@@ -847,18 +782,12 @@ kernels::NormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const 
                                        const Tensor& rstd, const Tensor& weight,
                                        int64_t normalized_numel, std::array<bool, 3> need) {
   const char* op = "layer_norm_backward";
-  kernels::common_device(op, {dy, x, mean, rstd, weight});
-  LOOM_CHECK(dy.sizes() == x.sizes(), ShapeError, op, ": dy and x differ; got dy=", dy.sizes(),
-             " x=", x.sizes());
   const int64_t cols = normalized_numel;
-  LOOM_CHECK(cols >= 0 && (cols == 0 ? x.numel() == 0 : x.numel() % cols == 0), ShapeError, op,
-             ": ", cols, " normalised elements do not divide x=", x.sizes());
-  const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
+  const int64_t rows = kernels::layer_norm_rows(op, x, cols);
   DeviceGuard guard(x.device().index);
-  require_floating(op, x.dtype());
-  const Tensor m = channel_vector(op, "mean", mean, rows, x.dtype());
-  const Tensor rs = channel_vector(op, "rstd", rstd, rows, x.dtype());
-  const Tensor w = channel_vector(op, "weight", weight, cols, x.dtype());
+  const Tensor m = channel_vector(mean, x.dtype());
+  const Tensor rs = channel_vector(rstd, x.dtype());
+  const Tensor w = channel_vector(weight, x.dtype());
   kernels::NormGrads g;
   if (need[0]) g.dx = empty(x.sizes(), x.dtype(), x.device());
   if (need[1]) g.dweight = empty({cols}, x.dtype(), x.device());

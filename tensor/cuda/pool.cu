@@ -44,28 +44,14 @@ struct PoolGeometry {
   int64_t kh, kw, sh, sw, ph, pw, dh, dw;
 };
 
-// The CPU's checks (tensor/cpu/pool.cpp) for callers that reach these kernels directly.
+// kernels::pool2d_geometry (tensor/cpu/pool.cpp, whose entry points checked x and the options
+// before the device switch) in the plain fields the kernels take by value.
 PoolGeometry pool_geometry(const char* op, const Shape& x, const Pool2dOptions& opt, bool dilated) {
-  LOOM_CHECK(x.size() == 4, ShapeError, op, ": expected a 4-D input x [N, C, H, W]; got x=", x);
-  const Pair stride = opt.stride == Pair{0, 0} ? opt.kernel : opt.stride;
-  const Pair dilation = dilated ? opt.dilation : Pair{1, 1};
-  LOOM_CHECK(opt.kernel[0] >= 1 && opt.kernel[1] >= 1 && stride[0] >= 1 && stride[1] >= 1 &&
-                 dilation[0] >= 1 && dilation[1] >= 1 && opt.padding[0] >= 0 &&
-                 opt.padding[1] >= 0 && opt.padding[0] <= opt.kernel[0] / 2 &&
-                 opt.padding[1] <= opt.kernel[1] / 2,
-             ValueError, op, ": bad window; got kernel=(", opt.kernel[0], ", ", opt.kernel[1],
-             ") stride=(", stride[0], ", ", stride[1], ") padding=(", opt.padding[0], ", ",
-             opt.padding[1], ") dilation=(", dilation[0], ", ", dilation[1], ") x=", x);
+  const kernels::Pool2dGeometry s = kernels::pool2d_geometry(op, x, opt, dilated);
   PoolGeometry g;
-  g.channels = x[1], g.h = x[2], g.w = x[3];
-  g.ho = kernels::pool_output_size(g.h, opt.kernel[0], stride[0], opt.padding[0], dilation[0],
-                                   opt.ceil_mode);
-  g.wo = kernels::pool_output_size(g.w, opt.kernel[1], stride[1], opt.padding[1], dilation[1],
-                                   opt.ceil_mode);
-  LOOM_CHECK(g.ho >= 1 && g.wo >= 1, ShapeError, op, ": output size is too small; x=", x,
-             " gives [", x[0], ", ", x[1], ", ", g.ho, ", ", g.wo, "]");
-  g.kh = opt.kernel[0], g.kw = opt.kernel[1], g.sh = stride[0], g.sw = stride[1];
-  g.ph = opt.padding[0], g.pw = opt.padding[1], g.dh = dilation[0], g.dw = dilation[1];
+  g.channels = x[1], g.h = s.h, g.w = s.w, g.ho = s.ho, g.wo = s.wo;
+  g.kh = s.kernel[0], g.kw = s.kernel[1], g.sh = s.stride[0], g.sw = s.stride[1];
+  g.ph = s.padding[0], g.pw = s.padding[1], g.dh = s.dilation[0], g.dw = s.dilation[1];
   return g;
 }
 
@@ -330,12 +316,6 @@ std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dOptions& optio
 
 // dx: each output's gradient added at the input position of its maximum.
 Tensor max_pool2d_backward(const Tensor& dout, const Tensor& indices, const Shape& x_shape) {
-  LOOM_CHECK(x_shape.size() == 4 && dout.dim() == 4 && indices.sizes() == dout.sizes() &&
-                 dout.size(0) == x_shape[0] && dout.size(1) == x_shape[1],
-             ShapeError, "max_pool2d_backward: dout=", dout.sizes(), " indices=", indices.sizes(),
-             " do not match x=", x_shape);
-  LOOM_CHECK(indices.dtype() == kInt64, DTypeError,
-             "max_pool2d_backward: expected int64 indices; got ", indices.dtype());
   const int device = dout.device().index;
   DeviceGuard guard(device);
   Tensor dx = empty(x_shape, dout.dtype(), dout.device());
@@ -370,10 +350,6 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& options) {
 
 Tensor avg_pool2d_backward(const Tensor& dout, const Shape& x_shape, const Pool2dOptions& options) {
   const PoolGeometry g = pool_geometry("avg_pool2d_backward", x_shape, options, false);
-  LOOM_CHECK(dout.dim() == 4 && dout.size(0) == x_shape[0] && dout.size(1) == x_shape[1] &&
-                 dout.size(2) == g.ho && dout.size(3) == g.wo,
-             ShapeError, "avg_pool2d_backward: dout=", dout.sizes(),
-             " does not match the output of x=", x_shape);
   const int device = dout.device().index;
   DeviceGuard guard(device);
   Tensor dx = empty(x_shape, dout.dtype(), dout.device());
@@ -389,13 +365,6 @@ Tensor avg_pool2d_backward(const Tensor& dout, const Shape& x_shape, const Pool2
 }
 
 Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size) {
-  LOOM_CHECK(x.dim() == 4, ShapeError,
-             "adaptive_avg_pool2d: expected a 4-D input x [N, C, H, W]; got x=", x.sizes());
-  LOOM_CHECK(output_size[0] >= 1 && output_size[1] >= 1, ValueError,
-             "adaptive_avg_pool2d: expected output_size >= 1; got output_size=(", output_size[0],
-             ", ", output_size[1], ") x=", x.sizes());
-  LOOM_CHECK(x.size(2) >= 1 && x.size(3) >= 1, ShapeError,
-             "adaptive_avg_pool2d: expected a non-empty input plane; got x=", x.sizes());
   const int device = x.device().index;
   DeviceGuard guard(device);
   const auto [ho, wo] = output_size;
@@ -412,10 +381,6 @@ Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size) {
 }
 
 Tensor adaptive_avg_pool2d_backward(const Tensor& dout, const Shape& x_shape) {
-  LOOM_CHECK(x_shape.size() == 4 && dout.dim() == 4 && dout.size(0) == x_shape[0] &&
-                 dout.size(1) == x_shape[1],
-             ShapeError, "adaptive_avg_pool2d_backward: dout=", dout.sizes(),
-             " does not match x=", x_shape);
   const int device = dout.device().index;
   DeviceGuard guard(device);
   Tensor dx = empty(x_shape, dout.dtype(), dout.device());

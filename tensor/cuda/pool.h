@@ -1,7 +1,8 @@
 // tensor/cuda/pool.h — the CUDA side of tensor/conv.h's 2-D pooling (tensor/cuda/pool.cu), with
 // the names, windows, index convention and results of the loom::kernels ones
-// (tensor/cpu/pool.cpp). Host-only. Inputs may have any strides; outputs are contiguous.
-// float32 and float64 as the CPU, plus float16 and bfloat16 (accumulating in float32).
+// (tensor/cpu/pool.cpp), which check the arguments and then switch here. Host-only. Inputs may
+// have any strides; outputs are contiguous. float32 and float64 as the CPU, plus float16 and
+// bfloat16 (accumulating in float32).
 #pragma once
 
 #include <utility>

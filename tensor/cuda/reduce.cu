@@ -535,8 +535,6 @@ template <bool kMax>
 Tensor extremum(const Tensor& x, const Shape& dims, bool keepdim, const char* op) {
   DeviceGuard guard(x.device().index);
   const Layout l = make_layout(x, kernels::reduce_dims(x, dims, op), keepdim, op);
-  LOOM_CHECK(l.n > 0, ValueError, op,
-             ": cannot reduce over a zero-size dim; got shape=", x.sizes());
   Tensor out = empty(l.out_shape, x.dtype(), x.device());
   dispatch_numeric(x.dtype(), op, [&]<typename T>() {
     run_reduce<T>(ExtremumOp<T, kMax>{out.data_ptr<T>()}, x, l,
@@ -548,12 +546,9 @@ Tensor extremum(const Tensor& x, const Shape& dims, bool keepdim, const char* op
 // Values and indices over `dims` (one dim, or all of them for a flat argmax).
 template <bool kMax>
 std::pair<Tensor, Tensor> extremum_index(const Tensor& x, const Shape& rdims, bool keepdim,
-                                         const Shape& shown_shape, bool want_values,
-                                         const char* op) {
+                                         bool want_values, const char* op) {
   DeviceGuard guard(x.device().index);
   const Layout l = make_layout(x, rdims, keepdim, op);
-  LOOM_CHECK(l.n > 0, ValueError, op,
-             ": cannot reduce over a zero-size dim; got shape=", shown_shape);
   Tensor values = want_values ? empty(l.out_shape, x.dtype(), x.device()) : Tensor();
   Tensor indices = empty(l.out_shape, kInt64, x.device());
   dispatch_numeric(x.dtype(), op, [&]<typename T>() {
@@ -567,13 +562,9 @@ std::pair<Tensor, Tensor> extremum_index(const Tensor& x, const Shape& rdims, bo
 template <bool kMax>
 Tensor arg_extremum(const Tensor& x, std::optional<int64_t> dim, bool keepdim, const char* op) {
   if (dim)
-    return extremum_index<kMax>(x, kernels::reduce_dims(x, {*dim}, op), keepdim, x.sizes(), false,
-                                op)
-        .second;
+    return extremum_index<kMax>(x, kernels::reduce_dims(x, {*dim}, op), keepdim, false, op).second;
   // The flattened tensor, as the CPU's reshape(x, {-1}): every dim, a 0-d result.
-  return extremum_index<kMax>(x, kernels::reduce_dims(x, {}, op), false, Shape{x.numel()}, false,
-                              op)
-      .second;
+  return extremum_index<kMax>(x, kernels::reduce_dims(x, {}, op), false, false, op).second;
 }
 
 Tensor var_impl(const Tensor& x, const Shape& dims, bool unbiased, bool keepdim, bool root) {
@@ -602,27 +593,12 @@ Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) {
 }
 
 Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
-  LOOM_CHECK(is_floating(x.dtype()), DTypeError, "mean: expected a floating-point tensor; got ",
-             x.dtype());
   return sum_impl(x, dims, keepdim, "mean", true);
 }
 
 Tensor sum_to(const Tensor& x, const Shape& shape) {
   if (x.sizes() == shape) return x;
-  LOOM_CHECK(static_cast<int64_t>(shape.size()) <= x.dim(), ShapeError,
-             "sum_to: cannot reduce shape=", x.sizes(), " to shape=", shape);
-  const int64_t lead = x.dim() - static_cast<int64_t>(shape.size());
-  Shape dims;
-  for (int64_t d = 0; d < x.dim(); ++d) {
-    if (d < lead) {
-      dims.push_back(d);
-      continue;
-    }
-    const int64_t want = shape[d - lead];
-    LOOM_CHECK(want == x.sizes()[d] || want == 1, ShapeError,
-               "sum_to: cannot reduce shape=", x.sizes(), " to shape=", shape);
-    if (want == 1 && x.sizes()[d] != 1) dims.push_back(d);
-  }
+  const Shape dims = kernels::sum_to_dims(x, shape);
   if (dims.empty()) return kernels::reshape(x, shape);
   return kernels::reshape(sum(x, dims, /*keepdim=*/true), shape);  // contiguous: a view
 }
@@ -635,12 +611,10 @@ Tensor amin(const Tensor& x, const Shape& dims, bool keepdim) {
 }
 
 std::pair<Tensor, Tensor> max_dim(const Tensor& x, int64_t dim, bool keepdim) {
-  return extremum_index<true>(x, kernels::reduce_dims(x, {dim}, "max"), keepdim, x.sizes(), true,
-                              "max");
+  return extremum_index<true>(x, kernels::reduce_dims(x, {dim}, "max"), keepdim, true, "max");
 }
 std::pair<Tensor, Tensor> min_dim(const Tensor& x, int64_t dim, bool keepdim) {
-  return extremum_index<false>(x, kernels::reduce_dims(x, {dim}, "min"), keepdim, x.sizes(), true,
-                               "min");
+  return extremum_index<false>(x, kernels::reduce_dims(x, {dim}, "min"), keepdim, true, "min");
 }
 
 Tensor argmax(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {

@@ -265,16 +265,22 @@ TEST(CudaConv, DegenerateShapes) {
 
 TEST(CudaConv, Errors) {
   LOOM_SKIP_WITHOUT_GPU();
+  // Through the kernels:: entry points, which check before they switch to CUDA.
   const Conv2dOptions o = opts({1, 1}, {0, 0});
-  EXPECT_LOOM_ERROR(cuda::conv2d(gpu(randn({2, 3})), gpu(randn({4, 3, 3, 3})), Tensor(), o),
+  EXPECT_LOOM_ERROR(k::conv2d(gpu(randn({2, 3})), gpu(randn({4, 3, 3, 3})), Tensor(), o),
                     ShapeError, {"conv2d", "[2, 3]"});
-  EXPECT_LOOM_ERROR(cuda::conv2d(gpu(randn({1, 3, 5, 5})), gpu(randn({4, 2, 3, 3})), Tensor(), o),
+  EXPECT_LOOM_ERROR(k::conv2d(gpu(randn({1, 3, 5, 5})), gpu(randn({4, 2, 3, 3})), Tensor(), o),
                     ShapeError, {"conv2d", "[1, 3, 5, 5]", "[4, 2, 3, 3]"});
   const Tensor xi = gpu(randint(0, 3, {1, 1, 4, 4})), wi = gpu(randint(0, 3, {1, 1, 3, 3}));
-  EXPECT_LOOM_ERROR(cuda::conv2d(xi, wi, Tensor(), o), DTypeError, {"conv2d", "int64"});
+  EXPECT_LOOM_ERROR(k::conv2d(xi, wi, Tensor(), o), DTypeError, {"conv2d", "int64"});
   const Tensor x = gpu(randn({1, 3, 5, 5})), w = gpu(randn({4, 3, 3, 3}));
-  EXPECT_LOOM_ERROR(cuda::conv2d_backward(gpu(randn({1, 4, 2, 2})), x, w, o, {true, true, true}),
+  EXPECT_LOOM_ERROR(k::conv2d_backward(gpu(randn({1, 4, 2, 2})), x, w, o, {true, true, true}),
                     ShapeError, {"conv2d_backward", "[1, 4, 2, 2]"});
+  EXPECT_LOOM_ERROR(k::conv2d_backward(randn({1, 4, 3, 3}), x, w, o, {true, true, true}),
+                    DeviceError, {"conv2d_backward"});
+  EXPECT_LOOM_ERROR(
+      k::conv2d_backward(gpu(randn({1, 4, 3, 3}, kFloat64)), x, w, o, {true, true, true}),
+      DTypeError, {"conv2d_backward", "float64"});
 }
 
 }  // namespace

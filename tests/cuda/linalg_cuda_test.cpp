@@ -203,15 +203,20 @@ TEST(CudaLinalg, SameBitsTwice) {
 
 TEST(CudaLinalg, Errors) {
   LOOM_SKIP_WITHOUT_GPU();
+  // Through the kernels:: entry points, which check before they switch to CUDA.
   const Tensor a = gpu(randn({2, 3})), b = gpu(randn({4, 5}));
-  EXPECT_LOOM_ERROR(cuda_mm(a, b), ShapeError, {"mm", "[2, 3]", "[4, 5]"});
-  EXPECT_LOOM_ERROR(cuda_mm(a, gpu(randn({3, 2}, kFloat64))), DTypeError, {"mm", "float32"});
+  EXPECT_LOOM_ERROR(k::mm(a, b), ShapeError, {"mm", "[2, 3]", "[4, 5]"});
+  EXPECT_LOOM_ERROR(k::mm(a, gpu(randn({3, 2}, kFloat64))), DTypeError, {"mm", "float32"});
   const Tensor ints = gpu(randint(0, 5, {2, 2}));
-  EXPECT_LOOM_ERROR(cuda_mm(ints, ints), DTypeError, {"mm", "int64"});
-  EXPECT_LOOM_ERROR(cuda_mm(a, randn({3, 2})), DeviceError, {"mm"});
-  EXPECT_LOOM_ERROR(cuda::bmm(gpu(randn({2, 3, 4})), gpu(randn({3, 4, 5}))), ShapeError,
+  EXPECT_LOOM_ERROR(k::mm(ints, ints), DTypeError, {"mm", "int64"});
+  EXPECT_LOOM_ERROR(k::mm(a, randn({3, 2})), DeviceError, {"mm"});
+  // out on another device than the operands, either way round.
+  EXPECT_LOOM_ERROR(k::mm_out(empty({2, 2}), a, gpu(randn({3, 2}))), DeviceError, {"mm"});
+  EXPECT_LOOM_ERROR(k::mm_out(gpu(empty({2, 2})), randn({2, 3}), randn({3, 2})), DeviceError,
+                    {"mm"});
+  EXPECT_LOOM_ERROR(k::bmm(gpu(randn({2, 3, 4})), gpu(randn({3, 4, 5}))), ShapeError,
                     {"bmm", "[2, 3, 4]", "[3, 4, 5]"});
-  EXPECT_LOOM_ERROR(cuda::bmm(gpu(randn({2, 3, 4})), gpu(randn({2, 4, 5}, kFloat64))), DTypeError,
+  EXPECT_LOOM_ERROR(k::bmm(gpu(randn({2, 3, 4})), gpu(randn({2, 4, 5}, kFloat64))), DTypeError,
                     {"bmm"});
 }
 

@@ -214,18 +214,21 @@ TEST(CudaPool, HalfTypes) {
 
 TEST(CudaPool, Errors) {
   LOOM_SKIP_WITHOUT_GPU();
+  // Through the kernels:: entry points, which check before they switch to CUDA.
   const Tensor x = gpu(randn({1, 1, 4, 4}));
-  EXPECT_LOOM_ERROR(cuda::max_pool2d(gpu(randn({4, 4})), pool({2, 2})), ShapeError,
+  EXPECT_LOOM_ERROR(k::max_pool2d(gpu(randn({4, 4})), pool({2, 2})), ShapeError,
                     {"max_pool2d", "[4, 4]"});
-  EXPECT_LOOM_ERROR(cuda::max_pool2d(gpu(randint(0, 3, {1, 1, 4, 4})), pool({2, 2})), DTypeError,
+  EXPECT_LOOM_ERROR(k::max_pool2d(gpu(randint(0, 3, {1, 1, 4, 4})), pool({2, 2})), DTypeError,
                     {"max_pool2d", "int64"});
-  EXPECT_LOOM_ERROR(cuda::avg_pool2d(x, pool({2, 2}, {0, 0}, {2, 2})), ValueError, {"avg_pool2d"});
-  EXPECT_LOOM_ERROR(cuda::avg_pool2d_backward(gpu(randn({1, 1, 3, 3})), {1, 1, 4, 4}, pool({2, 2})),
+  EXPECT_LOOM_ERROR(k::avg_pool2d(x, pool({2, 2}, {0, 0}, {2, 2})), ValueError, {"avg_pool2d"});
+  EXPECT_LOOM_ERROR(k::avg_pool2d_backward(gpu(randn({1, 1, 3, 3})), {1, 1, 4, 4}, pool({2, 2})),
                     ShapeError, {"avg_pool2d_backward", "[1, 1, 3, 3]"});
+  EXPECT_LOOM_ERROR(k::avg_pool2d_backward(gpu(randn({1, 4, 2, 2})), {4, 1, 4, 4}, pool({2, 2})),
+                    ShapeError, {"avg_pool2d_backward", "[1, 4, 2, 2]", "[4, 1, 4, 4]"});
   const auto [out, indices] = cuda::max_pool2d(x, pool({2, 2}));
-  EXPECT_LOOM_ERROR(cuda::max_pool2d_backward(out, out, {1, 1, 4, 4}), DTypeError,
+  EXPECT_LOOM_ERROR(k::max_pool2d_backward(out, out, {1, 1, 4, 4}), DTypeError,
                     {"max_pool2d_backward", "int64"});
-  EXPECT_LOOM_ERROR(cuda::adaptive_avg_pool2d(x, {0, 1}), ValueError, {"adaptive_avg_pool2d"});
+  EXPECT_LOOM_ERROR(k::adaptive_avg_pool2d(x, {0, 1}), ValueError, {"adaptive_avg_pool2d"});
 }
 
 }  // namespace

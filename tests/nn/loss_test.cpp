@@ -356,4 +356,10 @@ TEST(MseLoss, Errors) {
                     {"mse_loss", "[2, 3]", "[3, 2]"});
   EXPECT_LOOM_ERROR(mse_loss(randn({2, 3}), randn({2, 3}, kFloat64)), DTypeError,
                     {"mse_loss", "float32", "float64"});
+  // The backward's dloss: one element for a reduced loss, one per element otherwise.
+  const Tensor a = randn({2, 3}), b = randn({2, 3});
+  EXPECT_LOOM_ERROR(kernels::mse_loss_backward(randn({2}), a, b, Reduction::Mean), ShapeError,
+                    {"mse_loss_backward", "[2]"});
+  EXPECT_LOOM_ERROR(kernels::mse_loss_backward(randn({5}), a, b, Reduction::None), ShapeError,
+                    {"mse_loss_backward", "[5]"});
 }

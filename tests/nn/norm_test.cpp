@@ -306,6 +306,12 @@ TEST(BatchNorm, Errors) {
                     ShapeError, {"batch_norm_backward_reduce", "[2, 3]", "[2, 3, 4]"});
   EXPECT_LOOM_ERROR(kernels::batch_norm_stats_from_sums(c3, c3, 0, 1e-5, kFloat64), ValueError,
                     {"batch_norm_stats_from_sums", "count"});
+  // A bad running_var is refused before running_mean changes.
+  const Tensor running_mean = zeros({3}, kFloat64);
+  const kernels::BatchNormStats stats = kernels::batch_norm_stats(x, 1e-5);
+  EXPECT_LOOM_ERROR(kernels::batch_norm_update_running_stats_(running_mean, c4, stats, 0.1),
+                    ShapeError, {"batch_norm_update_running_stats_", "running_var", "[4]"});
+  EXPECT_TRUE(values_are(running_mean, {0, 0, 0}));
 }
 
 // ---------------------------------------------------------------- layer norm

@@ -225,6 +225,11 @@ TEST(Pool2d, Errors) {
   EXPECT_LOOM_ERROR(adaptive_avg_pool2d(randn({2, 3, 0, 5}), {2, 2}), ShapeError,
                     {"adaptive_avg_pool2d", "[2, 3, 0, 5]"});
   EXPECT_LOOM_ERROR(adaptive_avg_pool2d(x.to(kInt64), {2, 2}), DTypeError, {"adaptive_avg_pool2d"});
+  // A gradient with N and C swapped has the right count of planes but not the right shape
+  // (the CPU once accepted it and read past its end).
+  EXPECT_LOOM_ERROR(
+      kernels::avg_pool2d_backward(randn({6, 1, 2, 2}), {1, 6, 4, 4}, {{2, 2}, {0, 0}, {0, 0}}),
+      ShapeError, {"avg_pool2d_backward", "[6, 1, 2, 2]", "[1, 6, 4, 4]"});
 }
 
 }  // namespace
