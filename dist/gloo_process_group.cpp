@@ -32,6 +32,7 @@
 
 #include "dist/process_group.h"
 #include "tensor/copy.h"
+#include "tensor/dispatch.h"
 #include "tensor/error.h"
 
 namespace loom::dist {
@@ -231,27 +232,13 @@ void divide(T* data, int64_t n, int divisor) {
 // The dtypes gloo reduces here: every dtype but bool.
 template <typename F>
 void dispatch_reducible(DType dtype, const char* op, F&& f) {
-  switch (dtype) {
-    case DType::Float32:
-      return f.template operator()<float>();
-    case DType::Float64:
-      return f.template operator()<double>();
-    case DType::Float16:
-      return f.template operator()<Half>();
-    case DType::BFloat16:
-      return f.template operator()<BFloat16>();
-    case DType::Int64:
-      return f.template operator()<int64_t>();
-    case DType::Int32:
-      return f.template operator()<int32_t>();
-    case DType::UInt8:
-      return f.template operator()<uint8_t>();
-    default:
-      throw DTypeError(detail::str(op,
-                                   ": gloo reduces float32, float64, float16, bfloat16, int64, "
-                                   "int32 and uint8 tensors; got ",
-                                   dtype));
-  }
+  LOOM_CHECK(dtype != kBool, DTypeError, op,
+             ": gloo reduces float32, float64, float16, bfloat16, int64, int32 and uint8 tensors; "
+             "got ",
+             dtype);
+  dispatch_all(dtype, op, [&]<typename T>() {
+    if constexpr (!std::is_same_v<T, bool>) f.template operator()<T>();
+  });
 }
 
 // ---------------------------------------------------------------- checking arguments
