@@ -25,10 +25,6 @@ namespace {
 
 constexpr int64_t kLanes = 256;  // inner positions a softmax lane block handles at once
 
-void cpu_only(const char* op, std::initializer_list<Tensor> tensors) {
-  LOOM_ASSERT(common_device(op, tensors).is_cpu(), op, ": a CUDA operand missed the device switch");
-}
-
 // ---------------------------------------------------------------- softmax
 
 enum class SoftmaxKind { Softmax, LogSoftmax, SoftmaxBackward, LogSoftmaxBackward };
@@ -116,7 +112,6 @@ void check_softmax_grad(const char* op, const Tensor& dy, const Tensor& y) {
 // check_softmax_grad) along dim.
 template <SoftmaxKind kind>
 Tensor softmax_family(const char* op, const Tensor& a, const Tensor& b, int64_t dim) {
-  cpu_only(op, {a, b});
   const DimLayout l = dim_layout(a, dim, op);
   const Tensor ac = contiguous(a);
   const Tensor bc = b.defined() ? contiguous(to_dtype(b, a.dtype())) : Tensor();
@@ -290,7 +285,6 @@ CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& ta
   check_class_shapes(op, logits, target);
   if (device.is_cuda())
     return cuda::cross_entropy_forward(logits, target, reduction, ignore_index, label_smoothing);
-  cpu_only(op, {logits, target});
   const int64_t count = count_class_targets(op, logits, target, ignore_index);
   const ClassLayout l = class_layout(logits.sizes());
   const Tensor rows =
@@ -362,7 +356,6 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const T
   if (device.is_cuda())
     return cuda::cross_entropy_backward(dloss, logits, target, lse, reduction, ignore_index,
                                         label_smoothing, count);
-  cpu_only(op, {dloss, logits, target, lse});
   const Tensor rows =
       contiguous(l.s == 1 ? logits : transpose(reshape(logits, {l.n, l.c, l.s}), 1, 2));
   const Tensor tc = contiguous(target), lsec = contiguous(to_dtype(lse, kFloat64));
@@ -414,7 +407,6 @@ NllLossForward nll_loss_forward(const Tensor& log_probs, const Tensor& target, c
              " input=", log_probs.sizes());
   if (device.is_cuda())
     return cuda::nll_loss_forward(log_probs, target, weight, reduction, ignore_index);
-  cpu_only(op, {log_probs, target, weight});
   count_class_targets(op, log_probs, target, ignore_index);
   const Tensor xc = contiguous(log_probs), tc = contiguous(target);
   const Tensor wc = weight.defined() ? contiguous(to_dtype(weight, log_probs.dtype())) : Tensor();
@@ -477,7 +469,6 @@ Tensor nll_loss_backward(const Tensor& dloss, const Shape& input_shape, const Te
   if (device.is_cuda())
     return cuda::nll_loss_backward(dloss, input_shape, target, weight, reduction, ignore_index,
                                    total_weight);
-  cpu_only(op, {dloss, target, weight});
   const DType dtype = dloss.dtype();
   const Tensor tc = contiguous(target);
   const Tensor wc = weight.defined() ? contiguous(to_dtype(weight, dtype)) : Tensor();
@@ -515,7 +506,6 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
              " but target is ", target.dtype(), "; got input=", input.sizes(),
              " target=", target.sizes());
   if (device.is_cuda()) return cuda::mse_loss(input, target, reduction);
-  cpu_only(op, {input, target});
   const Tensor xc = contiguous(input), tc = contiguous(target);
   const int64_t n = input.numel();
   const bool per_element = reduction == Reduction::None;
@@ -554,7 +544,6 @@ Tensor mse_loss_backward(const Tensor& dloss, const Tensor& input, const Tensor&
              " target=", target.sizes());
   check_dloss(op, dloss, reduction, input.numel());
   if (device.is_cuda()) return cuda::mse_loss_backward(dloss, input, target, reduction);
-  cpu_only(op, {dloss, input, target});
   const Tensor xc = contiguous(input), tc = contiguous(to_dtype(target, input.dtype()));
   const GradScale g =
       grad_scale(dloss, reduction, static_cast<double>(input.numel()), input.dtype());

@@ -19,10 +19,6 @@ namespace loom::kernels {
 
 namespace {
 
-void cpu_only(const char* op, std::initializer_list<Tensor> tensors) {
-  LOOM_ASSERT(common_device(op, tensors).is_cpu(), op, ": a CUDA operand missed the device switch");
-}
-
 // Sum of f(0..n-1) with four independent accumulators, so the adds pipeline instead of
 // waiting on each other's latency.
 template <typename F>
@@ -174,7 +170,6 @@ int64_t layer_norm_rows(const char* op, const Tensor& x, int64_t normalized_nume
 BatchNormSums batch_norm_sums(const Tensor& x) {
   const ChannelLayout l = channel_layout("batch_norm_sums", x);
   if (on_cuda("batch_norm_sums", {x})) return cuda::batch_norm_sums(x);
-  cpu_only("batch_norm_sums", {x});
   const Tensor xc = contiguous(x);
   BatchNormSums out{empty({l.c}, kFloat64), empty({l.c}, kFloat64), l.count()};
   dispatch_floating(x.dtype(), "batch_norm_sums", [&]<typename T>() {
@@ -201,7 +196,6 @@ BatchNormStats batch_norm_stats_from_sums(const Tensor& sum, const Tensor& sum_s
   LOOM_CHECK(count > 0, ValueError, "batch_norm_stats_from_sums: expected a positive count; got ",
              count);
   if (device.is_cuda()) return cuda::batch_norm_stats_from_sums(sum, sum_sq, count, eps, dtype);
-  cpu_only("batch_norm_stats_from_sums", {sum, sum_sq});
   const int64_t channels = sum.numel();
   const Tensor s = contiguous(to_dtype(sum, kFloat64)), sq = contiguous(to_dtype(sum_sq, kFloat64));
   BatchNormStats out{empty({channels}, dtype), empty({channels}, dtype), empty({channels}, dtype),
@@ -226,7 +220,6 @@ BatchNormStats batch_norm_stats_from_sums(const Tensor& sum, const Tensor& sum_s
 BatchNormStats batch_norm_stats(const Tensor& x, double eps) {
   const ChannelLayout l = channel_layout("batch_norm_stats", x);
   if (on_cuda("batch_norm_stats", {x})) return cuda::batch_norm_stats(x, eps);
-  cpu_only("batch_norm_stats", {x});
   const Tensor xc = contiguous(x);
   BatchNormStats out{empty({l.c}, x.dtype()), empty({l.c}, x.dtype()), empty({l.c}, x.dtype()),
                      l.count()};
@@ -249,7 +242,6 @@ BatchNormStats batch_norm_stats(const Tensor& x, double eps) {
 
 Tensor batch_norm_invstd(const Tensor& var, double eps) {
   if (on_cuda("batch_norm_invstd", {var})) return cuda::batch_norm_invstd(var, eps);
-  cpu_only("batch_norm_invstd", {var});
   return rsqrt(add_scalar(var, eps));
 }
 
@@ -273,12 +265,10 @@ void batch_norm_update_running_stats_(const Tensor& running_mean, const Tensor& 
   if (device.is_cuda())
     return cuda::batch_norm_update_running_stats_(running_mean, running_var, stats, momentum);
   if (running_mean.defined()) {
-    cpu_only(op, {running_mean, stats.mean});
     const Tensor batch = reshape(to_dtype(stats.mean, running_mean.dtype()), running_mean.sizes());
     copy_(running_mean, add(mul_scalar(running_mean, 1.0 - momentum), batch, momentum));
   }
   if (running_var.defined()) {
-    cpu_only(op, {running_var, stats.var});
     const double bessel = static_cast<double>(stats.count) / static_cast<double>(stats.count - 1);
     const Tensor batch =
         reshape(to_dtype(mul_scalar(stats.var, bessel), running_var.dtype()), running_var.sizes());
@@ -299,7 +289,6 @@ Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invst
   check_vector(op, "bias", bias, l.c);
   require_floating(op, x.dtype());
   if (device.is_cuda()) return cuda::batch_norm_elemt(x, mean, invstd, weight, bias);
-  cpu_only(op, {x, mean, invstd, weight, bias});
   const Tensor xc = contiguous(x);
   const Tensor m = channel_vector(mean, x.dtype());
   const Tensor is = channel_vector(invstd, x.dtype());
@@ -333,7 +322,6 @@ std::pair<Tensor, BatchNormStats> batch_norm_forward_train(const Tensor& x, cons
   check_vector(op, "bias", bias, l.c);
   require_floating(op, x.dtype());
   if (device.is_cuda()) return cuda::batch_norm_forward_train(x, weight, bias, eps);
-  cpu_only(op, {x, weight, bias});
   const Tensor xc = contiguous(x);
   const Tensor w = channel_vector(weight, x.dtype());
   const Tensor b = channel_vector(bias, x.dtype());
@@ -374,7 +362,6 @@ std::pair<Tensor, Tensor> batch_norm_backward_reduce(const Tensor& dy, const Ten
   check_vector(op, "invstd", invstd, l.c);
   require_floating(op, x.dtype());
   if (device.is_cuda()) return cuda::batch_norm_backward_reduce(dy, x, mean, invstd);
-  cpu_only(op, {dy, x, mean, invstd});
   const Tensor xc = contiguous(x), dyc = contiguous(to_dtype(dy, x.dtype()));
   const Tensor m = channel_vector(mean, x.dtype());
   const Tensor is = channel_vector(invstd, x.dtype());
@@ -413,7 +400,6 @@ Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor
   require_floating(op, x.dtype());
   if (device.is_cuda())
     return cuda::batch_norm_backward_elemt(dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat, count);
-  cpu_only(op, {dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat});
   const Tensor xc = contiguous(x), dyc = contiguous(to_dtype(dy, x.dtype()));
   const Tensor m = channel_vector(mean, x.dtype());
   const Tensor is = channel_vector(invstd, x.dtype());
@@ -452,7 +438,6 @@ NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& m
   require_floating(op, x.dtype());
   if (device.is_cuda())
     return cuda::batch_norm_backward(dy, x, mean, invstd, weight, training, need);
-  cpu_only(op, {dy, x, mean, invstd, weight});
   const Tensor xc = contiguous(x), dyc = contiguous(to_dtype(dy, x.dtype()));
   const Tensor m = channel_vector(mean, x.dtype());
   const Tensor is = channel_vector(invstd, x.dtype());
@@ -501,7 +486,6 @@ LayerNormForward layer_norm_forward(const Tensor& x, int64_t normalized_numel, c
   check_vector(op, "bias", bias, cols);
   require_floating(op, x.dtype());
   if (device.is_cuda()) return cuda::layer_norm_forward(x, normalized_numel, weight, bias, eps);
-  cpu_only(op, {x, weight, bias});
   const Tensor xc = contiguous(x);
   const Tensor w = channel_vector(weight, x.dtype());
   const Tensor b = channel_vector(bias, x.dtype());
@@ -555,7 +539,6 @@ NormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& m
   require_floating(op, x.dtype());
   if (device.is_cuda())
     return cuda::layer_norm_backward(dy, x, mean, rstd, weight, normalized_numel, need);
-  cpu_only(op, {dy, x, mean, rstd, weight});
   const Tensor xc = contiguous(x), dyc = contiguous(to_dtype(dy, x.dtype()));
   const Tensor m = channel_vector(mean, x.dtype());
   const Tensor rs = channel_vector(rstd, x.dtype());

@@ -3,8 +3,6 @@
 
 #include "tensor/cuda/upload.h"
 
-#include <cstring>
-
 #include "tensor/copy.h"
 
 namespace loom::cuda {
@@ -21,16 +19,16 @@ Tensor Uploader::operator()(const Tensor& t, Device device) {
   if (device_ < 0) device_ = device.index;
   LOOM_CHECK(device.index == device_, DeviceError, "Uploader: this one serves cuda:", device_,
              "; asked for ", device, " (shape=", t.sizes(), ")");
-  const Tensor dense = kernels::contiguous(t);
-  const size_t nbytes = dense.nbytes();
-  Tensor out = empty(dense.sizes(), dense.dtype(), device);
+  const size_t nbytes = t.nbytes();
+  Tensor out = empty(t.sizes(), t.dtype(), device);
   if (nbytes == 0) return out;
 
   Slot& slot = ring_[next_];
   next_ = (next_ + 1) % ring_.size();
   if (slot.copied.recorded()) slot.copied.synchronize();  // its last copy has left the buffer
   if (slot.buffer.nbytes() < nbytes) slot.buffer = PinnedBuffer(nbytes);
-  std::memcpy(slot.buffer.data(), dense.data(), nbytes);
+  // One pass into the pinned buffer, whatever t's strides: a dense view of it is copy_'s dst.
+  kernels::copy_(from_blob(slot.buffer.data(), t.sizes(), t.dtype()), t);
 
   const Stream stream = Stream::current(device.index);  // the stream `out` was allocated for
   copy_bytes_async(out.data(), slot.buffer.data(), nbytes, CopyKind::HostToDevice, stream);
