@@ -110,6 +110,7 @@ Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
   return loom::flatten(*this, start_dim, end_dim);
 }
 Tensor Tensor::contiguous() const { return loom::contiguous(*this); }
+Tensor Tensor::contiguous(MemoryFormat format) const { return loom::contiguous(*this, format); }
 Tensor Tensor::to(DType dtype) const { return loom::to(*this, dtype); }
 Tensor Tensor::to(Device device) const { return loom::to(*this, device); }
 Tensor Tensor::clone() const { return loom::clone(*this); }

@@ -176,6 +176,14 @@ void fill_(const Tensor& dst, double value) {
 
 Tensor contiguous(const Tensor& t) { return t.is_contiguous() ? t : clone(t); }
 
+Tensor contiguous(const Tensor& t, MemoryFormat format) {
+  if (format == MemoryFormat::kContiguous ? t.is_contiguous() : suggest_memory_format(t) == format)
+    return t;
+  Tensor out = empty(t.sizes(), t.dtype(), t.device(), format);
+  copy_(out, t);
+  return out;
+}
+
 Tensor clone(const Tensor& t) {
   Tensor out = empty(t.sizes(), t.dtype(), t.device());
   copy_(out, t);
@@ -184,7 +192,7 @@ Tensor clone(const Tensor& t) {
 
 Tensor to_dtype(const Tensor& t, DType dtype) {
   if (t.dtype() == dtype) return t;
-  Tensor out = empty(t.sizes(), dtype, t.device());
+  Tensor out = empty(t.sizes(), dtype, t.device(), suggest_memory_format(t));
   copy_(out, t);
   return out;
 }

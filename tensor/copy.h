@@ -11,9 +11,14 @@ namespace loom::kernels {
 // dst's version.
 void copy_(const Tensor& dst, const Tensor& src);
 void fill_(const Tensor& dst, double value);
-Tensor contiguous(const Tensor& t);             // t itself when already contiguous
-Tensor clone(const Tensor& t);                  // always a fresh contiguous copy
-Tensor to_dtype(const Tensor& t, DType dtype);  // t itself when already of that dtype
+Tensor contiguous(const Tensor& t);  // t itself when already contiguous
+// t itself when it already is in `format` (for kChannelsLast: its suggest_memory_format), else a
+// copy stored in it.
+Tensor contiguous(const Tensor& t, MemoryFormat format);
+Tensor clone(const Tensor& t);  // always a fresh contiguous copy
+// t itself when already of that dtype, else a copy in t's suggest_memory_format (so autocast
+// keeps a channels-last activation channels-last).
+Tensor to_dtype(const Tensor& t, DType dtype);
 Tensor to_device(const Tensor& t, Device device);
 // t in float32 when it is float16 or bfloat16 (exactly: every 16-bit value is a float32 value),
 // t itself otherwise (undefined included). loom's arithmetic on 16-bit data runs in float32.

@@ -16,15 +16,19 @@ static void check_shape(const Shape& shape, const char* op) {
   for (int64_t s : shape) LOOM_CHECK(s >= 0, ShapeError, op, ": negative size in shape=", shape);
 }
 
-Tensor empty(const Shape& shape, DType dtype, Device device) {
+Tensor empty(const Shape& shape, DType dtype, Device device, MemoryFormat format) {
   check_shape(shape, "empty");
   auto impl = std::make_shared<TensorImpl>();
+  impl->strides = format_strides(shape, format);
   impl->storage =
       allocate_storage(static_cast<size_t>(shape_numel(shape)) * itemsize(dtype), device);
   impl->sizes = shape;
-  impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
   return Tensor(std::move(impl));
+}
+
+Tensor empty(const Shape& shape, DType dtype, Device device) {
+  return empty(shape, dtype, device, MemoryFormat::kContiguous);
 }
 
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
@@ -39,6 +43,9 @@ Tensor ones(const Shape& shape, DType dtype, Device device) {
   return full(shape, 1.0, dtype, device);
 }
 Tensor empty_like(const Tensor& t) { return empty(t.sizes(), t.dtype(), t.device()); }
+Tensor empty_like_format(const Tensor& t) {
+  return empty(t.sizes(), t.dtype(), t.device(), suggest_memory_format(t));
+}
 Tensor zeros_like(const Tensor& t) { return zeros(t.sizes(), t.dtype(), t.device()); }
 Tensor ones_like(const Tensor& t) { return ones(t.sizes(), t.dtype(), t.device()); }
 Tensor full_like(const Tensor& t, double value) {

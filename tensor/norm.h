@@ -2,6 +2,8 @@
 // autograd/ops/norm.cpp wraps them). Batch norm comes both fused (one channel per thread, its
 // data read while hot in cache) and in the pieces SyncBatchNorm reuses; see Note [Batch norm
 // pieces]. Layout legend: x [N, C, *] seen as [N, C, S] (S = product of the spatial dims).
+// Every output shaped like x (y, dx) takes x's memory format: a channels-last x gives
+// channels-last results (Note [Memory formats], tensor/tensor.cpp).
 #pragma once
 
 #include <array>
@@ -38,12 +40,18 @@ struct BatchNormSums {
   int64_t count = 0;  // N * S
 };
 
-// x [N, C, *] as [N, C, S], the layout of both devices' batch norm kernels. ShapeError names `op`
-// when x has fewer than 2 dims.
+// x [N, C, *] as [N, C, S], the layout of both devices' batch norm kernels: channel ch of batch
+// b holds the S values from (b C + ch) S on. ShapeError names `op` when x has fewer than 2 dims.
 struct ChannelLayout {
   int64_t n = 0, c = 0, s = 1;
   int64_t count() const { return n * s; }  // values per channel
   int64_t row(int64_t batch, int64_t channel) const { return (batch * c + channel) * s; }
+  // The same values as stored in `format`. Channels-last keeps the C values of each (n, h, w)
+  // side by side, which in this layout's terms is [N S, C, 1]: the kernels walk a channels-last
+  // x in its own memory order, with no transposing copy, and write outputs in that format.
+  ChannelLayout stored(MemoryFormat format) const {
+    return format == MemoryFormat::kChannelsLast ? ChannelLayout{n * s, c, 1} : *this;
+  }
 };
 ChannelLayout channel_layout(const char* op, const Tensor& x);
 

@@ -32,9 +32,9 @@ struct SafetensorsFile {
 SafetensorsFile load_safetensors(const std::string& path);
 
 // Writes the tensors in the given order, each made contiguous (a device tensor is copied to the
-// host first, one at a time), with the metadata. Names must be unique and not "__metadata__" (ValueError).
-// The header is padded with spaces to a multiple of 8 bytes, as the Python package does.
-// Atomic: the bytes go to a temporary file in the target's directory, which is fsynced and
+// host first, one at a time), with the metadata. Names must be unique and not "__metadata__"
+// (ValueError). The header is padded with spaces to a multiple of 8 bytes, as the Python package
+// does. Atomic: the bytes go to a temporary file in the target's directory, which is fsynced and
 // renamed over the target, then the directory is fsynced. On failure (IOError) the target is
 // untouched and the temporary file removed.
 void save_safetensors(const std::string& path, const NamedTensors& tensors,

@@ -195,6 +195,55 @@ Shape contiguous_strides(const Shape& shape) {
   return strides;
 }
 
+// Note [Memory formats]
+// A memory format is an order of the dims in memory, outermost first: kContiguous is
+// (N, C, H, W), kChannelsLast is (N, H, W, C). The logical shape stays [N, C, H, W] in both, so
+// every op reads a channels-last tensor correctly through its strides; the format only decides
+// speed, and which format an op's result takes:
+//  - elementwise ops (arithmetic, activations, their backwards, dtype conversions) give their
+//    result the format of their first operand of the result's shape (result_format), so a
+//    channels-last activation stays channels-last through ReLU, residual adds and autocast;
+//  - batch norm, the pools and the convolutions keep their input's format, and their input
+//    gradients take it too (cuDNN runs NHWC for a channels-last input);
+//  - everything else (reductions, views, clone(), contiguous(), copies to another device, the
+//    factories) gives kContiguous unless told otherwise.
+// The loops under the elementwise ops (cpu::plan_loop) visit dims in the output's memory
+// order, so a channels-last map is one flat pass as a contiguous one is. A choice made here:
+// empty_like gives kContiguous (PyTorch's preserves), because loom's kernels allocate with it
+// and read the result as row-major; empty_like_format asks for the input's format.
+
+Shape format_strides(const Shape& shape, MemoryFormat format) {
+  if (format == MemoryFormat::kContiguous) return contiguous_strides(shape);
+  LOOM_CHECK(shape.size() == 4, ShapeError,
+             "channels_last: expected a 4-D shape [N, C, H, W]; got shape=", shape);
+  const auto extent = [&](size_t d) { return std::max<int64_t>(shape[d], 1); };
+  const int64_t c = extent(1), w = extent(3);
+  return {c * extent(2) * w, 1, w * c, c};
+}
+
+MemoryFormat suggest_memory_format(const Tensor& t) {
+  if (t.dim() != 4 || !t.is_contiguous(MemoryFormat::kChannelsLast))
+    return MemoryFormat::kContiguous;
+  if (!t.is_contiguous()) return MemoryFormat::kChannelsLast;
+  // Dense in both orders (C = 1, or H = W = 1): only the strides of the size-1 dims can tell,
+  // and they read as channels-last when they are exactly what format_strides gives it.
+  const Shape& st = t.strides();
+  return st == format_strides(t.sizes(), MemoryFormat::kChannelsLast) &&
+                 st != contiguous_strides(t.sizes())
+             ? MemoryFormat::kChannelsLast
+             : MemoryFormat::kContiguous;
+}
+
+MemoryFormat result_format(const Shape& shape, std::initializer_list<Tensor> operands) {
+  for (const Tensor& t : operands)
+    if (t.defined() && t.sizes() == shape) return suggest_memory_format(t);
+  return MemoryFormat::kContiguous;
+}
+
+std::ostream& operator<<(std::ostream& os, MemoryFormat format) {
+  return os << (format == MemoryFormat::kChannelsLast ? "channels_last" : "contiguous");
+}
+
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
   const int64_t lo = ndim == 0 ? -1 : -ndim, hi = ndim == 0 ? 0 : ndim - 1;
   LOOM_CHECK(dim >= lo && dim <= hi, IndexError, op, ": dim ", dim,
@@ -239,6 +288,18 @@ bool Tensor::is_contiguous() const {
     if (sizes()[i] == 1) continue;
     if (strides()[i] != expected) return false;
     expected *= sizes()[i];
+  }
+  return true;
+}
+
+bool Tensor::is_contiguous(MemoryFormat format) const {
+  if (format == MemoryFormat::kContiguous) return is_contiguous();
+  if (dim() != 4) return false;
+  int64_t expected = 1;
+  for (int64_t d : {1, 3, 2, 0}) {  // innermost first: C, W, H, N
+    if (sizes()[d] == 1) continue;
+    if (strides()[d] != expected) return false;
+    expected *= sizes()[d];
   }
   return true;
 }

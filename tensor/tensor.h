@@ -30,6 +30,13 @@ struct AutogradMeta;  // defined in autograd/; tensor/ only carries the pointer
 
 using Shape = std::vector<int64_t>;
 
+// How the elements of a 4-D [N, C, H, W] tensor lie in memory (Note [Memory formats],
+// tensor/tensor.cpp). kContiguous: row-major, W innermost. kChannelsLast: the order N, H, W, C,
+// C innermost (PyTorch's torch.channels_last), the layout cuDNN's tensor-core convolutions
+// prefer. Only 4-D tensors can be channels-last; every other tensor is kContiguous.
+enum class MemoryFormat { kContiguous, kChannelsLast };
+std::ostream& operator<<(std::ostream& os, MemoryFormat format);
+
 struct TensorImpl {
   Storage storage;
   Shape sizes;
@@ -64,6 +71,8 @@ class Tensor {
   size_t itemsize() const { return loom::itemsize(dtype()); }
   size_t nbytes() const { return static_cast<size_t>(numel()) * itemsize(); }
   bool is_contiguous() const;
+  // Dense in `format`'s order (size-1 dims may have any stride, as in is_contiguous()).
+  bool is_contiguous(MemoryFormat format) const;
   const Storage& storage() const { return impl().storage; }
   bool is_alias_of(const Tensor& other) const { return storage() == other.storage(); }
 
@@ -129,6 +138,7 @@ class Tensor {
   Tensor unsqueeze(int64_t dim) const;
   Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
   Tensor contiguous() const;
+  Tensor contiguous(MemoryFormat format) const;  // itself when already in that format
   Tensor operator[](int64_t index) const { return select(0, index); }
 
   // --- conversions ---
@@ -180,6 +190,18 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t);
 // --- shape helpers used across loom ---
 int64_t shape_numel(const Shape& shape);
 Shape contiguous_strides(const Shape& shape);
+// The strides of a dense `shape` stored in `format`; ShapeError when kChannelsLast meets a
+// shape that is not 4-D.
+Shape format_strides(const Shape& shape, MemoryFormat format);
+// kChannelsLast for a 4-D tensor dense in channels-last order and not in row-major order;
+// kContiguous otherwise. A tensor with C = 1 or H = W = 1 is dense in both: it reads as
+// channels-last only when its strides are exactly format_strides(sizes, kChannelsLast) (what
+// contiguous(kChannelsLast) makes of it), as PyTorch tells the two apart.
+MemoryFormat suggest_memory_format(const Tensor& t);
+// The format of an op's result of `shape` computed elementwise from `operands`, as PyTorch's
+// TensorIterator chooses it for these two formats: the first defined operand of the result's
+// shape decides (its suggest_memory_format); kContiguous when none has that shape.
+MemoryFormat result_format(const Shape& shape, std::initializer_list<Tensor> operands);
 // Wraps a possibly negative dim into [0, ndim); IndexError names the op otherwise.
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op);
 // NumPy broadcasting of two shapes; ShapeError names the op and both shapes.
@@ -187,10 +209,14 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 
 // --- factories (tensor/factory.cpp) ---
 Tensor empty(const Shape& shape, DType dtype = kFloat32, Device device = kCPU);
+// A dense tensor stored in `format` (see format_strides).
+Tensor empty(const Shape& shape, DType dtype, Device device, MemoryFormat format);
 Tensor zeros(const Shape& shape, DType dtype = kFloat32, Device device = kCPU);
 Tensor ones(const Shape& shape, DType dtype = kFloat32, Device device = kCPU);
 Tensor full(const Shape& shape, double value, DType dtype = kFloat32, Device device = kCPU);
-Tensor empty_like(const Tensor& t);
+Tensor empty_like(const Tensor& t);  // contiguous, whatever t's format (see empty_like_format)
+// An empty tensor of t's shape, dtype and device in t's suggest_memory_format.
+Tensor empty_like_format(const Tensor& t);
 Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);
 Tensor full_like(const Tensor& t, double value);

@@ -100,6 +100,13 @@ Tensor contiguous(const Tensor& x) {
                 [](const Grads& dout, Saved&, Grads& g) { g[0] = dout[0]; });
 }
 
+Tensor contiguous(const Tensor& x, MemoryFormat format) {
+  Tensor y = k::contiguous(x, format);
+  if (y.is_same(x)) return x;
+  return record("contiguous", std::move(y), {x}, {},
+                [](const Grads& dout, Saved&, Grads& g) { g[0] = dout[0]; });
+}
+
 Tensor clone(const Tensor& x) {
   return record("clone", k::clone(x), {x}, {},
                 [](const Grads& dout, Saved&, Grads& g) { g[0] = dout[0]; });

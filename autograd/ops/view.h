@@ -20,6 +20,7 @@ Tensor squeeze(const Tensor& x, int64_t dim);
 Tensor unsqueeze(const Tensor& x, int64_t dim);
 Tensor flatten(const Tensor& x, int64_t start_dim = 0, int64_t end_dim = -1);
 Tensor contiguous(const Tensor& x);
+Tensor contiguous(const Tensor& x, MemoryFormat format);  // channels-last: Note [Memory formats]
 Tensor clone(const Tensor& x);
 Tensor to(const Tensor& x, DType dtype);
 Tensor to(const Tensor& x, Device device);

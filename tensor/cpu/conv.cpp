@@ -787,7 +787,8 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
       conv2d_forward<T, Im2colEngine>(g, s, xc.data_ptr<T>(), wc.data_ptr<T>(), b,
                                       out.data_ptr<T>());
   });
-  return out;
+  // The engines work in NCHW; a channels-last x gets a channels-last result, as on cuDNN.
+  return contiguous(out, suggest_memory_format(x));
 }
 
 Conv2dGrads conv2d_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
@@ -806,7 +807,9 @@ Conv2dGrads conv2d_backward(const Tensor& dout, const Tensor& x, const Tensor& w
     return grads;
   }
   // The kernels write every element; an empty batch leaves zeros.
-  const auto make = dout.numel() == 0 ? zeros : empty;
+  const auto make = [zero = dout.numel() == 0](const Shape& shape, DType dtype, Device device) {
+    return zero ? zeros(shape, dtype, device) : empty(shape, dtype, device);
+  };
   Conv2dGrads grads;
   if (needs[0]) grads.dx = make(x.sizes(), x.dtype(), x.device());
   if (needs[1]) grads.dweight = make(weight.sizes(), x.dtype(), x.device());
@@ -824,6 +827,7 @@ Conv2dGrads conv2d_backward(const Tensor& dout, const Tensor& x, const Tensor& w
       conv2d_backward_all<T, Im2colEngine>(g, dc.data_ptr<T>(), xc.data_ptr<T>(), wc.data_ptr<T>(),
                                            ptr(grads.dx), ptr(grads.dweight), ptr(grads.dbias));
   });
+  if (grads.dx.defined()) grads.dx = contiguous(grads.dx, suggest_memory_format(x));  // x's format
   return grads;
 }
 

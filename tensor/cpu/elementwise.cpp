@@ -33,7 +33,7 @@ Tensor binary(const char* op, const Tensor& a, const Tensor& b, DType compute, F
   cpu_only(op, {a, b});
   const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), op);
   const Tensor ac = to_dtype(a, compute), bc = to_dtype(b, compute);
-  Tensor out = empty(shape, kCompare ? kBool : compute, a.device());
+  Tensor out = empty(shape, kCompare ? kBool : compute, a.device(), result_format(shape, {a, b}));
   dispatch_numeric(compute, op, [&]<typename T>() {
     using Out = std::conditional_t<kCompare, bool, T>;
     cpu::map<Out, T>(
@@ -56,7 +56,7 @@ Tensor compare(const char* op, const Tensor& a, const Tensor& b, F f) {
 template <typename F>
 Tensor unary_float(const char* op, const Tensor& x, F f) {
   cpu_only(op, {x});
-  Tensor out = empty(x.sizes(), x.dtype(), x.device());
+  Tensor out = empty_like_format(x);
   dispatch_floating(x.dtype(), op, [&]<typename T>() { cpu::map<T, T>(out, f, x); });
   return out;
 }
@@ -65,7 +65,7 @@ Tensor unary_float(const char* op, const Tensor& x, F f) {
 template <typename F>
 Tensor unary_numeric(const char* op, const Tensor& x, F f) {
   cpu_only(op, {x});
-  Tensor out = empty(x.sizes(), x.dtype(), x.device());
+  Tensor out = empty_like_format(x);
   dispatch_numeric(x.dtype(), op, [&]<typename T>() {
     cpu::map<T, T>(
         out, [&](T v) { return static_cast<T>(f(v)); }, x);
@@ -79,8 +79,8 @@ Tensor backward_binary(const char* op, const Tensor& dout, const Tensor& saved, 
   cpu_only(op, {dout, saved});
   LOOM_CHECK(dout.dtype() == saved.dtype(), DTypeError, op, ": gradient is ", dout.dtype(),
              " but the saved tensor is ", saved.dtype());
-  Tensor out =
-      empty(broadcast_shapes(dout.sizes(), saved.sizes(), op), dout.dtype(), dout.device());
+  const Shape shape = broadcast_shapes(dout.sizes(), saved.sizes(), op);
+  Tensor out = empty(shape, dout.dtype(), dout.device(), result_format(shape, {dout, saved}));
   dispatch_floating(dout.dtype(), op, [&]<typename T>() { cpu::map<T, T>(out, f, dout, saved); });
   return out;
 }
@@ -96,7 +96,7 @@ Tensor with_scalar(const char* op, const Tensor& a, double s, F f) {
   cpu_only(op, {a});
   const DType t = scalar_result(a, s);
   const Tensor ac = to_dtype(a, t);
-  Tensor out = empty(a.sizes(), t, a.device());
+  Tensor out = empty(a.sizes(), t, a.device(), suggest_memory_format(a));
   dispatch_numeric(t, op, [&]<typename T>() {
     const T v = static_cast<T>(s);
     cpu::map<T, T>(
@@ -108,7 +108,7 @@ Tensor with_scalar(const char* op, const Tensor& a, double s, F f) {
 template <typename F>
 Tensor compare_scalar(const char* op, const Tensor& a, double s, F f) {
   cpu_only(op, {a});
-  Tensor out = empty(a.sizes(), kBool, a.device());
+  Tensor out = empty(a.sizes(), kBool, a.device(), suggest_memory_format(a));
   dispatch_numeric(a.dtype(), op, [&]<typename T>() {
     cpu::map<bool, T>(
         out, [&](T x) { return f(static_cast<double>(x), s); }, a);
@@ -337,7 +337,7 @@ Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
       broadcast_shapes(broadcast_shapes(condition.sizes(), a.sizes(), "where"), b.sizes(), "where");
   const DType t = promote_types(a.dtype(), b.dtype());
   const Tensor ac = to_dtype(a, t), bc = to_dtype(b, t), cc = to_dtype(condition, t);
-  Tensor out = empty(shape, t, a.device());
+  Tensor out = empty(shape, t, a.device(), result_format(shape, {condition, a, b}));
   dispatch_numeric(t, "where", [&]<typename T>() {
     cpu::map<T, T>(
         out, [](T c, T x, T y) { return c != T(0) ? x : y; }, cc, ac, bc);

@@ -3,13 +3,16 @@
 //   cpu::map<float, float>(out, [](float a, float b) { return a + b; }, a, b);
 //
 // The output and inputs are viewed over the output's shape (a broadcast input has stride 0 in
-// the dims it repeats); adjacent dims that are contiguous for every operand are merged, so the
-// common cases (all contiguous, or a broadcast row) become one flat loop the compiler
-// vectorises. Large loops are split over OpenMP threads by outer index.
+// the dims it repeats), dims taken in the output's memory order; adjacent dims that are
+// contiguous for every operand are merged, so the common cases (all contiguous, all
+// channels-last, or a broadcast row) become one flat loop the compiler vectorises. Large loops are
+// split over OpenMP threads by outer index.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
+#include <numeric>
 #include <vector>
 
 #include "tensor/parallel.h"
@@ -33,10 +36,18 @@ struct LoopPlan {
   std::array<Shape, N> strides;
 };
 
+// Dims are visited in operand 0's memory order, outermost first (a stable sort by its strides,
+// descending), so that an output stored channels-last, or in any other dense order, merges
+// into one flat loop as a contiguous one does (Note [Memory formats]). A row-major output keeps
+// the row-major order.
 template <size_t N>
 LoopPlan<N> plan_loop(const Shape& shape, const std::array<Shape, N>& strides) {
+  std::vector<size_t> order(shape.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return strides[0][a] > strides[0][b]; });
   LoopPlan<N> plan;
-  for (size_t d = 0; d < shape.size(); ++d) {
+  for (const size_t d : order) {
     if (shape[d] == 1) continue;  // size-1 dims do not move any pointer
     bool merge = !plan.sizes.empty();
     for (size_t k = 0; merge && k < N; ++k)

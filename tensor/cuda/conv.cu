@@ -20,8 +20,8 @@ namespace loom::cuda {
 
 // Note [conv2d on cuDNN]
 //   Legend: N batch, C in channels, O out channels, kh x kw kernel, Ho x Wo output.
-//   Layout: a contiguous x runs as NCHW; an x that is dense with channels innermost (PyTorch's
-//   channels_last strides) runs as NHWC, except in float64, where cuDNN has few NHWC kernels.
+//   Layout: a contiguous x runs as NCHW; a channels-last x (suggest_memory_format, Note
+//   [Memory formats]) runs as NHWC, except in float64, where cuDNN has few NHWC kernels.
 //   The weight, and dout in the backward, are brought to the same layout (for NHWC the weight
 //   is KRSC: [O, kh, kw, C/g] in memory), copied only when they are not already. The output and
 //   dx come back in x's layout, as PyTorch does; dweight and dbias are always contiguous. An
@@ -63,35 +63,26 @@ const char* direction_name(Direction direction) {
 
 // ---------------------------------------------------------------- layouts
 
-// Dense with strides [H W C, 1, W C, C] (size-1 dims may have any stride).
-bool dense_nhwc(const Tensor& t) {
-  int64_t expected = 1;
-  for (const int64_t d : {1, 3, 2, 0}) {
-    if (t.size(d) == 1) continue;
-    if (t.stride(d) != expected) return false;
-    expected *= t.size(d);
-  }
-  return true;
-}
-
 bool aligned16(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data()) % 16 == 0; }
 
+MemoryFormat format_of(Layout layout) {
+  return layout == Layout::kNHWC ? MemoryFormat::kChannelsLast : MemoryFormat::kContiguous;
+}
+
 Layout choose_layout(const Tensor& x) {
-  if (x.dtype() != kFloat64 && !x.is_contiguous() && dense_nhwc(x)) return Layout::kNHWC;
+  if (x.dtype() != kFloat64 && suggest_memory_format(x) == MemoryFormat::kChannelsLast)
+    return Layout::kNHWC;
   return Layout::kNCHW;
 }
 
-// A new [d0, d1, d2, d3] tensor stored in `layout` (NHWC: a permuted view of [d0, d2, d3, d1]).
+// A new [d0, d1, d2, d3] tensor stored in `layout` (NHWC: channels-last strides).
 Tensor empty_in(const Shape& shape, DType dtype, Device device, Layout layout) {
-  if (layout == Layout::kNCHW) return empty(shape, dtype, device);
-  return kernels::permute(empty({shape[0], shape[2], shape[3], shape[1]}, dtype, device),
-                          {0, 3, 1, 2});
+  return empty(shape, dtype, device, format_of(layout));
 }
 
 // t itself when it is dense in `layout` and 16-byte aligned, else such a copy.
 Tensor in_layout(const Tensor& t, Layout layout) {
-  const bool dense = layout == Layout::kNCHW ? t.is_contiguous() : dense_nhwc(t);
-  if (dense && aligned16(t)) return t;
+  if (t.is_contiguous(format_of(layout)) && aligned16(t)) return t;
   Tensor out = empty_in(t.sizes(), t.dtype(), t.device(), layout);
   kernels::copy_(out, t);
   return out;

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "tensor/checks.h"
+#include "tensor/copy.h"
 #include "tensor/cuda/copy.h"
 #include "tensor/cuda/elementwise.h"
 #include "tensor/cuda/loops.cuh"
@@ -88,21 +89,13 @@ int device_of(const char* op, std::initializer_list<Tensor> tensors) {
   return d.index;
 }
 
-// x converted to dtype on its device (x itself when already of that dtype).
-Tensor converted(const Tensor& x, DType dtype) {
-  if (x.dtype() == dtype) return x;
-  Tensor out = empty(x.sizes(), dtype, x.device());
-  copy_(out, x);
-  return out;
-}
-
 // out = f(a, b) over the broadcast shape, computing in `compute`; bool output for comparisons.
 template <bool kCompare, typename F>
 Tensor binary(const char* op, const Tensor& a, const Tensor& b, DType compute, const F& f) {
   DeviceGuard guard(device_of(op, {a, b}));
   const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), op);
-  const Tensor ac = converted(a, compute), bc = converted(b, compute);
-  Tensor out = empty(shape, kCompare ? kBool : compute, a.device());
+  const Tensor ac = kernels::to_dtype(a, compute), bc = kernels::to_dtype(b, compute);
+  Tensor out = empty(shape, kCompare ? kBool : compute, a.device(), result_format(shape, {a, b}));
   dispatch_numeric(compute, op, [&]<typename T>() {
     using Out = std::conditional_t<kCompare, bool, T>;
     gpu_map<Out, T>(op, out, f, ac, bc);
@@ -124,7 +117,7 @@ Tensor compare(const char* op, const Tensor& a, const Tensor& b, const F& f) {
 template <typename F>
 Tensor unary_float(const char* op, const Tensor& x, const F& f) {
   DeviceGuard guard(device_of(op, {x}));
-  Tensor out = empty(x.sizes(), x.dtype(), x.device());
+  Tensor out = empty_like_format(x);
   dispatch_floating(x.dtype(), op, [&]<typename T>() { gpu_map<T, T>(op, out, f, x); });
   return out;
 }
@@ -133,7 +126,7 @@ Tensor unary_float(const char* op, const Tensor& x, const F& f) {
 template <typename F>
 Tensor unary_numeric(const char* op, const Tensor& x, const F& f) {
   DeviceGuard guard(device_of(op, {x}));
-  Tensor out = empty(x.sizes(), x.dtype(), x.device());
+  Tensor out = empty_like_format(x);
   dispatch_numeric(x.dtype(), op, [&]<typename T>() { gpu_map<T, T>(op, out, f, x); });
   return out;
 }
@@ -144,8 +137,8 @@ Tensor backward_binary(const char* op, const Tensor& dout, const Tensor& saved, 
   DeviceGuard guard(device_of(op, {dout, saved}));
   LOOM_CHECK(dout.dtype() == saved.dtype(), DTypeError, op, ": gradient is ", dout.dtype(),
              " but the saved tensor is ", saved.dtype());
-  Tensor out =
-      empty(broadcast_shapes(dout.sizes(), saved.sizes(), op), dout.dtype(), dout.device());
+  const Shape shape = broadcast_shapes(dout.sizes(), saved.sizes(), op);
+  Tensor out = empty(shape, dout.dtype(), dout.device(), result_format(shape, {dout, saved}));
   dispatch_floating(dout.dtype(), op,
                     [&]<typename T>() { gpu_map<T, T>(op, out, f, dout, saved); });
   return out;
@@ -161,8 +154,8 @@ template <typename F>
 Tensor with_scalar(const char* op, const Tensor& a, double s, const F& f) {
   DeviceGuard guard(device_of(op, {a}));
   const DType t = scalar_result(a, s);
-  const Tensor ac = converted(a, t);
-  Tensor out = empty(a.sizes(), t, a.device());
+  const Tensor ac = kernels::to_dtype(a, t);
+  Tensor out = empty(a.sizes(), t, a.device(), suggest_memory_format(a));
   dispatch_numeric(t, op, [&]<typename T>() {
     gpu_map<T, T>(op, out, BindScalar<F, T>{f, static_cast<T>(s)}, ac);
   });
@@ -172,7 +165,7 @@ Tensor with_scalar(const char* op, const Tensor& a, double s, const F& f) {
 template <typename F>
 Tensor compare_scalar(const char* op, const Tensor& a, double s, const F& f) {
   DeviceGuard guard(device_of(op, {a}));
-  Tensor out = empty(a.sizes(), kBool, a.device());
+  Tensor out = empty(a.sizes(), kBool, a.device(), suggest_memory_format(a));
   dispatch_numeric(a.dtype(), op, [&]<typename T>() {
     gpu_map<bool, T>(op, out, CompareScalar<F, T>{f, s}, a);
   });
@@ -185,7 +178,7 @@ void inplace_binary(const char* op, const Tensor& self, const Tensor& other, con
   DeviceGuard guard(device_of(op, {self, other}));
   LOOM_CHECK(broadcast_shapes(self.sizes(), other.sizes(), op) == self.sizes(), ShapeError, op,
              ": cannot broadcast other=", other.sizes(), " into self=", self.sizes());
-  const Tensor oc = converted(other, self.dtype());
+  const Tensor oc = kernels::to_dtype(other, self.dtype());
   self.bump_version();
   dispatch_numeric(self.dtype(), op, [&]<typename T>() { gpu_map<T, T>(op, self, f, self, oc); });
 }
@@ -210,7 +203,7 @@ void inplace_ternary(const char* op, const Tensor& self, const Tensor& a, const 
     LOOM_CHECK(broadcast_shapes(self.sizes(), t->sizes(), op) == self.sizes(), ShapeError, op,
                ": cannot broadcast ", t == &a ? "tensor1=" : "tensor2=", t->sizes(),
                " into self=", self.sizes());
-  const Tensor ac = converted(a, self.dtype()), bc = converted(b, self.dtype());
+  const Tensor ac = kernels::to_dtype(a, self.dtype()), bc = kernels::to_dtype(b, self.dtype());
   self.bump_version();
   dispatch_floating(self.dtype(), op,
                     [&]<typename T>() { gpu_map<T, T>(op, self, f, self, ac, bc); });
@@ -264,7 +257,7 @@ Tensor rsub_scalar(const Tensor& a, double b) {
   return with_scalar("rsub", a, b, [] __device__(auto x, auto v) { return v - x; });
 }
 Tensor div_scalar(const Tensor& a, double b) {
-  const Tensor af = is_floating(a.dtype()) ? a : converted(a, kFloat32);
+  const Tensor af = is_floating(a.dtype()) ? a : kernels::to_dtype(a, kFloat32);
   return with_scalar("div", af, b, [] __device__(auto x, auto v) { return x / v; });
 }
 Tensor pow_scalar(const Tensor& a, double exponent) {
@@ -383,8 +376,8 @@ Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
   const Shape shape =
       broadcast_shapes(broadcast_shapes(condition.sizes(), a.sizes(), "where"), b.sizes(), "where");
   const DType t = promote_types(a.dtype(), b.dtype());
-  const Tensor ac = converted(a, t), bc = converted(b, t);
-  Tensor out = empty(shape, t, a.device());
+  const Tensor ac = kernels::to_dtype(a, t), bc = kernels::to_dtype(b, t);
+  Tensor out = empty(shape, t, a.device(), result_format(shape, {condition, a, b}));
   // The condition is read as bool (the CPU converts it to T and tests != 0: the same).
   const auto select = [] __device__(bool c, auto x, auto y) { return c ? x : y; };
   dispatch_numeric(t, "where", [&]<typename T>() {

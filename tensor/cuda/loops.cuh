@@ -12,8 +12,9 @@
 // Note [CUDA elementwise loops]
 // How a map becomes threads:
 //  1. On the host, every operand is viewed over out's shape (stride 0 in the dims an input
-//     repeats), size-1 dims are dropped and adjacent dims that are contiguous for every operand
-//     are merged (cpu::plan_loop, the same rule as the CPU loop).
+//     repeats), size-1 dims are dropped, the rest are taken in out's memory order, and adjacent
+//     dims that are contiguous for every operand are merged (cpu::plan_loop, the same rule as
+//     the CPU loop; all-channels-last operands thus take the flat kernel).
 //  2. Flat kernel: when a single dim remains and every stride is 1 (every operand contiguous in
 //     out's order), thread t of the grid takes elements 4t..4t+3, then 4(t+G).. (a grid-stride
 //     loop, G threads in the grid), loaded and stored as one aligned 4-element vector per

@@ -18,7 +18,8 @@
 namespace loom::cuda {
 
 // Note [CUDA channel sums]
-// Channel c of x [N, C, S] holds the N S values at (b C + c) S + s, numbered k = b S + s. Blocks
+// Channel c of x [N, C, S] holds the N S values at (b C + c) S + s, numbered k = b S + s. A
+// channels-last x is [N S, C, 1] in these terms (ChannelLayout::stored), read in place. Blocks
 // (tx, ty) take K sums per channel: tx channels side by side, ty threads per channel taking the
 // values k = y, y + ty, ... of the block's chunk. With S >= 16 a block serves one channel
 // (tx = 1, ty = 256: neighbouring threads read neighbouring s); with a smaller S it serves up to
@@ -527,13 +528,15 @@ void update_running(const char* op, const Tensor& running, const Tensor& stat, d
 kernels::BatchNormSums batch_norm_sums(const Tensor& x) {
   const char* op = "batch_norm_sums";
   const ChannelShape l = kernels::channel_layout(op, x);
+  const MemoryFormat format = suggest_memory_format(x);
+  const ChannelShape mem = l.stored(format);  // the kernels walk x's memory
   DeviceGuard guard(x.device().index);
   kernels::BatchNormSums out{empty({l.c}, kFloat64, x.device()), empty({l.c}, kFloat64, x.device()),
                              l.count()};
   dispatch_floating(x.dtype(), op, [&]<typename T>() {
-    const Tensor xc = contiguous_as(x, x.dtype());
+    const Tensor xc = contiguous_as(x, x.dtype(), format);
     channel_sums<2>(SumAndSquares<T>{xc.data_ptr<T>()},
-                    WriteSums{out.sum.data_ptr<double>(), out.sum_sq.data_ptr<double>()}, l, x,
+                    WriteSums{out.sum.data_ptr<double>(), out.sum_sq.data_ptr<double>()}, mem, x,
                     "batch_norm_sums_kernel");
   });
   return out;
@@ -560,13 +563,15 @@ kernels::BatchNormStats batch_norm_stats_from_sums(const Tensor& sum, const Tens
 kernels::BatchNormStats batch_norm_stats(const Tensor& x, double eps) {
   const char* op = "batch_norm_stats";
   const ChannelShape l = kernels::channel_layout(op, x);
+  const MemoryFormat format = suggest_memory_format(x);
+  const ChannelShape mem = l.stored(format);  // the kernels walk x's memory
   DeviceGuard guard(x.device().index);
   kernels::BatchNormStats out{empty({l.c}, x.dtype(), x.device()),
                               empty({l.c}, x.dtype(), x.device()),
                               empty({l.c}, x.dtype(), x.device()), l.count()};
   dispatch_floating(x.dtype(), op, [&]<typename T>() {
-    const Tensor xc = contiguous_as(x, x.dtype());
-    channel_moments<T>(xc, l, eps, out, nullptr, nullptr, nullptr, nullptr,
+    const Tensor xc = contiguous_as(x, x.dtype(), format);
+    channel_moments<T>(xc, mem, eps, out, nullptr, nullptr, nullptr, nullptr,
                        "batch_norm_stats_kernel");
   });
   return out;
@@ -609,21 +614,23 @@ Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invst
                         const Tensor& weight, const Tensor& bias) {
   const char* op = "batch_norm_elemt";
   const ChannelShape l = kernels::channel_layout(op, x);
+  const MemoryFormat format = suggest_memory_format(x);
+  const ChannelShape mem = l.stored(format);  // the kernels walk x's memory
   DeviceGuard guard(x.device().index);
   const Tensor m = channel_vector(mean, x.dtype());
   const Tensor is = channel_vector(invstd, x.dtype());
   const Tensor w = channel_vector(weight, x.dtype());
   const Tensor b = channel_vector(bias, x.dtype());
-  Tensor y = empty(x.sizes(), x.dtype(), x.device());
+  Tensor y = empty(x.sizes(), x.dtype(), x.device(), format);
   dispatch_floating(x.dtype(), op, [&]<typename T>() {
-    const Tensor xc = contiguous_as(x, x.dtype());
+    const Tensor xc = contiguous_as(x, x.dtype(), format);
     const Tensor coef = empty({2, l.c}, x.dtype(), x.device());
     T* scale = coef.data_ptr<T>();
     T* shift = scale + l.c;
     run_each(ScaleShift<T>{m.data_ptr<T>(), is.data_ptr<T>(), ptr_or_null<T>(w), ptr_or_null<T>(b),
                            scale, shift},
              l.c, x, "batch_norm_elemt_kernel");
-    channel_map(Affine<T>{xc.data_ptr<T>(), scale, shift, y.data_ptr<T>()}, l, x,
+    channel_map(Affine<T>{xc.data_ptr<T>(), scale, shift, y.data_ptr<T>()}, mem, x,
                 "batch_norm_elemt_kernel");
   });
   return y;
@@ -635,21 +642,23 @@ std::pair<Tensor, kernels::BatchNormStats> batch_norm_forward_train(const Tensor
                                                                     double eps) {
   const char* op = "batch_norm";
   const ChannelShape l = kernels::channel_layout(op, x);
+  const MemoryFormat format = suggest_memory_format(x);
+  const ChannelShape mem = l.stored(format);  // the kernels walk x's memory
   DeviceGuard guard(x.device().index);
   const Tensor w = channel_vector(weight, x.dtype());
   const Tensor b = channel_vector(bias, x.dtype());
-  Tensor y = empty(x.sizes(), x.dtype(), x.device());
+  Tensor y = empty(x.sizes(), x.dtype(), x.device(), format);
   kernels::BatchNormStats stats{empty({l.c}, x.dtype(), x.device()),
                                 empty({l.c}, x.dtype(), x.device()),
                                 empty({l.c}, x.dtype(), x.device()), l.count()};
   dispatch_floating(x.dtype(), op, [&]<typename T>() {
-    const Tensor xc = contiguous_as(x, x.dtype());
+    const Tensor xc = contiguous_as(x, x.dtype(), format);
     const Tensor coef = empty({2, l.c}, x.dtype(), x.device());
     T* scale = coef.data_ptr<T>();
     T* shift = scale + l.c;
-    channel_moments<T>(xc, l, eps, stats, ptr_or_null<T>(w), ptr_or_null<T>(b), scale, shift,
+    channel_moments<T>(xc, mem, eps, stats, ptr_or_null<T>(w), ptr_or_null<T>(b), scale, shift,
                        "batch_norm_kernel");
-    channel_map(Affine<T>{xc.data_ptr<T>(), scale, shift, y.data_ptr<T>()}, l, x,
+    channel_map(Affine<T>{xc.data_ptr<T>(), scale, shift, y.data_ptr<T>()}, mem, x,
                 "batch_norm_kernel");
   });
   return {y, stats};
@@ -661,19 +670,22 @@ std::pair<Tensor, Tensor> batch_norm_backward_reduce(const Tensor& dy, const Ten
                                                      const Tensor& mean, const Tensor& invstd) {
   const char* op = "batch_norm_backward_reduce";
   const ChannelShape l = kernels::channel_layout(op, x);
+  const MemoryFormat format = suggest_memory_format(x);
+  const ChannelShape mem = l.stored(format);  // the kernels walk x's memory
   DeviceGuard guard(x.device().index);
   const Tensor m = channel_vector(mean, x.dtype());
   const Tensor is = channel_vector(invstd, x.dtype());
   Tensor sum_dy = empty({l.c}, x.dtype(), x.device());
   Tensor sum_dy_xhat = empty({l.c}, x.dtype(), x.device());
   dispatch_floating(x.dtype(), op, [&]<typename T>() {
-    const Tensor xc = contiguous_as(x, x.dtype()), dyc = contiguous_as(dy, x.dtype());
+    const Tensor xc = contiguous_as(x, x.dtype(), format),
+                 dyc = contiguous_as(dy, x.dtype(), format);
     // sum_dy_xhat = invstd sum dy (x - mean): the dweight of BackwardEpilogue, dbias = sum_dy.
     channel_sums<2>(
         GradSums<T>{dyc.data_ptr<T>(), xc.data_ptr<T>(), m.data_ptr<T>()},
         BackwardEpilogue<T>{m.data_ptr<T>(), is.data_ptr<T>(), nullptr, sum_dy_xhat.data_ptr<T>(),
                             sum_dy.data_ptr<T>(), nullptr, true, static_cast<double>(l.count())},
-        l, x, "batch_norm_backward_reduce_kernel");
+        mem, x, "batch_norm_backward_reduce_kernel");
   });
   return {sum_dy, sum_dy_xhat};
 }
@@ -683,22 +695,25 @@ Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor
                                  const Tensor& sum_dy_xhat, int64_t count) {
   const char* op = "batch_norm_backward_elemt";
   const ChannelShape l = kernels::channel_layout(op, x);
+  const MemoryFormat format = suggest_memory_format(x);
+  const ChannelShape mem = l.stored(format);  // the kernels walk x's memory
   DeviceGuard guard(x.device().index);
   const Tensor m = channel_vector(mean, x.dtype());
   const Tensor is = channel_vector(invstd, x.dtype());
   const Tensor w = channel_vector(weight, x.dtype());
   const Tensor sd = channel_vector(sum_dy, kFloat64);
   const Tensor sdx = channel_vector(sum_dy_xhat, kFloat64);
-  Tensor dx = empty(x.sizes(), x.dtype(), x.device());
+  Tensor dx = empty(x.sizes(), x.dtype(), x.device(), format);
   dispatch_floating(x.dtype(), op, [&]<typename T>() {
-    const Tensor xc = contiguous_as(x, x.dtype()), dyc = contiguous_as(dy, x.dtype());
+    const Tensor xc = contiguous_as(x, x.dtype(), format),
+                 dyc = contiguous_as(dy, x.dtype(), format);
     const Tensor coef = empty({l.c, 3}, x.dtype(), x.device());
     run_each(ElemtCoefficients<T>{m.data_ptr<T>(), is.data_ptr<T>(), ptr_or_null<T>(w),
                                   ptr_or_null<double>(sd), ptr_or_null<double>(sdx),
                                   static_cast<double>(count), coef.data_ptr<T>()},
              l.c, x, "batch_norm_backward_elemt_kernel");
     channel_map(
-        LinearDx<T>{dyc.data_ptr<T>(), xc.data_ptr<T>(), coef.data_ptr<T>(), dx.data_ptr<T>()}, l,
+        LinearDx<T>{dyc.data_ptr<T>(), xc.data_ptr<T>(), coef.data_ptr<T>(), dx.data_ptr<T>()}, mem,
         x, "batch_norm_backward_elemt_kernel");
   });
   return dx;
@@ -709,17 +724,20 @@ kernels::NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const 
                                        std::array<bool, 3> need) {
   const char* op = "batch_norm_backward";
   const ChannelShape l = kernels::channel_layout(op, x);
+  const MemoryFormat format = suggest_memory_format(x);
+  const ChannelShape mem = l.stored(format);  // the kernels walk x's memory
   DeviceGuard guard(x.device().index);
   const Tensor m = channel_vector(mean, x.dtype());
   const Tensor is = channel_vector(invstd, x.dtype());
   const Tensor w = channel_vector(weight, x.dtype());
   kernels::NormGrads g;
-  if (need[0]) g.dx = empty(x.sizes(), x.dtype(), x.device());
+  if (need[0]) g.dx = empty(x.sizes(), x.dtype(), x.device(), format);
   if (need[1]) g.dweight = empty({l.c}, x.dtype(), x.device());
   if (need[2]) g.dbias = empty({l.c}, x.dtype(), x.device());
   const bool reduce = (need[0] && training) || need[1] || need[2];
   dispatch_floating(x.dtype(), op, [&]<typename T>() {
-    const Tensor xc = contiguous_as(x, x.dtype()), dyc = contiguous_as(dy, x.dtype());
+    const Tensor xc = contiguous_as(x, x.dtype(), format),
+                 dyc = contiguous_as(dy, x.dtype(), format);
     const Tensor coef = need[0] ? empty({l.c, 3}, x.dtype(), x.device()) : Tensor();
     const BackwardEpilogue<T> epilogue{m.data_ptr<T>(),
                                        is.data_ptr<T>(),
@@ -731,7 +749,7 @@ kernels::NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const 
                                        static_cast<double>(l.count())};
     if (reduce) {
       channel_sums<2>(GradSums<T>{dyc.data_ptr<T>(), xc.data_ptr<T>(), m.data_ptr<T>()}, epilogue,
-                      l, x, "batch_norm_backward_kernel");
+                      mem, x, "batch_norm_backward_kernel");
     } else if (need[0]) {  // eval: constant statistics, no sums
       run_each(ElemtCoefficients<T>{m.data_ptr<T>(), is.data_ptr<T>(), ptr_or_null<T>(w), nullptr,
                                     nullptr, static_cast<double>(l.count()), coef.data_ptr<T>()},
@@ -740,7 +758,7 @@ kernels::NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const 
     if (need[0])
       channel_map(
           LinearDx<T>{dyc.data_ptr<T>(), xc.data_ptr<T>(), coef.data_ptr<T>(), g.dx.data_ptr<T>()},
-          l, x, "batch_norm_backward_kernel");
+          mem, x, "batch_norm_backward_kernel");
   });
   return g;
 }

@@ -643,8 +643,11 @@ Tensor logsumexp(const Tensor& x, const Shape& dims, bool keepdim) {
   return out;
 }
 
-Tensor contiguous_as(const Tensor& x, DType dtype) {
-  return x.dtype() == dtype ? kernels::contiguous(x) : kernels::to_dtype(x, dtype);
+Tensor contiguous_as(const Tensor& x, DType dtype, MemoryFormat format) {
+  if (x.dtype() == dtype) return kernels::contiguous(x, format);
+  Tensor out = empty(x.sizes(), dtype, x.device(), format);  // one copy: converted, made dense
+  kernels::copy_(out, x);
+  return out;
 }
 
 }  // namespace loom::cuda

@@ -25,9 +25,9 @@ Tensor var(const Tensor& x, const Shape& dims = {}, bool unbiased = true, bool k
 Tensor std(const Tensor& x, const Shape& dims = {}, bool unbiased = true, bool keepdim = false);
 Tensor logsumexp(const Tensor& x, const Shape& dims, bool keepdim = false);
 
-// x contiguous and of `dtype` (kernels::contiguous, or kernels::to_dtype, whose copies run on the
-// device): x itself when it already is both. The loss and norm kernels read their inputs
+// x dense in `format` and of `dtype` (one copy on the device, kernels::copy_, when it is not):
+// x itself when it already is both. The loss and norm kernels read their inputs
 // through it.
-Tensor contiguous_as(const Tensor& x, DType dtype);
+Tensor contiguous_as(const Tensor& x, DType dtype, MemoryFormat format = MemoryFormat::kContiguous);
 
 }  // namespace loom::cuda

@@ -18,6 +18,6 @@ Tensor argmin(const Tensor&, std::optional<int64_t>, bool) { built_without_cuda(
 Tensor var(const Tensor&, const Shape&, bool, bool) { built_without_cuda("var"); }
 Tensor std(const Tensor&, const Shape&, bool, bool) { built_without_cuda("std"); }
 Tensor logsumexp(const Tensor&, const Shape&, bool) { built_without_cuda("logsumexp"); }
-Tensor contiguous_as(const Tensor&, DType) { built_without_cuda("contiguous_as"); }
+Tensor contiguous_as(const Tensor&, DType, MemoryFormat) { built_without_cuda("contiguous_as"); }
 
 }  // namespace loom::cuda

@@ -52,6 +52,9 @@ TEST_P(AmpCuda, ProductsAndTheirBackwardMatchTheCpu) {
   }
 }
 
+// One autocast step of a small ResNet on cuda:0 against the CPU, with the batch contiguous and
+// channels-last (cuDNN then runs NHWC, and batch norm, ReLU and the residual adds keep the
+// format: Note [Memory formats]).
 TEST_P(AmpCuda, AResNetStepMatchesTheCpu) {
   LOOM_SKIP_WITHOUT_GPU();
   const DType low = GetParam();
@@ -62,23 +65,36 @@ TEST_P(AmpCuda, AResNetStepMatchesTheCpu) {
   on_gpu->to(kCuda0);
   const Tensor x = randn({4, 3, 32, 32});
   const Tensor y = tensor<int64_t>({1, 5, 9, 0}, {4});
-  auto loss_of = [&](nn::Module& model, Device device) {
+  auto loss_of = [&](nn::Module& model, Device device, MemoryFormat format) {
     autocast::Guard amp(low);
-    return cross_entropy(model.forward(x.to(device)), y.to(device));
+    return cross_entropy(model.forward(x.to(device).contiguous(format)), y.to(device));
   };
-  const Tensor lc = loss_of(*on_cpu, kCPU), lg = loss_of(*on_gpu, kCuda0);
-  EXPECT_EQ(lg.dtype(), kFloat32);
-  EXPECT_NEAR(lg.item(), lc.item(), 5 * tolerance(low));
+  const Tensor lc = loss_of(*on_cpu, kCPU, MemoryFormat::kContiguous);
   lc.backward();
-  lg.backward();
   const NamedTensors pc = on_cpu->named_parameters(), pg = on_gpu->named_parameters();
-  for (size_t i = 0; i < pc.size(); ++i) {
-    EXPECT_EQ(pg[i].second.grad().dtype(), kFloat32) << pg[i].first;
-    const double norm = std::sqrt(sum(mul(pc[i].second.grad(), pc[i].second.grad())).item());
-    const double diff =
-        std::sqrt(sum(pow(sub(pg[i].second.grad().to(kCPU), pc[i].second.grad()), 2.0)).item());
-    EXPECT_LE(diff, 0.1 * norm + 1e-4) << pg[i].first;  // relative to the gradient's size
+  for (const MemoryFormat format : {MemoryFormat::kContiguous, MemoryFormat::kChannelsLast}) {
+    SCOPED_TRACE(detail::str("batch ", format));
+    on_gpu->zero_grad();
+    const Tensor lg = loss_of(*on_gpu, kCuda0, format);
+    EXPECT_EQ(lg.dtype(), kFloat32);
+    EXPECT_NEAR(lg.item(), lc.item(), 5 * tolerance(low));
+    lg.backward();
+    for (size_t i = 0; i < pc.size(); ++i) {
+      EXPECT_EQ(pg[i].second.grad().dtype(), kFloat32) << pg[i].first;
+      const double norm = std::sqrt(sum(mul(pc[i].second.grad(), pc[i].second.grad())).item());
+      const double diff =
+          std::sqrt(sum(pow(sub(pg[i].second.grad().to(kCPU), pc[i].second.grad()), 2.0)).item());
+      EXPECT_LE(diff, 0.1 * norm + 1e-4) << pg[i].first;  // relative to the gradient's size
+    }
   }
+  // The activations stay channels-last from the stem to the last stage.
+  NoGradGuard no_grad;
+  autocast::Guard amp(low);
+  nn::ResNet& r = *on_gpu;
+  Tensor a = r.relu->forward(
+      r.bn1->forward(r.conv1->forward(x.to(kCuda0).contiguous(MemoryFormat::kChannelsLast))));
+  for (const auto& stage : {r.layer1, r.layer2, r.layer3, r.layer4}) a = stage->forward(a);
+  EXPECT_EQ(suggest_memory_format(a), MemoryFormat::kChannelsLast);
 }
 
 INSTANTIATE_TEST_SUITE_P(LowPrecision, AmpCuda, ::testing::Values(kBFloat16, kFloat16),
