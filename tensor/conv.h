@@ -68,15 +68,22 @@ struct Pool2dGeometry {
 Pool2dGeometry pool2d_geometry(const char* op, const Shape& x_shape, const Pool2dOptions& options,
                                bool dilated);
 
-// Returns (values, int64 indices of each maximum within its H*W input plane).
+// The pools keep their input's memory format (Note [Memory formats], tensor/tensor.cpp): the
+// forwards allocate their results in suggest_memory_format(x); the backwards, which see only
+// x's shape, allocate dx in `format` (autograd passes the forward input's).
+
+// Returns (values, int64 indices of each maximum within its H*W input plane: h W + w).
 std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dOptions& options);
-Tensor max_pool2d_backward(const Tensor& dout, const Tensor& indices, const Shape& x_shape);
+Tensor max_pool2d_backward(const Tensor& dout, const Tensor& indices, const Shape& x_shape,
+                           MemoryFormat format = MemoryFormat::kContiguous);
 
 Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& options);
-Tensor avg_pool2d_backward(const Tensor& dout, const Shape& x_shape, const Pool2dOptions& options);
+Tensor avg_pool2d_backward(const Tensor& dout, const Shape& x_shape, const Pool2dOptions& options,
+                           MemoryFormat format = MemoryFormat::kContiguous);
 
 // Output cell i averages input rows [floor(i In / Out), ceil((i+1) In / Out)), likewise columns.
 Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size);
-Tensor adaptive_avg_pool2d_backward(const Tensor& dout, const Shape& x_shape);
+Tensor adaptive_avg_pool2d_backward(const Tensor& dout, const Shape& x_shape,
+                                    MemoryFormat format = MemoryFormat::kContiguous);
 
 }  // namespace loom::kernels

@@ -41,9 +41,10 @@ Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, Pair 
   const k::Pool2dOptions options{kernel, stride, padding, dilation, ceil_mode, true};
   auto [out, indices] = k::max_pool2d(x, options);
   const Shape x_shape = x.sizes();
+  const MemoryFormat x_format = suggest_memory_format(x);  // dx takes x's format
   return record("max_pool2d", out, {x}, {indices},
-                [x_shape](const Grads& dout, Saved& s, Grads& g) {
-                  g[0] = k::max_pool2d_backward(dout[0], s[0], x_shape);
+                [x_shape, x_format](const Grads& dout, Saved& s, Grads& g) {
+                  g[0] = k::max_pool2d_backward(dout[0], s[0], x_shape, x_format);
                 });
 }
 
@@ -55,9 +56,10 @@ Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, bool 
                       count_include_pad);
   const k::Pool2dOptions options{kernel, stride, padding, {1, 1}, ceil_mode, count_include_pad};
   const Shape x_shape = x.sizes();
+  const MemoryFormat x_format = suggest_memory_format(x);
   return record("avg_pool2d", k::avg_pool2d(x, options), {x}, {},
-                [x_shape, options](const Grads& dout, Saved&, Grads& g) {
-                  g[0] = k::avg_pool2d_backward(dout[0], x_shape, options);
+                [x_shape, x_format, options](const Grads& dout, Saved&, Grads& g) {
+                  g[0] = k::avg_pool2d_backward(dout[0], x_shape, options, x_format);
                 });
 }
 
@@ -66,9 +68,10 @@ Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size) {
   if (autocast::needs_float32({x}))
     return adaptive_avg_pool2d(autocast::to_float32(x), output_size);
   const Shape x_shape = x.sizes();
+  const MemoryFormat x_format = suggest_memory_format(x);
   return record("adaptive_avg_pool2d", k::adaptive_avg_pool2d(x, output_size), {x}, {},
-                [x_shape](const Grads& dout, Saved&, Grads& g) {
-                  g[0] = k::adaptive_avg_pool2d_backward(dout[0], x_shape);
+                [x_shape, x_format](const Grads& dout, Saved&, Grads& g) {
+                  g[0] = k::adaptive_avg_pool2d_backward(dout[0], x_shape, x_format);
                 });
 }
 

@@ -1,6 +1,7 @@
 // tensor/cpu/pool.cpp — max, average and adaptive average pooling over NCHW tensors on the CPU,
-// forward and backward, with PyTorch's output sizes and window rules. Each (n, c) plane is
-// independent: threads take contiguous ranges of planes, so the backward needs no atomics.
+// forward and backward, with PyTorch's output sizes and window rules. Results keep the input's
+// memory format (Note [Pooling channels-last on the CPU]). Threads own disjoint parts of the
+// result (planes, rows or images), so the backward needs no atomics.
 
 #include "tensor/cuda/pool.h"
 
@@ -51,13 +52,39 @@ Pool2dGeometry pool2d_geometry(const char* op, const Shape& x, const Pool2dOptio
 
 namespace {
 
-// Runs plane(i) for planes [0, planes) in parallel; `work` is the cost of one plane.
+// Runs unit(i) for i in [0, units) in parallel; `work` is the cost of one unit (an NCHW plane,
+// a channels-last output row or block of channels).
 template <typename F>
-void for_planes(int64_t planes, int64_t work, F&& plane) {
+void for_units(int64_t units, int64_t work, F&& unit) {
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(work, 1));
-  parallel_for(0, planes, grain, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) plane(i);
+  parallel_for(0, units, grain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) unit(i);
   });
+}
+
+// Note [Pooling channels-last on the CPU]
+//   A channels-last input (suggest_memory_format) gets a channels-last output, max pooling's
+//   indices too, and the backwards allocate dx in the format they are given (autograd passes
+//   the forward input's). Those cases run their own loops over [N, H, W, C] memory: the forward
+//   walks each output pixel's window once with the channels innermost (unit stride in x, the
+//   output and the indices), threads taking output rows (n, oh); the backward zeroes dx and
+//   scatters output pixel by output pixel, threads taking (image, block of kChannelBlock
+//   channels) so that no two write the same dx element. Each channel sees the same comparisons
+//   and the same additions in the same order as in the NCHW loops (windows row by row, dx
+//   contributions in ascending (oh, ow)), so both formats give the same bits.
+constexpr int64_t kChannelBlock = 64;
+
+// The (image, channel range) of a channels-last backward unit.
+struct ChannelUnit {
+  int64_t n, c0, c1;
+};
+ChannelUnit channel_unit(int64_t unit, int64_t channels) {
+  const int64_t blocks = (channels + kChannelBlock - 1) / kChannelBlock;
+  const int64_t c0 = unit % blocks * kChannelBlock;
+  return {unit / blocks, c0, std::min(c0 + kChannelBlock, channels)};
+}
+int64_t channel_units(int64_t images, int64_t channels) {
+  return images * ((channels + kChannelBlock - 1) / kChannelBlock);
 }
 
 void check_grad(const char* op, const Tensor& dout, const Shape& x_shape, const Pool2dGeometry& g) {
@@ -97,11 +124,61 @@ int64_t pool_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad
   return out;
 }
 
+namespace {
+
+// max_pool2d of a channels-last x into channels-last out and indices (Note [Pooling
+// channels-last on the CPU]): the NCHW loop's window walk with the channels innermost.
+void max_pool2d_channels_last(const Tensor& x, const Pool2dGeometry& g, const Tensor& out,
+                              const Tensor& indices) {
+  const int64_t channels = x.size(1);
+  dispatch_floating(x.dtype(), "max_pool2d", [&]<typename T>() {
+    const T* src = x.data_ptr<T>();
+    T* dst = out.data_ptr<T>();
+    int64_t* idx = indices.data_ptr<int64_t>();
+    const auto [kh, kw] = g.kernel;
+    const auto [dh, dw] = g.dilation;
+    for_units(x.size(0) * g.ho, g.wo * channels * kh * kw, [&](int64_t row) {
+      const int64_t n = row / g.ho, oh = row % g.ho;
+      const T* image = src + n * g.h * g.w * channels;
+      int64_t h0 = oh * g.stride[0] - g.padding[0];
+      const int64_t h1 = std::min(h0 + (kh - 1) * dh + 1, g.h);
+      while (h0 < 0) h0 += dh;
+      for (int64_t ow = 0; ow < g.wo; ++ow) {
+        int64_t w0 = ow * g.stride[1] - g.padding[1];
+        const int64_t w1 = std::min(w0 + (kw - 1) * dw + 1, g.w);
+        while (w0 < 0) w0 += dw;
+        T* best = dst + (row * g.wo + ow) * channels;
+        int64_t* best_index = idx + (row * g.wo + ow) * channels;
+        std::fill(best, best + channels, -std::numeric_limits<T>::infinity());
+        std::fill(best_index, best_index + channels, h0 < h1 && w0 < w1 ? h0 * g.w + w0 : -1);
+        for (int64_t ih = h0; ih < h1; ih += dh) {
+          for (int64_t iw = w0; iw < w1; iw += dw) {
+            const T* in = image + (ih * g.w + iw) * channels;
+            for (int64_t c = 0; c < channels; ++c) {
+              if (in[c] > best[c] || std::isnan(in[c])) {
+                best[c] = in[c];
+                best_index[c] = ih * g.w + iw;
+              }
+            }
+          }
+        }
+      }
+    });
+  });
+}
+
+}  // namespace
+
 std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dOptions& options) {
   const Pool2dGeometry g = pool2d_geometry("max_pool2d", x.sizes(), options, /*dilated=*/true);
   if (x.is_cuda()) return cuda::max_pool2d(x, options);
-  Tensor out = empty({x.size(0), x.size(1), g.ho, g.wo}, x.dtype(), x.device());
-  Tensor indices = empty(out.sizes(), kInt64, x.device());
+  const MemoryFormat format = suggest_memory_format(x);
+  Tensor out = empty({x.size(0), x.size(1), g.ho, g.wo}, x.dtype(), x.device(), format);
+  Tensor indices = empty(out.sizes(), kInt64, x.device(), format);
+  if (format == MemoryFormat::kChannelsLast) {
+    max_pool2d_channels_last(x, g, out, indices);
+    return {out, indices};
+  }
   const Tensor xc = contiguous(x);
   dispatch_floating(x.dtype(), "max_pool2d", [&]<typename T>() {
     const T* src = xc.data_ptr<T>();
@@ -109,7 +186,7 @@ std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dOptions& optio
     int64_t* idx = indices.data_ptr<int64_t>();
     const auto [kh, kw] = g.kernel;
     const auto [dh, dw] = g.dilation;
-    for_planes(g.planes, g.ho * g.wo * kh * kw, [&](int64_t plane) {
+    for_units(g.planes, g.ho * g.wo * kh * kw, [&](int64_t plane) {
       const T* in = src + plane * g.h * g.w;
       T* o = dst + plane * g.ho * g.wo;
       int64_t* oi = idx + plane * g.ho * g.wo;
@@ -142,8 +219,40 @@ std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dOptions& optio
   return {out, indices};
 }
 
+namespace {
+
+// max_pool2d_backward into a channels-last dx (Note [Pooling channels-last on the CPU]).
+void max_pool2d_backward_channels_last(const Tensor& dout, const Tensor& indices,
+                                       const Tensor& dx) {
+  const Tensor dc = contiguous(dout, MemoryFormat::kChannelsLast);
+  const Tensor ic = contiguous(indices, MemoryFormat::kChannelsLast);
+  const int64_t channels = dx.size(1), in_plane = dx.size(2) * dx.size(3);
+  const int64_t out_plane = dout.size(2) * dout.size(3);
+  dispatch_floating(dout.dtype(), "max_pool2d_backward", [&]<typename T>() {
+    const T* dy = dc.data_ptr<T>();
+    const int64_t* idx = ic.data_ptr<int64_t>();
+    T* d = dx.data_ptr<T>();
+    for_units(channel_units(dx.size(0), channels),
+              (in_plane + out_plane) * std::min(channels, kChannelBlock), [&](int64_t unit) {
+                const auto [n, c0, c1] = channel_unit(unit, channels);
+                T* dimage = d + n * in_plane * channels;
+                for (int64_t p = 0; p < in_plane; ++p)
+                  std::fill(dimage + p * channels + c0, dimage + p * channels + c1, T(0));
+                for (int64_t o = n * out_plane; o < (n + 1) * out_plane; ++o) {
+                  for (int64_t c = c0; c < c1; ++c) {
+                    const int64_t at = idx[o * channels + c];
+                    if (at >= 0 && at < in_plane) dimage[at * channels + c] += dy[o * channels + c];
+                  }
+                }
+              });
+  });
+}
+
+}  // namespace
+
 // dx: each output's gradient added at the input position of its maximum.
-Tensor max_pool2d_backward(const Tensor& dout, const Tensor& indices, const Shape& x_shape) {
+Tensor max_pool2d_backward(const Tensor& dout, const Tensor& indices, const Shape& x_shape,
+                           MemoryFormat format) {
   LOOM_CHECK(x_shape.size() == 4 && dout.dim() == 4 && indices.sizes() == dout.sizes() &&
                  dout.size(0) == x_shape[0] && dout.size(1) == x_shape[1],
              ShapeError, "max_pool2d_backward: dout=", dout.sizes(), " indices=", indices.sizes(),
@@ -151,8 +260,12 @@ Tensor max_pool2d_backward(const Tensor& dout, const Tensor& indices, const Shap
   LOOM_CHECK(indices.dtype() == kInt64, DTypeError,
              "max_pool2d_backward: expected int64 indices; got ", indices.dtype());
   if (on_cuda("max_pool2d_backward", {dout, indices}))
-    return cuda::max_pool2d_backward(dout, indices, x_shape);
-  Tensor dx = empty(x_shape, dout.dtype(), dout.device());
+    return cuda::max_pool2d_backward(dout, indices, x_shape, format);
+  Tensor dx = empty(x_shape, dout.dtype(), dout.device(), format);
+  if (format == MemoryFormat::kChannelsLast) {
+    max_pool2d_backward_channels_last(dout, indices, dx);
+    return dx;
+  }
   const Tensor dc = contiguous(dout), ic = contiguous(indices);
   const int64_t planes = x_shape[0] * x_shape[1], in_plane = x_shape[2] * x_shape[3];
   const int64_t out_plane = dout.size(2) * dout.size(3);
@@ -160,7 +273,7 @@ Tensor max_pool2d_backward(const Tensor& dout, const Tensor& indices, const Shap
     const T* dy = dc.data_ptr<T>();
     const int64_t* idx = ic.data_ptr<int64_t>();
     T* d = dx.data_ptr<T>();
-    for_planes(planes, in_plane + out_plane, [&](int64_t plane) {
+    for_units(planes, in_plane + out_plane, [&](int64_t plane) {
       T* dplane = d + plane * in_plane;
       std::fill(dplane, dplane + in_plane, T(0));
       for (int64_t i = plane * out_plane; i < (plane + 1) * out_plane; ++i)
@@ -170,15 +283,53 @@ Tensor max_pool2d_backward(const Tensor& dout, const Tensor& indices, const Shap
   return dx;
 }
 
+namespace {
+
+// avg_pool2d of a channels-last x into a channels-last out (Note [Pooling channels-last on the
+// CPU]): each output pixel's channels sum in place, window row by row, then divide.
+void avg_pool2d_channels_last(const Tensor& x, const Pool2dGeometry& g, bool count_include_pad,
+                              const Tensor& out) {
+  const int64_t channels = x.size(1);
+  dispatch_floating(x.dtype(), "avg_pool2d", [&]<typename T>() {
+    const T* src = x.data_ptr<T>();
+    T* dst = out.data_ptr<T>();
+    for_units(x.size(0) * g.ho, g.wo * channels * g.kernel[0] * g.kernel[1], [&](int64_t row) {
+      const int64_t n = row / g.ho, oh = row % g.ho;
+      const T* image = src + n * g.h * g.w * channels;
+      for (int64_t ow = 0; ow < g.wo; ++ow) {
+        const AvgWindow win = avg_window(g, oh, ow, count_include_pad);
+        T* sum = dst + (row * g.wo + ow) * channels;
+        std::fill(sum, sum + channels, T(0));
+        for (int64_t ih = win.h0; ih < win.h1; ++ih) {
+          for (int64_t iw = win.w0; iw < win.w1; ++iw) {
+            const T* in = image + (ih * g.w + iw) * channels;
+            for (int64_t c = 0; c < channels; ++c) sum[c] += in[c];
+          }
+        }
+        const bool covers = win.divisor > 0 && win.h0 < win.h1 && win.w0 < win.w1;
+        for (int64_t c = 0; c < channels; ++c)
+          sum[c] = covers ? sum[c] / static_cast<T>(win.divisor) : T(0);
+      }
+    });
+  });
+}
+
+}  // namespace
+
 Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& options) {
   const Pool2dGeometry g = pool2d_geometry("avg_pool2d", x.sizes(), options, /*dilated=*/false);
   if (x.is_cuda()) return cuda::avg_pool2d(x, options);
-  Tensor out = empty({x.size(0), x.size(1), g.ho, g.wo}, x.dtype(), x.device());
+  const MemoryFormat format = suggest_memory_format(x);
+  Tensor out = empty({x.size(0), x.size(1), g.ho, g.wo}, x.dtype(), x.device(), format);
+  if (format == MemoryFormat::kChannelsLast) {
+    avg_pool2d_channels_last(x, g, options.count_include_pad, out);
+    return out;
+  }
   const Tensor xc = contiguous(x);
   dispatch_floating(x.dtype(), "avg_pool2d", [&]<typename T>() {
     const T* src = xc.data_ptr<T>();
     T* dst = out.data_ptr<T>();
-    for_planes(g.planes, g.ho * g.wo * g.kernel[0] * g.kernel[1], [&](int64_t plane) {
+    for_units(g.planes, g.ho * g.wo * g.kernel[0] * g.kernel[1], [&](int64_t plane) {
       const T* in = src + plane * g.h * g.w;
       T* o = dst + plane * g.ho * g.wo;
       for (int64_t oh = 0; oh < g.ho; ++oh) {
@@ -197,17 +348,61 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& options) {
   return out;
 }
 
+namespace {
+
+// avg_pool2d_backward into a channels-last dx (Note [Pooling channels-last on the CPU]).
+void avg_pool2d_backward_channels_last(const Tensor& dout, const Pool2dGeometry& g,
+                                       bool count_include_pad, const Tensor& dx) {
+  const Tensor dc = contiguous(dout, MemoryFormat::kChannelsLast);
+  const int64_t channels = dx.size(1);
+  dispatch_floating(dout.dtype(), "avg_pool2d_backward", [&]<typename T>() {
+    const T* dy = dc.data_ptr<T>();
+    T* d = dx.data_ptr<T>();
+    const int64_t work =
+        g.ho * g.wo * g.kernel[0] * g.kernel[1] * std::min(channels, kChannelBlock);
+    for_units(channel_units(dx.size(0), channels), work, [&](int64_t unit) {
+      const auto [n, c0, c1] = channel_unit(unit, channels);
+      T* dimage = d + n * g.h * g.w * channels;
+      const T* dyimage = dy + n * g.ho * g.wo * channels;
+      for (int64_t p = 0; p < g.h * g.w; ++p)
+        std::fill(dimage + p * channels + c0, dimage + p * channels + c1, T(0));
+      T share[kChannelBlock];
+      for (int64_t oh = 0; oh < g.ho; ++oh) {
+        for (int64_t ow = 0; ow < g.wo; ++ow) {
+          const AvgWindow win = avg_window(g, oh, ow, count_include_pad);
+          if (win.divisor <= 0) continue;
+          const T* dyo = dyimage + (oh * g.wo + ow) * channels;
+          for (int64_t c = c0; c < c1; ++c) share[c - c0] = dyo[c] / static_cast<T>(win.divisor);
+          for (int64_t ih = win.h0; ih < win.h1; ++ih) {
+            for (int64_t iw = win.w0; iw < win.w1; ++iw) {
+              T* dp = dimage + (ih * g.w + iw) * channels;
+              for (int64_t c = c0; c < c1; ++c) dp[c] += share[c - c0];
+            }
+          }
+        }
+      }
+    });
+  });
+}
+
+}  // namespace
+
 // dx[i] = sum over the windows w holding i of dout[w] / divisor(w)
-Tensor avg_pool2d_backward(const Tensor& dout, const Shape& x_shape, const Pool2dOptions& options) {
+Tensor avg_pool2d_backward(const Tensor& dout, const Shape& x_shape, const Pool2dOptions& options,
+                           MemoryFormat format) {
   const Pool2dGeometry g = pool2d_geometry("avg_pool2d_backward", x_shape, options, false);
   check_grad("avg_pool2d_backward", dout, x_shape, g);
-  if (dout.is_cuda()) return cuda::avg_pool2d_backward(dout, x_shape, options);
-  Tensor dx = empty(x_shape, dout.dtype(), dout.device());
+  if (dout.is_cuda()) return cuda::avg_pool2d_backward(dout, x_shape, options, format);
+  Tensor dx = empty(x_shape, dout.dtype(), dout.device(), format);
+  if (format == MemoryFormat::kChannelsLast) {
+    avg_pool2d_backward_channels_last(dout, g, options.count_include_pad, dx);
+    return dx;
+  }
   const Tensor dc = contiguous(dout);
   dispatch_floating(dout.dtype(), "avg_pool2d_backward", [&]<typename T>() {
     const T* dy = dc.data_ptr<T>();
     T* d = dx.data_ptr<T>();
-    for_planes(g.planes, g.ho * g.wo * g.kernel[0] * g.kernel[1], [&](int64_t plane) {
+    for_units(g.planes, g.ho * g.wo * g.kernel[0] * g.kernel[1], [&](int64_t plane) {
       T* dplane = d + plane * g.h * g.w;
       const T* dyp = dy + plane * g.ho * g.wo;
       std::fill(dplane, dplane + g.h * g.w, T(0));
@@ -233,6 +428,71 @@ inline int64_t adaptive_end(int64_t i, int64_t in, int64_t out) {
   return ((i + 1) * in + out - 1) / out;
 }
 
+// adaptive_avg_pool2d of a channels-last x into a channels-last out (Note [Pooling
+// channels-last on the CPU]): each output pixel's channels sum in place, then divide.
+void adaptive_avg_pool2d_channels_last(const Tensor& x, Pair output_size, const Tensor& out) {
+  const auto [ho, wo] = output_size;
+  const int64_t h = x.size(2), w = x.size(3), channels = x.size(1);
+  dispatch_floating(x.dtype(), "adaptive_avg_pool2d", [&]<typename T>() {
+    const T* src = x.data_ptr<T>();
+    T* dst = out.data_ptr<T>();
+    for_units(x.size(0) * ho, (h * w / ho + wo) * channels, [&](int64_t row) {
+      const int64_t n = row / ho, oh = row % ho;
+      const T* image = src + n * h * w * channels;
+      const int64_t h0 = adaptive_start(oh, h, ho), h1 = adaptive_end(oh, h, ho);
+      for (int64_t ow = 0; ow < wo; ++ow) {
+        const int64_t w0 = adaptive_start(ow, w, wo), w1 = adaptive_end(ow, w, wo);
+        T* sum = dst + (row * wo + ow) * channels;
+        std::fill(sum, sum + channels, T(0));
+        for (int64_t ih = h0; ih < h1; ++ih) {
+          for (int64_t iw = w0; iw < w1; ++iw) {
+            const T* in = image + (ih * w + iw) * channels;
+            for (int64_t c = 0; c < channels; ++c) sum[c] += in[c];
+          }
+        }
+        const T count = static_cast<T>((h1 - h0) * (w1 - w0));
+        for (int64_t c = 0; c < channels; ++c) sum[c] = sum[c] / count;
+      }
+    });
+  });
+}
+
+// adaptive_avg_pool2d_backward into a channels-last dx (Note [Pooling channels-last on the
+// CPU]).
+void adaptive_avg_pool2d_backward_channels_last(const Tensor& dout, const Tensor& dx) {
+  const Tensor dc = contiguous(dout, MemoryFormat::kChannelsLast);
+  const int64_t channels = dx.size(1), h = dx.size(2), w = dx.size(3);
+  const int64_t ho = dout.size(2), wo = dout.size(3);
+  dispatch_floating(dout.dtype(), "adaptive_avg_pool2d_backward", [&]<typename T>() {
+    const T* dy = dc.data_ptr<T>();
+    T* d = dx.data_ptr<T>();
+    for_units(channel_units(dx.size(0), channels),
+              (h * w + ho * wo) * std::min(channels, kChannelBlock), [&](int64_t unit) {
+                const auto [n, c0, c1] = channel_unit(unit, channels);
+                T* dimage = d + n * h * w * channels;
+                const T* dyimage = dy + n * ho * wo * channels;
+                for (int64_t p = 0; p < h * w; ++p)
+                  std::fill(dimage + p * channels + c0, dimage + p * channels + c1, T(0));
+                T share[kChannelBlock];
+                for (int64_t oh = 0; oh < ho; ++oh) {
+                  const int64_t h0 = adaptive_start(oh, h, ho), h1 = adaptive_end(oh, h, ho);
+                  for (int64_t ow = 0; ow < wo; ++ow) {
+                    const int64_t w0 = adaptive_start(ow, w, wo), w1 = adaptive_end(ow, w, wo);
+                    const T count = static_cast<T>((h1 - h0) * (w1 - w0));
+                    const T* dyo = dyimage + (oh * wo + ow) * channels;
+                    for (int64_t c = c0; c < c1; ++c) share[c - c0] = dyo[c] / count;
+                    for (int64_t ih = h0; ih < h1; ++ih) {
+                      for (int64_t iw = w0; iw < w1; ++iw) {
+                        T* dp = dimage + (ih * w + iw) * channels;
+                        for (int64_t c = c0; c < c1; ++c) dp[c] += share[c - c0];
+                      }
+                    }
+                  }
+                }
+              });
+  });
+}
+
 }  // namespace
 
 Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size) {
@@ -246,12 +506,17 @@ Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size) {
   if (x.is_cuda()) return cuda::adaptive_avg_pool2d(x, output_size);
   const auto [ho, wo] = output_size;
   const int64_t h = x.size(2), w = x.size(3), planes = x.size(0) * x.size(1);
-  Tensor out = empty({x.size(0), x.size(1), ho, wo}, x.dtype(), x.device());
+  const MemoryFormat format = suggest_memory_format(x);
+  Tensor out = empty({x.size(0), x.size(1), ho, wo}, x.dtype(), x.device(), format);
+  if (format == MemoryFormat::kChannelsLast) {
+    adaptive_avg_pool2d_channels_last(x, output_size, out);
+    return out;
+  }
   const Tensor xc = contiguous(x);
   dispatch_floating(x.dtype(), "adaptive_avg_pool2d", [&]<typename T>() {
     const T* src = xc.data_ptr<T>();
     T* dst = out.data_ptr<T>();
-    for_planes(planes, h * w + ho * wo, [&](int64_t plane) {
+    for_units(planes, h * w + ho * wo, [&](int64_t plane) {
       const T* in = src + plane * h * w;
       T* o = dst + plane * ho * wo;
       for (int64_t oh = 0; oh < ho; ++oh) {
@@ -270,20 +535,24 @@ Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size) {
 }
 
 // dx[i] = sum over the cells c whose window holds i of dout[c] / |window(c)|
-Tensor adaptive_avg_pool2d_backward(const Tensor& dout, const Shape& x_shape) {
+Tensor adaptive_avg_pool2d_backward(const Tensor& dout, const Shape& x_shape, MemoryFormat format) {
   LOOM_CHECK(x_shape.size() == 4 && dout.dim() == 4 && dout.size(0) == x_shape[0] &&
                  dout.size(1) == x_shape[1],
              ShapeError, "adaptive_avg_pool2d_backward: dout=", dout.sizes(),
              " does not match x=", x_shape);
-  if (dout.is_cuda()) return cuda::adaptive_avg_pool2d_backward(dout, x_shape);
+  if (dout.is_cuda()) return cuda::adaptive_avg_pool2d_backward(dout, x_shape, format);
   const int64_t h = x_shape[2], w = x_shape[3], ho = dout.size(2), wo = dout.size(3);
   const int64_t planes = x_shape[0] * x_shape[1];
-  Tensor dx = empty(x_shape, dout.dtype(), dout.device());
+  Tensor dx = empty(x_shape, dout.dtype(), dout.device(), format);
+  if (format == MemoryFormat::kChannelsLast) {
+    adaptive_avg_pool2d_backward_channels_last(dout, dx);
+    return dx;
+  }
   const Tensor dc = contiguous(dout);
   dispatch_floating(dout.dtype(), "adaptive_avg_pool2d_backward", [&]<typename T>() {
     const T* dy = dc.data_ptr<T>();
     T* d = dx.data_ptr<T>();
-    for_planes(planes, h * w + ho * wo, [&](int64_t plane) {
+    for_units(planes, h * w + ho * wo, [&](int64_t plane) {
       T* dplane = d + plane * h * w;
       const T* dyp = dy + plane * ho * wo;
       std::fill(dplane, dplane + h * w, T(0));

@@ -1,12 +1,14 @@
 // tests/cuda/pool_cuda_test.cpp — max, average and adaptive average pooling on CUDA
 // (tensor/cuda/pool.h) against the CPU kernels (tensor/conv.h): the same values and indices,
 // and in float32/float64 the same bits (Note [Deterministic pooling backward]); strided inputs,
-// NaN, odd and large sizes, float16/bfloat16, determinism and errors. Every test skips without
-// a GPU.
+// NaN, odd and large sizes, float16/bfloat16, determinism, channels-last inputs (results in the
+// input's format) and errors. Every test skips without a GPU.
 
 #include <cmath>
+#include <functional>
 #include <vector>
 
+#include "autograd/function.h"
 #include "cuda/cuda_test_util.h"
 #include "tensor/conv.h"
 #include "tensor/copy.h"
@@ -229,6 +231,176 @@ TEST(CudaPool, Errors) {
   EXPECT_LOOM_ERROR(k::max_pool2d_backward(out, out, {1, 1, 4, 4}), DTypeError,
                     {"max_pool2d_backward", "int64"});
   EXPECT_LOOM_ERROR(k::adaptive_avg_pool2d(x, {0, 1}), ValueError, {"adaptive_avg_pool2d"});
+}
+
+// ---------------------------------------------------------------- channels-last
+
+constexpr MemoryFormat kChannelsLast = MemoryFormat::kChannelsLast;
+
+// Dense in channels-last order and read as such (the shapes below have C > 1 and H, W > 1).
+::testing::AssertionResult is_channels_last(const Tensor& t) {
+  if (t.is_contiguous(kChannelsLast) && suggest_memory_format(t) == kChannelsLast)
+    return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "sizes " << detail::str(t.sizes()) << " strides "
+                                       << detail::str(t.strides()) << " are not channels-last";
+}
+
+// t on cuda:0 stored channels-last (a copy to another device is contiguous, so go through an
+// [N, H, W, C] tensor and permute back).
+Tensor gpu_channels_last(const Tensor& t) {
+  return k::permute(gpu(k::contiguous(k::permute(t, {0, 2, 3, 1}))), {0, 3, 1, 2});
+}
+
+// [N, C, H, W] with odd sizes, and 70 channels (a warp's worth and more of neighbouring
+// threads on one pixel).
+const std::vector<Shape> kChannelsLastShapes = {{2, 5, 9, 8}, {1, 70, 7, 5}};
+
+TEST(CudaPool, ChannelsLastMaxPool) {
+  LOOM_SKIP_WITHOUT_GPU();
+  for (DType dtype : {kFloat32, kFloat64}) {
+    for (const Shape& shape : kChannelsLastShapes) {
+      const Tensor x = k::contiguous(randn(shape, dtype), kChannelsLast);
+      const Tensor gx = gpu_channels_last(x);
+      ASSERT_TRUE(is_channels_last(gx));
+      for (const Pool2dOptions& o : {pool({3, 3}, {2, 2}, {1, 1}),
+                                     pool({3, 2}, {1, 2}, {1, 1}, {2, 1}, /*ceil_mode=*/true)}) {
+        const auto [out, indices] = k::max_pool2d(x, o);
+        const auto [gout, gindices] = k::max_pool2d(gx, o);  // through the device switch
+        EXPECT_TRUE(is_channels_last(gout));
+        EXPECT_TRUE(is_channels_last(gindices));
+        EXPECT_TRUE(same_as_cpu(gout, out)) << detail::str(shape) << " " << dtype;
+        EXPECT_TRUE(same_as_cpu(gindices, indices)) << detail::str(shape);
+        const Tensor dout = k::contiguous(randn(out.sizes(), dtype), kChannelsLast);
+        const Tensor dx = k::max_pool2d_backward(dout, indices, shape, kChannelsLast);
+        // A channels-last gradient, and a contiguous one, into a channels-last dx.
+        for (const Tensor& gdout : {gpu_channels_last(dout), gpu(dout)}) {
+          const Tensor gdx = k::max_pool2d_backward(gdout, gindices, shape, kChannelsLast);
+          EXPECT_TRUE(is_channels_last(gdx));
+          EXPECT_TRUE(same_as_cpu(gdx, dx)) << detail::str(shape) << " " << dtype;
+        }
+        // Channels-last outputs into a contiguous dx, and the same bits twice.
+        const Tensor gdx = cuda::max_pool2d_backward(gpu_channels_last(dout), gindices, shape);
+        EXPECT_TRUE(gdx.is_contiguous());
+        EXPECT_TRUE(same_as_cpu(gdx, dx));
+        EXPECT_TRUE(same_as_cpu(gdx, k::max_pool2d_backward(dout, indices, shape)));
+        EXPECT_TRUE(same_as_cpu(
+            cuda::max_pool2d_backward(gpu_channels_last(dout), gindices, shape, kChannelsLast),
+            dx));
+      }
+    }
+  }
+}
+
+TEST(CudaPool, ChannelsLastAvgPool) {
+  LOOM_SKIP_WITHOUT_GPU();
+  for (DType dtype : {kFloat32, kFloat64}) {
+    for (const Shape& shape : kChannelsLastShapes) {
+      const Tensor x = k::contiguous(randn(shape, dtype), kChannelsLast);
+      const Tensor gx = gpu_channels_last(x);
+      for (const Pool2dOptions& o :
+           {pool({3, 3}, {2, 2}, {1, 1}, {1, 1}, true, /*count_include_pad=*/false),
+            pool({3, 3}, {1, 1}, {1, 1}), pool({2, 3}, {1, 2}, {1, 0})}) {
+        const Tensor out = k::avg_pool2d(x, o);
+        const Tensor gout = k::avg_pool2d(gx, o);
+        EXPECT_TRUE(is_channels_last(gout));
+        EXPECT_TRUE(same_as_cpu(gout, out)) << detail::str(shape) << " " << dtype;
+        const Tensor dout = k::contiguous(randn(out.sizes(), dtype), kChannelsLast);
+        const Tensor dx = k::avg_pool2d_backward(dout, shape, o, kChannelsLast);
+        for (const Tensor& gdout : {gpu_channels_last(dout), gpu(dout)}) {
+          const Tensor gdx = k::avg_pool2d_backward(gdout, shape, o, kChannelsLast);
+          EXPECT_TRUE(is_channels_last(gdx));
+          EXPECT_TRUE(same_as_cpu(gdx, dx)) << detail::str(shape) << " " << dtype;
+        }
+        const Tensor gdx = cuda::avg_pool2d_backward(gpu_channels_last(dout), shape, o);
+        EXPECT_TRUE(gdx.is_contiguous());
+        EXPECT_TRUE(same_as_cpu(gdx, dx));
+      }
+    }
+  }
+}
+
+TEST(CudaPool, ChannelsLastAdaptiveAvgPool) {
+  LOOM_SKIP_WITHOUT_GPU();
+  for (DType dtype : {kFloat32, kFloat64}) {
+    for (const Shape& shape : kChannelsLastShapes) {
+      const Tensor x = k::contiguous(randn(shape, dtype), kChannelsLast);
+      const Tensor gx = gpu_channels_last(x);
+      for (const k::Pair size : {k::Pair{4, 3}, k::Pair{11, 7}}) {
+        const Tensor out = k::adaptive_avg_pool2d(x, size);
+        const Tensor gout = k::adaptive_avg_pool2d(gx, size);
+        EXPECT_TRUE(is_channels_last(gout));
+        EXPECT_TRUE(same_as_cpu(gout, out)) << detail::str(shape) << " " << dtype;
+        const Tensor dout = k::contiguous(randn(out.sizes(), dtype), kChannelsLast);
+        const Tensor dx = k::adaptive_avg_pool2d_backward(dout, shape, kChannelsLast);
+        for (const Tensor& gdout : {gpu_channels_last(dout), gpu(dout)}) {
+          const Tensor gdx = k::adaptive_avg_pool2d_backward(gdout, shape, kChannelsLast);
+          EXPECT_TRUE(is_channels_last(gdx));
+          EXPECT_TRUE(same_as_cpu(gdx, dx)) << detail::str(shape) << " " << dtype;
+        }
+        const Tensor gdx = cuda::adaptive_avg_pool2d_backward(gpu_channels_last(dout), shape);
+        EXPECT_TRUE(gdx.is_contiguous());
+        EXPECT_TRUE(same_as_cpu(gdx, dx));
+      }
+    }
+  }
+}
+
+// float16 keeps the format too (the maximum is exact).
+TEST(CudaPool, ChannelsLastHalf) {
+  LOOM_SKIP_WITHOUT_GPU();
+  const Pool2dOptions o = pool({3, 3}, {2, 2}, {1, 1});
+  const Tensor x = k::contiguous(randn({2, 6, 9, 9}).to(kFloat16), kChannelsLast);
+  const auto [out, indices] = k::max_pool2d(x.to(kFloat32), o);
+  const auto [gout, gindices] = cuda::max_pool2d(gpu_channels_last(x), o);
+  EXPECT_TRUE(is_channels_last(gout));
+  EXPECT_TRUE(tensors_close(gout.to(kCPU).to(kFloat32), out, 0.0, 0.0));
+  EXPECT_TRUE(same_as_cpu(gindices, indices));
+  EXPECT_TRUE(is_channels_last(cuda::avg_pool2d(gpu_channels_last(x), o)));
+}
+
+// An identity whose backward keeps the gradient that reaches it in *seen: the dx a pool's
+// backward hands on, before the leaf's .grad accumulation can re-lay it out.
+Tensor probe(const Tensor& x, Tensor* seen) {
+  return autograd::record_view(
+      "probe", k::alias(x), x,
+      [seen](const autograd::Grads& dout, autograd::Saved&, autograd::Grads& g) {
+        *seen = dout[0];
+        g[0] = dout[0];
+      });
+}
+
+// Through autograd on cuda:0: the format reaches the backward, the bits are the CPU's.
+TEST(CudaPool, ChannelsLastAutograd) {
+  LOOM_SKIP_WITHOUT_GPU();
+  using Pool = std::function<Tensor(const Tensor&)>;
+  const std::vector<Pool> pools = {
+      [](const Tensor& x) {
+        return max_pool2d(x, {3, 3}, {2, 2}, {1, 1});
+      },
+      [](const Tensor& x) {
+        return avg_pool2d(x, {3, 3}, {2, 2}, {1, 1}, true, false);
+      },
+      [](const Tensor& x) {
+        return adaptive_avg_pool2d(x, {4, 3});
+      },
+  };
+  for (size_t i = 0; i < pools.size(); ++i) {
+    Tensor x = k::contiguous(randn({2, 5, 9, 8}), kChannelsLast);
+    Tensor gx = gpu_channels_last(x);
+    x.requires_grad_();
+    gx.requires_grad_();
+    Tensor dx, gdx;
+    const Tensor out = pools[i](probe(x, &dx));
+    const Tensor gout = pools[i](probe(gx, &gdx));
+    EXPECT_TRUE(is_channels_last(gout)) << "pool " << i;
+    EXPECT_TRUE(same_as_cpu(gout, out)) << "pool " << i;
+    const Tensor dout = k::contiguous(randn(out.sizes()), kChannelsLast);
+    out.backward(dout);
+    gout.backward(gpu_channels_last(dout));
+    ASSERT_TRUE(dx.defined() && gdx.defined()) << "pool " << i;
+    EXPECT_TRUE(is_channels_last(gdx)) << "pool " << i;
+    EXPECT_TRUE(same_as_cpu(gdx, dx)) << "pool " << i;
+  }
 }
 
 }  // namespace

@@ -1,12 +1,17 @@
 // tests/nn/pool_test.cpp — max, average and adaptive average pooling: values and indices from
 // PyTorch 1.13 on a fixed input, direct loops on random ones, PyTorch's output-size rules,
-// gradcheck of each backward, and the argument errors.
+// gradcheck of each backward, the argument errors, and channels-last inputs (the same bits as
+// contiguous ones, results in the input's format).
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <vector>
 
+#include "autograd/function.h"
 #include "tensor/conv.h"
+#include "tensor/copy.h"
+#include "tensor/view.h"
 #include "test_util.h"
 
 namespace loom {
@@ -230,6 +235,185 @@ TEST(Pool2d, Errors) {
   EXPECT_LOOM_ERROR(
       kernels::avg_pool2d_backward(randn({6, 1, 2, 2}), {1, 6, 4, 4}, {{2, 2}, {0, 0}, {0, 0}}),
       ShapeError, {"avg_pool2d_backward", "[6, 1, 2, 2]", "[1, 6, 4, 4]"});
+}
+
+// ---------------------------------------------------------------- channels-last
+
+constexpr MemoryFormat kChannelsLast = MemoryFormat::kChannelsLast;
+
+// Bit for bit (NaN equals NaN), shape included.
+::testing::AssertionResult same_values(const Tensor& actual, const Tensor& expected) {
+  return tensors_close(actual, expected, 0.0, 0.0);
+}
+
+// Dense in channels-last order and read as channels-last (the shapes below have C > 1 and
+// H, W > 1, so no tensor is dense in both orders).
+::testing::AssertionResult is_channels_last(const Tensor& t) {
+  if (t.is_contiguous(kChannelsLast) && suggest_memory_format(t) == kChannelsLast)
+    return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "sizes " << detail::str(t.sizes()) << " strides "
+                                       << detail::str(t.strides()) << " are not channels-last";
+}
+
+::testing::AssertionResult is_row_major(const Tensor& t) {
+  if (t.is_contiguous() && suggest_memory_format(t) == MemoryFormat::kContiguous)
+    return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "sizes " << detail::str(t.sizes()) << " strides "
+                                       << detail::str(t.strides()) << " are not contiguous";
+}
+
+// Integers with many ties and one NaN: max pooling's tie and NaN rules in both formats.
+Tensor ties_and_nan(const Shape& shape, DType dtype) {
+  std::vector<double> v(static_cast<size_t>(shape_numel(shape)));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>((i * 7) % 11) - 5;
+  v[v.size() / 3] = std::nan("");
+  return tensor(v, shape).to(dtype);
+}
+
+// [2, 5, 9, 8], and 70 channels: more than one block of channels in the CPU backward.
+const std::vector<Shape> kChannelsLastShapes = {{2, 5, 9, 8}, {1, 70, 6, 5}};
+
+TEST(Pool2dChannelsLast, MaxPoolKernels) {
+  for (DType dtype : {kFloat32, kFloat64}) {
+    for (const Shape& shape : kChannelsLastShapes) {
+      for (const Tensor& x : {randn(shape, dtype), ties_and_nan(shape, dtype)}) {
+        const Tensor x_cl = kernels::contiguous(x, kChannelsLast);
+        ASSERT_TRUE(is_channels_last(x_cl));
+        for (const kernels::Pool2dOptions& o :
+             {kernels::Pool2dOptions{{3, 3}, {2, 2}, {1, 1}},
+              kernels::Pool2dOptions{{3, 2}, {1, 2}, {1, 1}, {2, 1}, /*ceil_mode=*/true}}) {
+          const auto [out, indices] = kernels::max_pool2d(x, o);
+          const auto [out_cl, indices_cl] = kernels::max_pool2d(x_cl, o);
+          EXPECT_TRUE(is_row_major(out));
+          EXPECT_TRUE(is_row_major(indices));
+          EXPECT_TRUE(is_channels_last(out_cl));
+          EXPECT_TRUE(is_channels_last(indices_cl));
+          EXPECT_TRUE(same_values(out_cl, out)) << detail::str(shape) << " " << dtype;
+          EXPECT_TRUE(same_values(indices_cl, indices)) << detail::str(shape) << " " << dtype;
+          const Tensor dout = randn(out.sizes(), dtype);
+          const Tensor dx = kernels::max_pool2d_backward(dout, indices, shape);
+          EXPECT_TRUE(is_row_major(dx));
+          // A channels-last gradient, and a contiguous one, into a channels-last dx.
+          for (const Tensor& d : {kernels::contiguous(dout, kChannelsLast), dout}) {
+            const Tensor dx_cl = kernels::max_pool2d_backward(d, indices_cl, shape, kChannelsLast);
+            EXPECT_TRUE(is_channels_last(dx_cl));
+            EXPECT_TRUE(same_values(dx_cl, dx)) << detail::str(shape) << " " << dtype;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Pool2dChannelsLast, AvgPoolKernels) {
+  for (DType dtype : {kFloat32, kFloat64}) {
+    for (const Shape& shape : kChannelsLastShapes) {
+      const Tensor x = randn(shape, dtype);
+      const Tensor x_cl = kernels::contiguous(x, kChannelsLast);
+      for (const kernels::Pool2dOptions& o : {kernels::Pool2dOptions{{3, 3},
+                                                                     {2, 2},
+                                                                     {1, 1},
+                                                                     {1, 1},
+                                                                     true, /*count_include_pad=*/
+                                                                     false},
+                                              kernels::Pool2dOptions{{3, 3}, {1, 1}, {1, 1}},
+                                              kernels::Pool2dOptions{{2, 3}, {1, 2}, {1, 0}}}) {
+        const Tensor out = kernels::avg_pool2d(x, o);
+        const Tensor out_cl = kernels::avg_pool2d(x_cl, o);
+        EXPECT_TRUE(is_row_major(out));
+        EXPECT_TRUE(is_channels_last(out_cl));
+        EXPECT_TRUE(same_values(out_cl, out)) << detail::str(shape) << " " << dtype;
+        const Tensor dout = randn(out.sizes(), dtype);
+        const Tensor dx = kernels::avg_pool2d_backward(dout, shape, o);
+        EXPECT_TRUE(is_row_major(dx));
+        for (const Tensor& d : {kernels::contiguous(dout, kChannelsLast), dout}) {
+          const Tensor dx_cl = kernels::avg_pool2d_backward(d, shape, o, kChannelsLast);
+          EXPECT_TRUE(is_channels_last(dx_cl));
+          EXPECT_TRUE(same_values(dx_cl, dx)) << detail::str(shape) << " " << dtype;
+        }
+        // And back: a channels-last gradient into a contiguous dx.
+        EXPECT_TRUE(same_values(
+            kernels::avg_pool2d_backward(kernels::contiguous(dout, kChannelsLast), shape, o), dx));
+      }
+    }
+  }
+}
+
+TEST(Pool2dChannelsLast, AdaptiveAvgPoolKernels) {
+  for (DType dtype : {kFloat32, kFloat64}) {
+    for (const Shape& shape : kChannelsLastShapes) {
+      const Tensor x = randn(shape, dtype);
+      const Tensor x_cl = kernels::contiguous(x, kChannelsLast);
+      // Overlapping windows, and more cells than inputs.
+      for (const Pair size : {Pair{4, 3}, Pair{11, 7}}) {
+        const Tensor out = kernels::adaptive_avg_pool2d(x, size);
+        const Tensor out_cl = kernels::adaptive_avg_pool2d(x_cl, size);
+        EXPECT_TRUE(is_row_major(out));
+        EXPECT_TRUE(is_channels_last(out_cl));
+        EXPECT_TRUE(same_values(out_cl, out)) << detail::str(shape) << " " << dtype;
+        const Tensor dout = randn(out.sizes(), dtype);
+        const Tensor dx = kernels::adaptive_avg_pool2d_backward(dout, shape);
+        EXPECT_TRUE(is_row_major(dx));
+        for (const Tensor& d : {kernels::contiguous(dout, kChannelsLast), dout}) {
+          const Tensor dx_cl = kernels::adaptive_avg_pool2d_backward(d, shape, kChannelsLast);
+          EXPECT_TRUE(is_channels_last(dx_cl));
+          EXPECT_TRUE(same_values(dx_cl, dx)) << detail::str(shape) << " " << dtype;
+        }
+      }
+    }
+  }
+}
+
+// An identity whose backward keeps the gradient that reaches it in *seen: the dx a pool's
+// backward hands on, before the leaf's .grad accumulation can re-lay it out.
+Tensor probe(const Tensor& x, Tensor* seen) {
+  return autograd::record_view(
+      "probe", kernels::alias(x), x,
+      [seen](const autograd::Grads& dout, autograd::Saved&, autograd::Grads& g) {
+        *seen = dout[0];
+        g[0] = dout[0];
+      });
+}
+
+// Through autograd: channels-last in, channels-last out and dx, the contiguous path's bits.
+TEST(Pool2dChannelsLast, Autograd) {
+  using Pool = std::function<Tensor(const Tensor&)>;
+  const std::vector<std::pair<const char*, Pool>> pools = {
+      {"max_pool2d",
+       [](const Tensor& x) {
+         return max_pool2d(x, {3, 3}, {2, 2}, {1, 1});
+       }},
+      {"avg_pool2d",
+       [](const Tensor& x) {
+         return avg_pool2d(x, {3, 3}, {2, 2}, {1, 1}, true, false);
+       }},
+      {"adaptive_avg_pool2d",
+       [](const Tensor& x) {
+         return adaptive_avg_pool2d(x, {4, 3});
+       }},
+  };
+  const Shape shape{2, 5, 9, 8};
+  for (const auto& [name, pool] : pools) {
+    const Tensor base = randn(shape);
+    Tensor x = kernels::clone(base);
+    x.requires_grad_();
+    Tensor x_cl = kernels::contiguous(base, kChannelsLast);
+    x_cl.requires_grad_();
+    Tensor dx, dx_cl;
+    const Tensor out = pool(probe(x, &dx));
+    const Tensor out_cl = pool(probe(x_cl, &dx_cl));
+    EXPECT_TRUE(is_row_major(out)) << name;
+    EXPECT_TRUE(is_channels_last(out_cl)) << name;
+    EXPECT_TRUE(same_values(out_cl, out)) << name;
+    const Tensor dout = randn(out.sizes());
+    out.backward(dout);
+    out_cl.backward(kernels::contiguous(dout, kChannelsLast));
+    ASSERT_TRUE(dx.defined() && dx_cl.defined()) << name;
+    EXPECT_TRUE(is_row_major(dx)) << name;
+    EXPECT_TRUE(is_channels_last(dx_cl)) << name;
+    EXPECT_TRUE(same_values(dx_cl, dx)) << name;
+    EXPECT_TRUE(same_values(x_cl.grad(), x.grad())) << name;
+  }
 }
 
 }  // namespace
