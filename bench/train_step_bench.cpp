@@ -8,10 +8,13 @@
 // With --amp bf16|fp16 a second model of the same weights takes the same step in an autocast
 // region (fp16 with a GradScaler), alternating with the float32 one, and the table adds the
 // ratio of the two (above 1, mixed precision is faster), for loom and for PyTorch alike.
+// With --channels-last both take the batch channels-last (PyTorch's model too, with
+// model.to(memory_format=torch.channels_last), its usual recipe; loom keeps its weights
+// contiguous and its cuDNN calls convert them), so that on a GPU both run NHWC convolutions.
 //
 //   train_step_bench [--threads N (2)] [--batch B (64)] [--width W (64)] [--repeats R (7)]
-//                    [--device cpu|cuda] [--amp off|bf16|fp16] [--no-torch] [--python PATH]
-//                    [--script PATH]
+//                    [--device cpu|cuda] [--amp off|bf16|fp16] [--channels-last] [--no-torch]
+//                    [--python PATH] [--script PATH]
 
 #include <algorithm>
 #include <chrono>
@@ -40,7 +43,7 @@ using Clock = std::chrono::steady_clock;
 int main(int argc, char** argv) {
   int threads = 2, repeats = 7;
   int64_t batch = 64, width = 64;
-  bool with_torch = true;
+  bool with_torch = true, channels_last = false;
   std::string device_name = "cpu", amp = "off";
   std::string python = LOOM_TORCH_PYTHON;
   std::string script =
@@ -60,6 +63,8 @@ int main(int argc, char** argv) {
       device_name = next();
     else if (arg == "--amp")
       amp = next();
+    else if (arg == "--channels-last")
+      channels_last = true;
     else if (arg == "--no-torch")
       with_torch = false;
     else if (arg == "--python")
@@ -69,8 +74,8 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: %s [--threads N] [--batch B] [--width W] [--repeats R] "
-                   "[--device cpu|cuda] [--amp off|bf16|fp16] [--no-torch] [--python PATH] "
-                   "[--script PATH]\n",
+                   "[--device cpu|cuda] [--amp off|bf16|fp16] [--channels-last] [--no-torch] "
+                   "[--python PATH] [--script PATH]\n",
                    argv[0]);
       return 2;
     }
@@ -97,11 +102,13 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
 
   loom::bench::TorchPeer torch;
-  const bool have_torch =
-      with_torch && !python.empty() &&
-      torch.start(python, script,
-                  {"--threads", std::to_string(threads), "--batch", std::to_string(batch),
-                   "--width", std::to_string(width), "--device", device_name, "--amp", amp});
+  std::vector<std::string> peer_args = {"--threads", std::to_string(threads),
+                                        "--batch",   std::to_string(batch),
+                                        "--width",   std::to_string(width),
+                                        "--device",  device_name,
+                                        "--amp",     amp};
+  if (channels_last) peer_args.push_back("--channels-last");
+  const bool have_torch = with_torch && !python.empty() && torch.start(python, script, peer_args);
   if (with_torch && !have_torch)
     std::printf("PyTorch not measured: %s\n", torch.header().is_object()
                                                   ? torch.header().value("error", "?").c_str()
@@ -128,7 +135,10 @@ int main(int argc, char** argv) {
   Trainer fp32 = make_trainer(false);
   std::optional<Trainer> low;
   if (mixed) low.emplace(make_trainer(amp == "fp16"));
-  const loom::Tensor x = loom::randn({batch, 3, 32, 32}).to(device);
+  const loom::Tensor x = loom::randn({batch, 3, 32, 32})
+                             .to(device)
+                             .contiguous(channels_last ? loom::MemoryFormat::kChannelsLast
+                                                       : loom::MemoryFormat::kContiguous);
   const loom::Tensor y = loom::randint(0, 10, {batch}).to(device);
   auto loom_step = [&](Trainer& t, bool autocast) {
     const auto start = Clock::now();
@@ -165,10 +175,11 @@ int main(int argc, char** argv) {
 
   const double loom_ips = batch / (median(loom_ms) / 1e3);
   std::printf(
-      "ResNet-18 (CIFAR stem, width %lld) training step, batch %lld, %s, float32; median of "
+      "ResNet-18 (CIFAR stem, width %lld) training step, batch %lld, %s, float32%s; median of "
       "%d\n",
       static_cast<long long>(width), static_cast<long long>(batch),
-      on_gpu ? "cuda:0" : (std::to_string(threads) + " threads").c_str(), repeats);
+      on_gpu ? "cuda:0" : (std::to_string(threads) + " threads").c_str(),
+      channels_last ? ", channels-last" : "", repeats);
   std::printf("| | step ms | images/s |\n|---|---|---|\n");
   std::printf("| loom | %.0f | %.1f |\n", median(loom_ms), loom_ips);
   if (have_torch) {
@@ -184,10 +195,10 @@ int main(int argc, char** argv) {
                 amp.c_str(), repeats);
     std::printf("| | float32 ms | %s ms | %s / float32 images/s |\n|---|---|---|---|\n",
                 amp.c_str(), amp.c_str());
-    std::printf("| loom | %.0f | %.0f | %.2f |\n", median(loom_ms), median(loom_amp_ms),
+    std::printf("| loom | %.1f | %.1f | %.2f |\n", median(loom_ms), median(loom_amp_ms),
                 median(loom_ms) / median(loom_amp_ms));
     if (torch_amp)
-      std::printf("| PyTorch | %.0f | %.0f | %.2f |\n", median(torch_ms), median(torch_amp_ms),
+      std::printf("| PyTorch | %.1f | %.1f | %.2f |\n", median(torch_ms), median(torch_amp_ms),
                   median(torch_ms) / median(torch_amp_ms));
     else if (have_torch)
       std::printf("PyTorch %s: %s\n", amp.c_str(),

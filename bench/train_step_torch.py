@@ -2,7 +2,8 @@
 # bench/train_step_torch.py — PyTorch's side of bench/train_step_bench.cpp: one training step
 # (zero_grad, forward, cross-entropy, backward, SGD with nesterov momentum and weight decay) of
 # the same ResNet-18 (tools/torch_resnet.py: torchvision's structure, CIFAR stem) on the same
-# batch shape. Run as a co-process with --serve: prints a header line, then answers
+# batch shape (with --channels-last: the model and the batch in torch.channels_last). Run as a
+# co-process with --serve: prints a header line, then answers
 #   step -> {"ms": t}     (one timed training step)
 #   step amp -> {"ms": t}   (with --amp bf16|fp16: a second model of the same weights takes the
 #                            step under torch.autocast, fp16 with a GradScaler on GPUs), or
@@ -28,6 +29,7 @@ def main():
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--amp", default="off", choices=["off", "bf16", "fp16"])
+    parser.add_argument("--channels-last", action="store_true")
     args = parser.parse_args()
     try:
         import torch
@@ -45,6 +47,8 @@ def main():
         torch.manual_seed(0)
         model = ResNet(depth=18, width=args.width, in_channels=3, num_classes=10, cifar_stem=True)
         model.to(device)
+        if args.channels_last:
+            model.to(memory_format=torch.channels_last)
         model.train()
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True,
                               weight_decay=5e-4)
@@ -52,6 +56,8 @@ def main():
 
     model, opt = make_trainer()
     x = torch.randn(args.batch, 3, 32, 32).to(device)
+    if args.channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (args.batch,)).to(device)
 
     def step():
@@ -93,7 +99,8 @@ def main():
             torch.cuda.synchronize()
 
     say({"torch": torch.__version__, "threads": torch.get_num_threads(),
-         "mkldnn": torch.backends.mkldnn.is_available(), "device": str(device)})
+         "mkldnn": torch.backends.mkldnn.is_available(), "device": str(device),
+         "channels_last": args.channels_last})
     if not args.serve:
         return 0
     for line in sys.stdin:

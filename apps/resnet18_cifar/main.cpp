@@ -80,6 +80,9 @@ int main(int argc, char** argv) {
                  "the dtype gradients travel in between ranks (summed in float32): fp32, fp16, "
                  "bf16")
       ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
+  app.add_flag("--channels-last", o.channels_last,
+               "store batches and activations channels-last (NHWC), the layout cuDNN's "
+               "tensor-core convolutions prefer; numbers are unchanged");
   try {
     app.parse(argc, argv);
     if (o.eval_only && o.resume.empty())

@@ -172,7 +172,7 @@ struct AmpRegion : autocast::Guard {
 };
 
 Totals evaluate(nn::Module& model, data::DataLoader& loader, cuda::Uploader& upload, Device device,
-                const std::string& amp) {
+                const std::string& amp, MemoryFormat format) {
   model.eval();
   NoGradGuard no_grad;
   AmpRegion region(amp);
@@ -180,7 +180,7 @@ Totals evaluate(nn::Module& model, data::DataLoader& loader, cuda::Uploader& upl
   loader.start_epoch(0);
   while (auto batch = loader.next()) {
     const Tensor labels = upload(batch->labels, device);
-    const Tensor logits = model.forward(upload(batch->images, device));
+    const Tensor logits = model.forward(upload(batch->images, device, format));
     totals.add(cross_entropy(logits, labels), logits, labels);
   }
   model.train();
@@ -389,8 +389,11 @@ double run(const Options& o) {
 
   // Batches reach a GPU without stopping the host (Note [Uploading batches]).
   cuda::Uploader upload;
+  const MemoryFormat format =
+      o.channels_last ? MemoryFormat::kChannelsLast : MemoryFormat::kContiguous;
+  if (o.channels_last) say("batches and activations channels-last (NHWC)\n");
   if (o.eval_only) {
-    const Totals test = job.sum(evaluate(*model, test_loader, upload, job.device, o.amp));
+    const Totals test = job.sum(evaluate(*model, test_loader, upload, job.device, o.amp, format));
     say("test loss %.4f  test accuracy %.2f%%\n", test.mean_loss(), 100 * test.accuracy());
     log_line({{"epoch", progress.epoch},
               {"test_loss", test.mean_loss()},
@@ -472,7 +475,7 @@ double run(const Options& o) {
       const double t0 = dist::steady_seconds();
       optimizer.zero_grad();
       last_is_current = false;
-      const Tensor images = upload(batch->images, job.device);
+      const Tensor images = upload(batch->images, job.device, format);
       const Tensor labels = upload(batch->labels, job.device);
       Tensor logits, loss;
       {
@@ -546,7 +549,7 @@ double run(const Options& o) {
       progress.batch = 0;
     }
     const Totals train_all = job.sum(train.read());
-    test = job.sum(evaluate(*model, test_loader, upload, job.device, o.amp));
+    test = job.sum(evaluate(*model, test_loader, upload, job.device, o.amp, format));
     evaluated = true;
     const double images_per_s = local_ips * job.world;
     const double seconds = seconds_since(epoch_start);
@@ -589,7 +592,7 @@ double run(const Options& o) {
     }
   }
   if (!evaluated)  // nothing left to train
-    test = job.sum(evaluate(*model, test_loader, upload, job.device, o.amp));
+    test = job.sum(evaluate(*model, test_loader, upload, job.device, o.amp, format));
   if (!last_is_current) checkpoint("last.safetensors");
   if (log) std::fclose(log);
   if (overlap_steps > 0)

@@ -45,6 +45,8 @@ struct Options {
   // Mixed precision (Note [resnet18_cifar in mixed precision] in train.cpp).
   std::string amp = "off";          // off | fp16 | bf16
   std::string comm_dtype = "fp32";  // the dtype DDP's gradients travel in: fp32 | fp16 | bf16
+  // Batches (and so every activation) stored channels-last, NHWC (Note [Memory formats]).
+  bool channels_last = false;
 };
 
 // A dataset split with the transforms the recipe uses for it and its normalisation constants.

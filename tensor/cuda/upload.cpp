@@ -4,6 +4,7 @@
 #include "tensor/cuda/upload.h"
 
 #include "tensor/copy.h"
+#include "tensor/view.h"
 
 namespace loom::cuda {
 
@@ -12,23 +13,26 @@ Uploader::Uploader(int ring_size) : ring_(static_cast<size_t>(ring_size)) {
              ring_size);
 }
 
-Tensor Uploader::operator()(const Tensor& t, Device device) {
+Tensor Uploader::operator()(const Tensor& t, Device device, MemoryFormat format) {
   LOOM_CHECK(t.is_cpu(), DeviceError, "Uploader: expected a CPU tensor; got one on ", t.device(),
              " of shape=", t.sizes());
-  if (device.is_cpu()) return t;
+  if (device.is_cpu()) return kernels::contiguous(t, format);
   if (device_ < 0) device_ = device.index;
   LOOM_CHECK(device.index == device_, DeviceError, "Uploader: this one serves cuda:", device_,
              "; asked for ", device, " (shape=", t.sizes(), ")");
   const size_t nbytes = t.nbytes();
-  Tensor out = empty(t.sizes(), t.dtype(), device);
+  Tensor out = empty(t.sizes(), t.dtype(), device, format);
   if (nbytes == 0) return out;
 
   Slot& slot = ring_[next_];
   next_ = (next_ + 1) % ring_.size();
   if (slot.copied.recorded()) slot.copied.synchronize();  // its last copy has left the buffer
   if (slot.buffer.nbytes() < nbytes) slot.buffer = PinnedBuffer(nbytes);
-  // One pass into the pinned buffer, whatever t's strides: a dense view of it is copy_'s dst.
-  kernels::copy_(from_blob(slot.buffer.data(), t.sizes(), t.dtype()), t);
+  // One pass into the pinned buffer, whatever t's strides: a view of it with out's strides is
+  // copy_'s dst, so the bytes that go over are already in out's format.
+  kernels::copy_(kernels::as_strided(from_blob(slot.buffer.data(), {t.numel()}, t.dtype()),
+                                     t.sizes(), out.strides(), 0),
+                 t);
 
   const Stream stream = Stream::current(device.index);  // the stream `out` was allocated for
   copy_bytes_async(out.data(), slot.buffer.data(), nbytes, CopyKind::HostToDevice, stream);

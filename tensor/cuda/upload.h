@@ -23,9 +23,11 @@ class Uploader {
  public:
   explicit Uploader(int ring_size = 4);
 
-  // `t` (a CPU tensor) on `device`, as t.to(device) returns it. A CPU device returns t itself.
-  // One Uploader serves one GPU.
-  Tensor operator()(const Tensor& t, Device device);
+  // `t` (a CPU tensor) on `device` stored in `format`, as t.to(device).contiguous(format)
+  // returns it (the reordering is done by the host's copy into pinned memory). A CPU device
+  // returns kernels::contiguous(t, format). One Uploader serves one GPU.
+  Tensor operator()(const Tensor& t, Device device,
+                    MemoryFormat format = MemoryFormat::kContiguous);
 
  private:
   struct Slot {

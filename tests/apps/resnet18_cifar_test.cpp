@@ -145,6 +145,14 @@ TEST_F(App, EvalOnlyReproducesTheLastTestAccuracyAndCheckpointsDescribeTheModel)
                         " --log-json " + path("e.json"));
   ASSERT_EQ(eval.status, 0) << eval.output;
   EXPECT_EQ(read_log(path("e.json")).back()["test_acc"], read_log(path("a.json"))[0]["test_acc"]);
+  // The same weights fed channels-last batches: the same evaluation (sums in another order).
+  Result eval_cl = run_app(kSmall + "--eval-only --channels-last --resume " +
+                           path("ckpt/last.safetensors") + " --log-json " + path("cl.json"));
+  ASSERT_EQ(eval_cl.status, 0) << eval_cl.output;
+  EXPECT_NE(eval_cl.output.find("channels-last"), std::string::npos) << eval_cl.output;
+  EXPECT_EQ(read_log(path("cl.json")).back()["test_acc"], read_log(path("a.json"))[0]["test_acc"]);
+  EXPECT_NEAR(read_log(path("cl.json")).back()["test_loss"].get<double>(),
+              read_log(path("e.json")).back()["test_loss"].get<double>(), 1e-5);
 
   const loom::SafetensorsFile file = loom::load_safetensors(path("ckpt/epoch-001.safetensors"));
   EXPECT_EQ(file.metadata.at("model"), "resnet18");
@@ -192,10 +200,11 @@ TEST_F(App, BadInputExitsWithStatusTwoAndSaysWhy) {
   Result help = run_app("--help");
   EXPECT_EQ(help.status, 0);
   for (const char* flag :
-       {"--data",           "--dataset",  "--epochs",    "--batch-size", "--lr",       "--momentum",
-        "--weight-decay",   "--nesterov", "--schedule",  "--width",      "--seed",     "--threads",
-        "--checkpoint-dir", "--resume",   "--eval-only", "--max-steps",  "--log-json", "--gpus",
-        "--backend",        "--amp",      "--comm-dtype"})
+       {"--data",       "--dataset",      "--epochs",         "--batch-size", "--lr",
+        "--momentum",   "--weight-decay", "--nesterov",       "--schedule",   "--width",
+        "--seed",       "--threads",      "--checkpoint-dir", "--resume",     "--eval-only",
+        "--max-steps",  "--log-json",     "--gpus",           "--backend",    "--amp",
+        "--comm-dtype", "--channels-last"})
     EXPECT_NE(help.output.find(flag), std::string::npos) << flag;
 }
 

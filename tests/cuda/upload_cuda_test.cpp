@@ -50,5 +50,21 @@ TEST(Uploader, TheSourceCanChangeAtOnceAndLayoutsAreKept) {
   EXPECT_LOOM_ERROR(upload(on_gpu, kCuda0), DeviceError, {"Uploader", "[64, 32]"});
 }
 
+// A batch asked for channels-last arrives channels-last with the same values; on the CPU the
+// Uploader only reorders.
+TEST(Uploader, ChannelsLastBatches) {
+  const Tensor images = randn({8, 3, 5, 6});
+  cuda::Uploader upload;
+  const Tensor on_cpu = upload(images, kCPU, MemoryFormat::kChannelsLast);
+  EXPECT_EQ(suggest_memory_format(on_cpu), MemoryFormat::kChannelsLast);
+  EXPECT_TRUE(tensors_close(on_cpu, images, 0, 0));
+  LOOM_SKIP_WITHOUT_GPU();
+  for (const Tensor& source : {images, images.contiguous(MemoryFormat::kChannelsLast)}) {
+    const Tensor on_gpu = upload(source, kCuda0, MemoryFormat::kChannelsLast);
+    EXPECT_EQ(suggest_memory_format(on_gpu), MemoryFormat::kChannelsLast);
+    EXPECT_TRUE(cuda_matches_cpu(on_gpu, images, 0, 0));
+  }
+}
+
 }  // namespace
 }  // namespace loom::test
