@@ -76,13 +76,24 @@ class AccumulateGrad : public Node {
     AutogradMeta& m = meta(leaf);
     Tensor& incoming = grads[0];
     if (!m.grad.defined()) {
-      // Keep the incoming gradient when nothing else can see it (no other handle, no other view
-      // of its storage, e.g. the caller's own gradient tensor passed through); copy otherwise.
-      const bool owned = incoming.is_contiguous() && incoming.impl_ptr().use_count() == 1 &&
+      // .grad is dense in the leaf's memory format (PyTorch's layout contract: a channels-last
+      // leaf gets a channels-last gradient). Keep the incoming gradient when it already is and
+      // nothing else can see it (no other handle, no other view of its storage, e.g. the
+      // caller's own gradient tensor passed through); copy otherwise.
+      const MemoryFormat format = suggest_memory_format(leaf);
+      const bool in_format = format == MemoryFormat::kContiguous
+                                 ? incoming.is_contiguous()
+                                 : suggest_memory_format(incoming) == format;
+      const bool owned = in_format && incoming.impl_ptr().use_count() == 1 &&
                          incoming.storage().use_count() == 1 &&
                          incoming.numel() * static_cast<int64_t>(incoming.itemsize()) ==
                              static_cast<int64_t>(incoming.storage()->nbytes);
-      m.grad = owned ? kernels::alias(incoming) : kernels::clone(incoming);
+      if (owned) {
+        m.grad = kernels::alias(incoming);
+      } else {
+        m.grad = empty(incoming.sizes(), incoming.dtype(), incoming.device(), format);
+        kernels::copy_(m.grad, incoming);
+      }
     } else {
       // In place: .grad may be a view into a DDP bucket, which must see the sum.
       kernels::add_(m.grad, incoming);

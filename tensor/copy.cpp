@@ -68,15 +68,17 @@ To convert(From v) {
   }
 }
 
-// float32 <-> float16 between dense tensors of one shape, eight values an instruction (F16C):
-// the casts around every float16 product of autocast. False when this path does not apply.
+// float32 <-> float16 between dense tensors of one shape and one layout (both contiguous, or
+// both channels-last with the same strides), eight values an instruction (F16C): the casts
+// around every float16 product of autocast. False when this path does not apply.
 bool convert_dense_half(const Tensor& dst, const Tensor& src) {
 #if defined(__F16C__)
   const bool to_half = dst.dtype() == kFloat16 && src.dtype() == kFloat32;
   const bool from_half = dst.dtype() == kFloat32 && src.dtype() == kFloat16;
-  if (!(to_half || from_half) || dst.sizes() != src.sizes() || !dst.is_contiguous() ||
-      !src.is_contiguous())
-    return false;
+  const bool same_layout =
+      (dst.is_contiguous() && src.is_contiguous()) ||
+      (dst.strides() == src.strides() && dst.is_contiguous(MemoryFormat::kChannelsLast));
+  if (!(to_half || from_half) || dst.sizes() != src.sizes() || !same_layout) return false;
   const int64_t n = dst.numel();
   parallel_for(0, n, kParallelGrain, [&](int64_t lo, int64_t hi) {
     int64_t i = lo;

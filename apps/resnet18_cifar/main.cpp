@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
   app.add_flag("--channels-last", o.channels_last,
                "store batches and activations channels-last (NHWC), the layout cuDNN's "
-               "tensor-core convolutions prefer; numbers are unchanged");
+               "tensor-core convolutions prefer; results match NCHW up to rounding");
   try {
     app.parse(argc, argv);
     if (o.eval_only && o.resume.empty())

@@ -147,10 +147,15 @@ void channel_dx(const T* dy, const T* x, T* dx, const ChannelLayout& l, int64_t 
 
 // K sums per channel of an interleaved x: add_row(offset of row m, acc) adds row m into
 // acc[j C + c] for j < K. Returns the totals as [K][C].
+// Blocks hold about kParallelGrain values, and there are at most kMaxColumnBlocks of them, so
+// the partial sums take at most kMaxColumnBlocks K C doubles however large x is.
+constexpr int64_t kMaxColumnBlocks = 64;
+
 template <int K, typename AddRow>
 std::vector<double> column_sums(const ChannelLayout& l, AddRow&& add_row) {
   const int64_t rows = l.n, width = K * l.c;
-  const int64_t block = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(l.c, 1));
+  const int64_t by_grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(l.c, 1));
+  const int64_t block = std::max(by_grain, (rows + kMaxColumnBlocks - 1) / kMaxColumnBlocks);
   const int64_t blocks = (rows + block - 1) / block;
   std::vector<double> partial(static_cast<size_t>(blocks * width), 0.0);
   parallel_for(0, blocks, 1, [&](int64_t lo, int64_t hi) {
@@ -159,9 +164,12 @@ std::vector<double> column_sums(const ChannelLayout& l, AddRow&& add_row) {
       for (int64_t m = b * block; m < std::min(rows, (b + 1) * block); ++m) add_row(m * l.c, acc);
     }
   });
+  // Each column adds its blocks in block order; columns split over threads.
   std::vector<double> total(static_cast<size_t>(width), 0.0);
-  for (int64_t b = 0; b < blocks; ++b)
-    for (int64_t j = 0; j < width; ++j) total[j] += partial[b * width + j];
+  parallel_for(0, width, grain_for(blocks), [&](int64_t lo, int64_t hi) {
+    for (int64_t b = 0; b < blocks; ++b)
+      for (int64_t j = lo; j < hi; ++j) total[j] += partial[b * width + j];
+  });
   return total;
 }
 

@@ -24,8 +24,10 @@ namespace loom::cuda {
 //   [Memory formats]) runs as NHWC, except in float64, where cuDNN has few NHWC kernels.
 //   The weight, and dout in the backward, are brought to the same layout (for NHWC the weight
 //   is KRSC: [O, kh, kw, C/g] in memory), copied only when they are not already. The output and
-//   dx come back in x's layout, as PyTorch does; dweight and dbias are always contiguous. An
-//   operand that is not 16-byte aligned (a view at an odd offset) is copied too.
+//   dx come back in x's format, as PyTorch does, even where the call ran NCHW for a
+//   channels-last x (float64, or a shape without NHWC algorithms: one extra copy); dweight and
+//   dbias are always contiguous. An operand that is not 16-byte aligned (a view at an odd
+//   offset) is copied too.
 //   Algorithms: per key (device, direction, dtype, layout, math, chunk shape, options) cuDNN's
 //   heuristics (cudnnGet*Algorithm_v7) rank the algorithms once; the usable ones (status
 //   success, exact workspace known, no tensor-op math for float32 when TF32 is off) are cached
@@ -542,7 +544,9 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
   // In 16 bits the product is rounded before the bias is added (in float32) and rounded again;
   // the CPU rounds once. The two differ by at most one 16-bit ulp.
   if (bias.defined()) add_bias(out, bias, layout, /*assign=*/false);
-  return out;
+  // Ran NCHW for a channels-last x (float64, or no NHWC algorithm for this shape): the result
+  // still takes x's format, so the layers after this one stay channels-last.
+  return kernels::contiguous(out, suggest_memory_format(x));
 }
 
 kernels::Conv2dGrads conv2d_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
@@ -607,6 +611,7 @@ kernels::Conv2dGrads conv2d_backward(const Tensor& dout, const Tensor& x, const 
     });
     if (layout == Layout::kNHWC) kernels::copy_(grads.dweight, dw);
   }
+  if (grads.dx.defined()) grads.dx = kernels::contiguous(grads.dx, suggest_memory_format(x));
   return grads;
 }
 

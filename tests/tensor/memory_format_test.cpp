@@ -78,6 +78,12 @@ TEST(MemoryFormat, ContiguousInAFormatIsDifferentiable) {
   ASSERT_TRUE(channels_last(y));
   loom::mul(y, w).sum().backward();
   EXPECT_TRUE(same_values(x.grad(), w));
+  EXPECT_TRUE(x.grad().is_contiguous());
+  // A channels-last leaf gets a channels-last .grad, whatever layout reaches it.
+  const Tensor xcl = randn({2, 3, 4, 5}, kFloat64).contiguous(kCL).requires_grad_();
+  loom::mul(xcl.contiguous(), w).sum().backward();
+  EXPECT_TRUE(channels_last(xcl.grad()));
+  EXPECT_TRUE(same_values(xcl.grad(), w));
 }
 
 // A channels-last map merges to one flat loop (so it vectorises, and takes the flat CUDA kernel):
