@@ -93,6 +93,23 @@ void check_grad(const char* op, const Tensor& dout, const Shape& x_shape, const 
              ShapeError, op, ": dout=", dout.sizes(), " does not match the output of x=", x_shape);
 }
 
+// Max pooling window of output (oh, ow): rows h0, h0 + dh, ... below h1 and columns w0,
+// w0 + dw, ... below w1, starting at the first row and column inside the input.
+struct MaxWindow {
+  int64_t h0, h1, w0, w1;
+};
+
+MaxWindow max_window(const Pool2dGeometry& g, int64_t oh, int64_t ow) {
+  MaxWindow win;
+  win.h0 = oh * g.stride[0] - g.padding[0];
+  win.w0 = ow * g.stride[1] - g.padding[1];
+  win.h1 = std::min(win.h0 + (g.kernel[0] - 1) * g.dilation[0] + 1, g.h);
+  win.w1 = std::min(win.w0 + (g.kernel[1] - 1) * g.dilation[1] + 1, g.w);
+  while (win.h0 < 0) win.h0 += g.dilation[0];
+  while (win.w0 < 0) win.w0 += g.dilation[1];
+  return win;
+}
+
 // Average pooling window [h0, h1) x [w0, w1) of output (oh, ow), clamped to the input, and the
 // divisor, as PyTorch: the window size counted up to the padded edge (count_include_pad) or
 // the number of input elements it covers.
@@ -140,13 +157,8 @@ void max_pool2d_channels_last(const Tensor& x, const Pool2dGeometry& g, const Te
     for_units(x.size(0) * g.ho, g.wo * channels * kh * kw, [&](int64_t row) {
       const int64_t n = row / g.ho, oh = row % g.ho;
       const T* image = src + n * g.h * g.w * channels;
-      int64_t h0 = oh * g.stride[0] - g.padding[0];
-      const int64_t h1 = std::min(h0 + (kh - 1) * dh + 1, g.h);
-      while (h0 < 0) h0 += dh;
       for (int64_t ow = 0; ow < g.wo; ++ow) {
-        int64_t w0 = ow * g.stride[1] - g.padding[1];
-        const int64_t w1 = std::min(w0 + (kw - 1) * dw + 1, g.w);
-        while (w0 < 0) w0 += dw;
+        const auto [h0, h1, w0, w1] = max_window(g, oh, ow);
         T* best = dst + (row * g.wo + ow) * channels;
         int64_t* best_index = idx + (row * g.wo + ow) * channels;
         std::fill(best, best + channels, -std::numeric_limits<T>::infinity());
@@ -191,13 +203,8 @@ std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dOptions& optio
       T* o = dst + plane * g.ho * g.wo;
       int64_t* oi = idx + plane * g.ho * g.wo;
       for (int64_t oh = 0; oh < g.ho; ++oh) {
-        int64_t h0 = oh * g.stride[0] - g.padding[0];
-        const int64_t h1 = std::min(h0 + (kh - 1) * dh + 1, g.h);
-        while (h0 < 0) h0 += dh;
         for (int64_t ow = 0; ow < g.wo; ++ow) {
-          int64_t w0 = ow * g.stride[1] - g.padding[1];
-          const int64_t w1 = std::min(w0 + (kw - 1) * dw + 1, g.w);
-          while (w0 < 0) w0 += dw;
+          const auto [h0, h1, w0, w1] = max_window(g, oh, ow);
           // -inf and index -1 only for a window that holds no input (the backward skips it).
           T best = -std::numeric_limits<T>::infinity();
           int64_t best_index = h0 < h1 && w0 < w1 ? h0 * g.w + w0 : -1;
