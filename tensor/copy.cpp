@@ -68,17 +68,24 @@ To convert(From v) {
   }
 }
 
-// float32 <-> float16 between dense tensors of one shape and one layout (both contiguous, or
-// both channels-last with the same strides), eight values an instruction (F16C): the casts
-// around every float16 product of autocast. False when this path does not apply.
+// a and b hold the same elements in the same order, densely: one can be copied byte for byte
+// into the other (both contiguous, or both channels-last; where a shape is dense in both
+// orders, C = 1 or H = W = 1, the two orders are the same bytes).
+bool same_dense_layout(const Tensor& a, const Tensor& b) {
+  if (a.sizes() != b.sizes()) return false;
+  if (a.is_contiguous() && b.is_contiguous()) return true;
+  return a.is_contiguous(MemoryFormat::kChannelsLast) &&
+         b.is_contiguous(MemoryFormat::kChannelsLast);
+}
+
+// float32 <-> float16 between dense tensors of one shape and one layout (same_dense_layout),
+// eight values an instruction (F16C): the casts around every float16 product of autocast.
+// False when this path does not apply.
 bool convert_dense_half(const Tensor& dst, const Tensor& src) {
 #if defined(__F16C__)
   const bool to_half = dst.dtype() == kFloat16 && src.dtype() == kFloat32;
   const bool from_half = dst.dtype() == kFloat32 && src.dtype() == kFloat16;
-  const bool same_layout =
-      (dst.is_contiguous() && src.is_contiguous()) ||
-      (dst.strides() == src.strides() && dst.is_contiguous(MemoryFormat::kChannelsLast));
-  if (!(to_half || from_half) || dst.sizes() != src.sizes() || !same_layout) return false;
+  if (!(to_half || from_half) || !same_dense_layout(dst, src)) return false;
   const int64_t n = dst.numel();
   parallel_for(0, n, kParallelGrain, [&](int64_t lo, int64_t hi) {
     int64_t i = lo;
@@ -119,12 +126,13 @@ void copy_cpu(const Tensor& dst, const Tensor& src) {
 
 // Note [Copies between devices]
 // On one device the copy is that device's kernel: strides, broadcasting and dtype conversion
-// included. Between the host and a GPU only contiguous bytes of one dtype move (copy_bytes);
-// the conversion and the layout happen on whichever side the bytes are not: to the GPU, the
-// source goes over as it is (made dense on the host if it is not) and the device kernel writes
-// it into dst; from the GPU, the device kernel first makes a dense copy in dst's dtype and
-// shape, which comes over into dst (through a host staging tensor when dst is not dense).
-// Between two GPUs the bytes go through the host.
+// included. Between the host and a GPU only dense bytes of one dtype move (copy_bytes), in
+// dst's memory format (contiguous or channels-last); the conversion and the layout happen on
+// whichever side the bytes are not: to the GPU, the source goes over as it is (made dense in
+// dst's format on the host if it is not) and the device kernel writes it into dst; from the
+// GPU, the device kernel first makes a dense copy in dst's dtype and format, which comes over
+// into dst (through a host staging tensor when dst is not dense). Between two GPUs the bytes
+// go through the host.
 void copy_(const Tensor& dst, const Tensor& src) {
   LOOM_CHECK(broadcast_shapes(dst.sizes(), src.sizes(), "copy_") == dst.sizes(), ShapeError,
              "copy_: source shape=", src.sizes(),
@@ -136,27 +144,28 @@ void copy_(const Tensor& dst, const Tensor& src) {
   if (dst.device() == src.device()) return cuda::copy_(dst, src);  // bumps the version
   using cuda::CopyKind;
   if (dst.is_cuda() && src.is_cuda()) return copy_(dst, to_device(src, kCPU));
+  const MemoryFormat format = suggest_memory_format(dst);
   if (dst.is_cuda()) {  // host to device
-    const Tensor dense = contiguous(src);
-    if (dense.dtype() == dst.dtype() && dense.sizes() == dst.sizes() && dst.is_contiguous()) {
+    const Tensor dense = contiguous(src, format);
+    if (dense.dtype() == dst.dtype() && same_dense_layout(dense, dst)) {
       dst.bump_version();
       if (dst.nbytes())
         cuda::copy_bytes(dst.data(), dense.data(), dst.nbytes(), CopyKind::HostToDevice,
                          dst.device().index);
       return;
     }
-    Tensor moved = empty(dense.sizes(), dense.dtype(), dst.device());
+    Tensor moved = empty(dense.sizes(), dense.dtype(), dst.device(), suggest_memory_format(dense));
     copy_(moved, dense);
     return cuda::copy_(dst, moved);
   }
   // device to host
   Tensor dense = src;
-  if (src.dtype() != dst.dtype() || src.sizes() != dst.sizes() || !src.is_contiguous()) {
-    dense = empty(dst.sizes(), dst.dtype(), src.device());
+  if (src.dtype() != dst.dtype() || !same_dense_layout(src, dst)) {
+    dense = empty(dst.sizes(), dst.dtype(), src.device(), format);
     cuda::copy_(dense, src);
   }
-  if (!dst.is_contiguous()) {
-    Tensor staged = empty(dst.sizes(), dst.dtype(), kCPU);
+  if (!same_dense_layout(dst, dense)) {  // dst is a strided view
+    Tensor staged = empty(dst.sizes(), dst.dtype(), kCPU, suggest_memory_format(dense));
     copy_(staged, dense);
     dst.bump_version();
     return copy_cpu(dst, staged);
@@ -205,7 +214,7 @@ Tensor widened(const Tensor& t) {
 
 Tensor to_device(const Tensor& t, Device device) {
   if (t.device() == device) return t;
-  Tensor out = empty(t.sizes(), t.dtype(), device);
+  Tensor out = empty(t.sizes(), t.dtype(), device, suggest_memory_format(t));
   copy_(out, t);
   return out;
 }

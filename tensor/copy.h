@@ -19,7 +19,7 @@ Tensor clone(const Tensor& t);  // always a fresh contiguous copy
 // t itself when already of that dtype, else a copy in t's suggest_memory_format (so autocast
 // keeps a channels-last activation channels-last).
 Tensor to_dtype(const Tensor& t, DType dtype);
-Tensor to_device(const Tensor& t, Device device);
+Tensor to_device(const Tensor& t, Device device);  // keeps t's suggest_memory_format
 // t in float32 when it is float16 or bfloat16 (exactly: every 16-bit value is a float32 value),
 // t itself otherwise (undefined included). loom's arithmetic on 16-bit data runs in float32.
 Tensor widened(const Tensor& t);

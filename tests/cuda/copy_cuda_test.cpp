@@ -13,6 +13,7 @@
 
 #include "cuda/cuda_test_util.h"
 #include "tensor/copy.h"
+#include "tensor/view.h"
 
 using namespace loom;
 using loom::test::cuda_matches_cpu;
@@ -300,4 +301,31 @@ TEST(CudaCopy, ShapeErrorNamesBothShapes) {
   EXPECT_LOOM_ERROR(dst.copy_(src), ShapeError, {"copy_", "[4]", "[2, 3]"});
   EXPECT_LOOM_ERROR(k::copy_(dst, zeros({3, 2, 3}, kFloat64, kCuda0)), ShapeError,
                     {"copy_", "[3, 2, 3]", "[2, 3]"});
+}
+
+// Between the host and a GPU a channels-last tensor keeps its format (to(device), as PyTorch's),
+// and copies into either format on either side land in the right places (Note [Copies between
+// devices]).
+TEST(CudaCopy, ChannelsLastCrossesDevicesInItsFormat) {
+  LOOM_SKIP_WITHOUT_GPU();
+  const MemoryFormat cl = MemoryFormat::kChannelsLast;
+  const Tensor x = randn({3, 5, 4, 6});
+  const Tensor x_cl = k::contiguous(x, cl);
+  const Tensor up = x_cl.to(kCuda0);
+  EXPECT_EQ(suggest_memory_format(up), cl);
+  EXPECT_TRUE(cuda_matches_cpu(up, x, 0, 0));
+  const Tensor down = up.to(kCPU);
+  EXPECT_EQ(suggest_memory_format(down), cl);
+  EXPECT_TRUE(test::tensors_close(down, x, 0, 0));
+  // Contiguous into channels-last and back, both directions, with a dtype change too.
+  const Tensor dst = empty(x.sizes(), kFloat32, kCuda0, cl);
+  k::copy_(dst, x);
+  EXPECT_TRUE(cuda_matches_cpu(dst, x, 0, 0));
+  Tensor host = empty(x.sizes(), kFloat64, kCPU);
+  k::copy_(host, up);
+  EXPECT_TRUE(test::tensors_close(host, x.to(kFloat64), 0, 0));
+  // Into a strided host view (staged through a dense host tensor).
+  Tensor wide = zeros({3, 5, 4, 12});
+  k::copy_(k::slice(wide, 3, 0, 12, 2), up);
+  EXPECT_TRUE(test::tensors_close(k::slice(wide, 3, 0, 12, 2), x, 0, 0));
 }
