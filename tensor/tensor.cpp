@@ -205,8 +205,9 @@ Shape contiguous_strides(const Shape& shape) {
 //    channels-last activation stays channels-last through ReLU, residual adds and autocast;
 //  - batch norm, the pools and the convolutions keep their input's format, and their input
 //    gradients take it too (cuDNN runs NHWC for a channels-last input);
-//  - everything else (reductions, views, clone(), contiguous(), copies to another device, the
-//    factories) gives kContiguous unless told otherwise.
+//  - to(device) and copies between devices keep the format (dense bytes in dst's format);
+//  - everything else (reductions, views, clone(), contiguous(), the factories) gives
+//    kContiguous unless told otherwise.
 // The loops under the elementwise ops (cpu::plan_loop) visit dims in the output's memory
 // order, so a channels-last map is one flat pass as a contiguous one is. A choice made here:
 // empty_like gives kContiguous (PyTorch's preserves), because loom's kernels allocate with it
