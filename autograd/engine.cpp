@@ -81,10 +81,8 @@ class AccumulateGrad : public Node {
       // nothing else can see it (no other handle, no other view of its storage, e.g. the
       // caller's own gradient tensor passed through); copy otherwise.
       const MemoryFormat format = suggest_memory_format(leaf);
-      const bool in_format = format == MemoryFormat::kContiguous
-                                 ? incoming.is_contiguous()
-                                 : suggest_memory_format(incoming) == format;
-      const bool owned = in_format && incoming.impl_ptr().use_count() == 1 &&
+      const bool owned = has_memory_format(incoming, format) &&
+                         incoming.impl_ptr().use_count() == 1 &&
                          incoming.storage().use_count() == 1 &&
                          incoming.numel() * static_cast<int64_t>(incoming.itemsize()) ==
                              static_cast<int64_t>(incoming.storage()->nbytes);

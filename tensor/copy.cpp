@@ -188,8 +188,7 @@ void fill_(const Tensor& dst, double value) {
 Tensor contiguous(const Tensor& t) { return t.is_contiguous() ? t : clone(t); }
 
 Tensor contiguous(const Tensor& t, MemoryFormat format) {
-  if (format == MemoryFormat::kContiguous ? t.is_contiguous() : suggest_memory_format(t) == format)
-    return t;
+  if (has_memory_format(t, format)) return t;
   Tensor out = empty(t.sizes(), t.dtype(), t.device(), format);
   copy_(out, t);
   return out;

@@ -235,6 +235,11 @@ MemoryFormat suggest_memory_format(const Tensor& t) {
              : MemoryFormat::kContiguous;
 }
 
+bool has_memory_format(const Tensor& t, MemoryFormat format) {
+  return format == MemoryFormat::kContiguous ? t.is_contiguous()
+                                             : suggest_memory_format(t) == format;
+}
+
 MemoryFormat result_format(const Shape& shape, std::initializer_list<Tensor> operands) {
   for (const Tensor& t : operands)
     if (t.defined() && t.sizes() == shape) return suggest_memory_format(t);

@@ -198,6 +198,10 @@ Shape format_strides(const Shape& shape, MemoryFormat format);
 // channels-last only when its strides are exactly format_strides(sizes, kChannelsLast) (what
 // contiguous(kChannelsLast) makes of it), as PyTorch tells the two apart.
 MemoryFormat suggest_memory_format(const Tensor& t);
+// t is in `format` as it stands, no copy needed: contiguous for kContiguous, a
+// suggest_memory_format of kChannelsLast for kChannelsLast (kernels::contiguous(t, format)
+// returns t itself exactly then).
+bool has_memory_format(const Tensor& t, MemoryFormat format);
 // The format of an op's result of `shape` computed elementwise from `operands`, as PyTorch's
 // TensorIterator chooses it for these two formats: the first defined operand of the result's
 // shape decides (its suggest_memory_format); kContiguous when none has that shape.

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <numeric>
 #include <vector>
 
@@ -38,16 +39,21 @@ struct LoopPlan {
 
 // Dims are visited in operand 0's memory order, outermost first (a stable sort by its strides,
 // descending), so that an output stored channels-last, or in any other dense order, merges
-// into one flat loop as a contiguous one does (Note [Memory formats]). A row-major output keeps
-// the row-major order.
+// into one flat loop as a contiguous one does (Note [Memory formats]). A row-major output,
+// every map's common case, keeps the row-major order without sorting or allocating.
 template <size_t N>
 LoopPlan<N> plan_loop(const Shape& shape, const std::array<Shape, N>& strides) {
-  std::vector<size_t> order(shape.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return strides[0][a] > strides[0][b]; });
+  const Shape& out = strides[0];
+  std::vector<size_t> order;
+  if (!std::is_sorted(out.begin(), out.end(), std::greater<>())) {
+    order.resize(shape.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return out[a] > out[b]; });
+  }
   LoopPlan<N> plan;
-  for (const size_t d : order) {
+  for (size_t i = 0; i < shape.size(); ++i) {
+    const size_t d = order.empty() ? i : order[i];
     if (shape[d] == 1) continue;  // size-1 dims do not move any pointer
     bool merge = !plan.sizes.empty();
     for (size_t k = 0; merge && k < N; ++k)
