@@ -556,6 +556,9 @@ class ProcessGroupNCCL final : public ProcessGroup {
       if (after) after(stream());
       std::lock_guard<std::mutex> lock(mutex_);
       work->done_event().record(*comm_stream_);
+      // Failed meanwhile (a timeout, a peer's error): the failure's drain point was recorded
+      // before `after` queued its copies, which read this work's tensors; move it past them.
+      if (!broken_.empty()) drain_event_.record(*comm_stream_);
       work->mark_enqueued();
     } catch (const DistError& e) {  // an NCCL error, a timeout, or the group failed meanwhile
       fail_from_enqueue(*work, std::string(e.what()) + "; the NCCL communicator was aborted");
@@ -724,7 +727,8 @@ class ProcessGroupNCCL final : public ProcessGroup {
       lock.unlock();
       store_chores();
       lock.lock();
-      cv_.wait_for(lock, kWatchdogPoll, [&] { return stop_ && outstanding_.empty(); });
+      cv_.wait_for(lock, kWatchdogPoll,
+                   [&] { return stop_ && outstanding_.empty() && draining_.empty(); });
     }
   }
 

@@ -42,7 +42,9 @@ fi
 LD_LIBRARY_PATH="$(IFS=:; echo "${libdirs[*]:-}")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LD_LIBRARY_PATH
 
-gpu="$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+# compute_mode: the two-rank tests share one GPU between two processes, which an
+# Exclusive_Process GPU refuses (they would all fail at once).
+gpu="$(nvidia-smi --query-gpu=name,memory.total,driver_version,compute_mode --format=csv,noheader 2>/dev/null | head -1)"
 say "GPU: ${gpu:-none found}; nvcc: $(nvcc --version 2>/dev/null | tail -1)"
 
 # Every step gets at most what is left of the budget, 8 minutes (the device tool stops a command

@@ -408,7 +408,9 @@ class ConvRunner {
         }
         d.set_math(c.math);
         const cudnnStatus_t status = launch(d, n0, c.algo, workspace->get(), c.workspace, n0 == 0);
-        if (status == CUDNN_STATUS_NOT_SUPPORTED && !last) continue;
+        // cuDNN 9 reports "not supported" as a category with detailed codes (_SHAPE, _LAYOUT,
+        // ...): any of them moves on to the next candidate.
+        if (CUDNN_STATUS_CATEGORY(status) == CUDNN_STATUS_NOT_SUPPORTED && !last) continue;
         check_cudnn(status, device_, op_, ": ", direction_name(direction), "(algo ", c.algo,
                     ", workspace ", c.workspace, " bytes, ", dtype_, ")");
         break;
@@ -522,13 +524,12 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
   const bool degenerate = x.numel() == 0 || weight.numel() == 0;
   if (shape_numel(out_shape) == 0 || degenerate) {
     Tensor out = empty_in(out_shape, x.dtype(), x.device(), choose_layout(x));
-    if (out.numel() == 0) return out;
     // Every tap is padding (or there are no input channels): out = bias.
-    if (bias.defined())
+    if (bias.defined() && out.numel() > 0)
       add_bias(out, bias, choose_layout(x), /*assign=*/true);
     else
       zero(out);
-    return out;
+    return kernels::contiguous(out, suggest_memory_format(x));  // float64 ran NCHW
   }
   const Layout layout = usable_layout(x, g, device, "conv2d", {Direction::kForward});
   Tensor out = empty_in(out_shape, x.dtype(), x.device(), layout);
@@ -567,6 +568,11 @@ kernels::Conv2dGrads conv2d_backward(const Tensor& dout, const Tensor& x, const 
                             : choose_layout(x);
 
   kernels::Conv2dGrads grads;
+  // dx takes x's format, also where the layout differs (float64 runs a channels-last x NCHW).
+  const auto in_x_format = [&]() -> kernels::Conv2dGrads {
+    if (grads.dx.defined()) grads.dx = kernels::contiguous(grads.dx, suggest_memory_format(x));
+    return grads;
+  };
   if (needs[0]) grads.dx = empty_in(x.sizes(), dtype, x.device(), layout);
   if (needs[1]) grads.dweight = empty(weight.sizes(), dtype, x.device());
   if (needs[2]) grads.dbias = empty({weight.size(0)}, dtype, x.device());
@@ -574,13 +580,13 @@ kernels::Conv2dGrads conv2d_backward(const Tensor& dout, const Tensor& x, const 
     zero(grads.dx);
     zero(grads.dweight);
     zero(grads.dbias);
-    return grads;
+    return in_x_format();
   }
   if (needs[2]) bias_grad(dout, grads.dbias);
   if (degenerate) {  // x and the weight meet only in padding: no gradient flows to them
     zero(grads.dx);
     zero(grads.dweight);
-    return grads;
+    return in_x_format();
   }
   if (!needs[0] && !needs[1]) return grads;
 
@@ -611,8 +617,7 @@ kernels::Conv2dGrads conv2d_backward(const Tensor& dout, const Tensor& x, const 
     });
     if (layout == Layout::kNHWC) kernels::copy_(grads.dweight, dw);
   }
-  if (grads.dx.defined()) grads.dx = kernels::contiguous(grads.dx, suggest_memory_format(x));
-  return grads;
+  return in_x_format();
 }
 
 }  // namespace loom::cuda

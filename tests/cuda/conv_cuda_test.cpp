@@ -135,10 +135,10 @@ TEST(CudaConv, ChannelsLastInput) {
     if (c.x[1] > 1) expect_conv_matches(c, kFloat32, 1e-3, /*channels_last=*/true);
   expect_conv_matches({{2, 64, 16, 16}, {32, 64, 3, 3}, opts({1, 1}, {1, 1})}, kFloat32, 2e-3,
                       /*channels_last=*/true, /*expect_nhwc=*/true);
-  // float64 runs channels-last input as NCHW (contiguous output).
+  // float64 runs a channels-last input as NCHW, and converts the output back to x's format.
   const Tensor x = randn({2, 4, 6, 6}, kFloat64), w = randn({3, 4, 3, 3}, kFloat64);
   const Tensor out = cuda::conv2d(gpu_channels_last(x), gpu(w), Tensor(), opts({1, 1}, {1, 1}));
-  EXPECT_TRUE(out.is_contiguous());
+  EXPECT_TRUE(out.is_contiguous(MemoryFormat::kChannelsLast));
   EXPECT_TRUE(cuda_matches_cpu(out, k::conv2d(x, w, Tensor(), opts({1, 1}, {1, 1})), 1e-9, 1e-9));
 }
 
