@@ -19,32 +19,39 @@
 //   |                |                                                    | cast to the region's|
 //   |                |                                                    | dtype; the output   |
 //   |                |                                                    | is 16-bit           |
-//   | float32        | elementwise math (add ... where, comparisons),     | 16-bit inputs are   |
-//   |                | reductions (sum, mean, var, std, amax, amin, max,  | widened to float32; |
-//   |                | min, argmax, argmin, logsumexp), softmax,          | the output is       |
-//   |                | log_softmax, cross_entropy, nll_loss, mse_loss,    | float32             |
-//   |                | batch_norm, SyncBatchNorm, layer_norm, pooling     |                     |
-//   |                | (max, avg, adaptive avg), dropout, gather,         |                     |
+//   | float32        | pow, exp, log, sqrt, rsqrt, reductions (sum, mean, | 16-bit inputs are   |
+//   |                | var, std, amax, amin, max, min, argmax, argmin,    | widened to float32; |
+//   |                | logsumexp), softmax, log_softmax, cross_entropy,   | the output is       |
+//   |                | nll_loss, mse_loss, layer_norm, SyncBatchNorm,     | float32             |
+//   |                | pooling (max, avg, adaptive avg), dropout, gather, |                     |
 //   |                | index_select, scatter_add (their backwards add),   |                     |
 //   |                | cat and stack when their inputs' dtypes differ     |                     |
-//   | as is          | views (view, reshape, permute, transpose, slice,   | run in their input's|
-//   |                | select, narrow, expand, squeeze, unsqueeze,        | dtype (they move    |
-//   |                | flatten, split, chunk), clone, contiguous, to,     | values, no          |
-//   |                | cat and stack of one dtype                         | arithmetic)         |
+//   | as is          | the other elementwise ops (add, sub, mul, div,     | run in their inputs'|
+//   |                | neg, abs, relu, gelu, tanh, sigmoid, clamp,        | dtype (promoted     |
+//   |                | maximum, minimum, where, comparisons, the scalar   | when they differ),  |
+//   |                | operators), batch_norm (float32 parameters and     | a 16-bit one        |
+//   |                | statistics), views (view, reshape, permute, ...),  | computed in float   |
+//   |                | clone, contiguous, to, cat and stack of one dtype  |                     |
 //
 //   embedding and one_hot take no 16-bit input (an index, and a float32 weight).
 //   float64 tensors are never cast (as in PyTorch): a region changes only float32 and 16-bit
-//   operands. Outside a region nothing is cast, and the float32 class raises DTypeError for
-//   16-bit inputs, as before: loom computes in float32 and float64, and stores 16-bit values.
+//   operands. Outside a region nothing is cast: the float32 class raises DTypeError for 16-bit
+//   inputs, and the "as is" class computes them as inside one.
 //
 //   Why this split. A product's accuracy depends on its accumulator, not on its operands: the
 //   16-bit products accumulate in float32 (tensor cores on GPUs; on CPUs without 16-bit dot
 //   products, Note [16-bit products on the CPU] in tensor/cpu/linalg.cpp). Sums of many terms
-//   (reductions, softmax's normaliser, a norm's variance, a loss) lose digits in 16 bits and
-//   float16 overflows at 65504, so they run in float32. PyTorch's CUDA table makes the same
-//   split; loom's is smaller because loom keeps no 16-bit elementwise kernels: ReLU and the
-//   residual add run in float32 too, which costs bandwidth, not accuracy.
-//
+//   (reductions, softmax's normaliser, a layer norm's variance, a loss) lose digits in 16 bits
+//   and float16 overflows at 65504, so they run in float32, as do exp, log and pow, whose
+//   results leave float16's range easily. An elementwise op computes each element in float and
+//   rounds it once (Note [16-bit arithmetic] in tensor/cuda/float16.h), so running it on 16-bit
+//   storage loses nothing the next product would not round away anyway; batch norm sums its
+//   statistics in double whatever x's dtype. Keeping these ops 16-bit is what PyTorch's CUDA
+//   table does, and it matters: between two convolutions of a ResNet, batch norm, ReLU and the
+//   residual add then read and write 2-byte activations, with no cast kernels between them.
+//   A float32 class of these ops would move about three times the bytes (a widening cast, the
+//   float32 op, a narrowing cast for the next convolution), a cost the GPU cannot hide.
+
 // Note [The cast cache]
 //   A parameter used by several products in one region (a tied embedding, a weight used in a
 //   loop, the same model run twice) is cast once: casts of leaf tensors that require grad are

@@ -122,7 +122,8 @@ Edge gradient_edge(const Tensor& t) {
 namespace {
 
 // The one place where a gradient is made to match the tensor it belongs to: a gradient that
-// kept a broadcast shape is summed over the broadcast dims; its dtype is converted.
+// kept a broadcast shape is summed over the broadcast dims (16-bit ones in float32, as the
+// float32 class of Note [Autocast policy] sums); its dtype is converted.
 Tensor reduce_to_input(Tensor grad, const TensorMeta& input, const std::string& node_name) {
   if (grad.sizes() != input.shape) {
     LOOM_CHECK(shape_numel(input.shape) == 0 ||
@@ -130,18 +131,15 @@ Tensor reduce_to_input(Tensor grad, const TensorMeta& input, const std::string& 
                InternalError, "backward: ", node_name,
                " returned a gradient of shape=", grad.sizes(),
                " for an input of shape=", input.shape);
-    grad = kernels::sum_to(grad, input.shape);
+    grad = kernels::sum_to(kernels::widened(grad), input.shape);  // a 16-bit sum in float32
   }
   if (grad.dtype() != input.dtype) grad = kernels::to_dtype(grad, input.dtype);
   return grad;
 }
 
-// The sum of two gradients of one tensor. 16-bit gradients (autocast's products) are added in
-// float32 and rounded once: loom has no 16-bit arithmetic (Note [Autocast policy]).
-Tensor accumulate(const Tensor& a, const Tensor& b) {
-  if (!is_16bit_float(a.dtype())) return kernels::add(a, b);
-  return kernels::to_dtype(kernels::add(kernels::widened(a), kernels::widened(b)), a.dtype());
-}
+// The sum of two gradients of one tensor (16-bit ones add in float and round once, Note
+// [16-bit arithmetic]).
+Tensor accumulate(const Tensor& a, const Tensor& b) { return kernels::add(a, b); }
 
 struct NewestFirst {
   bool operator()(const Node* a, const Node* b) const {

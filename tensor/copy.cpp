@@ -68,16 +68,6 @@ To convert(From v) {
   }
 }
 
-// a and b hold the same elements in the same order, densely: one can be copied byte for byte
-// into the other (both contiguous, or both channels-last; where a shape is dense in both
-// orders, C = 1 or H = W = 1, the two orders are the same bytes).
-bool same_dense_layout(const Tensor& a, const Tensor& b) {
-  if (a.sizes() != b.sizes()) return false;
-  if (a.is_contiguous() && b.is_contiguous()) return true;
-  return a.is_contiguous(MemoryFormat::kChannelsLast) &&
-         b.is_contiguous(MemoryFormat::kChannelsLast);
-}
-
 // float32 <-> float16 between dense tensors of one shape and one layout (same_dense_layout),
 // eight values an instruction (F16C): the casts around every float16 product of autocast.
 // False when this path does not apply.
@@ -123,6 +113,13 @@ void copy_cpu(const Tensor& dst, const Tensor& src) {
 }
 
 }  // namespace
+
+bool same_dense_layout(const Tensor& a, const Tensor& b) {
+  if (a.sizes() != b.sizes()) return false;
+  if (a.is_contiguous() && b.is_contiguous()) return true;
+  return a.is_contiguous(MemoryFormat::kChannelsLast) &&
+         b.is_contiguous(MemoryFormat::kChannelsLast);
+}
 
 // Note [Copies between devices]
 // On one device the copy is that device's kernel: strides, broadcasting and dtype conversion

@@ -21,7 +21,11 @@ Tensor clone(const Tensor& t);  // always a fresh contiguous copy
 Tensor to_dtype(const Tensor& t, DType dtype);
 Tensor to_device(const Tensor& t, Device device);  // keeps t's suggest_memory_format
 // t in float32 when it is float16 or bfloat16 (exactly: every 16-bit value is a float32 value),
-// t itself otherwise (undefined included). loom's arithmetic on 16-bit data runs in float32.
+// t itself otherwise (undefined included).
 Tensor widened(const Tensor& t);
+// a and b hold the same elements in the same order, densely: one can be copied byte for byte
+// into the other (both contiguous, or both channels-last; where a shape is dense in both
+// orders, C = 1 or H = W = 1, the two orders are the same bytes).
+bool same_dense_layout(const Tensor& a, const Tensor& b);
 
 }  // namespace loom::kernels

@@ -2,10 +2,13 @@
 // lambda, so each kernel is written once as a template:
 //   dispatch_floating(x.dtype(), "exp", [&]<typename T>() { ...T... });
 // dispatch_floating accepts the compute types (float32, float64); dispatch_numeric adds the
-// integer types; dispatch_all adds bool, float16 and bfloat16 (for copies and conversions).
+// integer types; the _and_16bit variants add float16 and bfloat16 for the kernels that widen
+// them to float (Note [16-bit arithmetic] in tensor/cuda/float16.h); dispatch_all adds bool too
+// (for copies and conversions).
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include "tensor/dtype.h"
 #include "tensor/error.h"
@@ -42,6 +45,30 @@ decltype(auto) dispatch_numeric(DType dtype, const char* op, F&& f) {
     default:
       throw DTypeError(
           detail::str(op, ": expected a float32, float64 or integer tensor; got ", dtype));
+  }
+}
+
+template <typename F>
+decltype(auto) dispatch_floating_and_16bit(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::Float16:
+      return f.template operator()<Half>();
+    case DType::BFloat16:
+      return f.template operator()<BFloat16>();
+    default:
+      return dispatch_floating(dtype, op, std::forward<F>(f));
+  }
+}
+
+template <typename F>
+decltype(auto) dispatch_numeric_and_16bit(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::Float16:
+      return f.template operator()<Half>();
+    case DType::BFloat16:
+      return f.template operator()<BFloat16>();
+    default:
+      return dispatch_numeric(dtype, op, std::forward<F>(f));
   }
 }
 

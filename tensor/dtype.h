@@ -1,6 +1,7 @@
 // tensor/dtype.h — element types, their sizes and names, and the two 16-bit float storage
-// types. Half and BFloat16 are storage formats here: kernels compute in float32/float64 and the
-// conversions below are the only arithmetic these types get until mixed precision lands.
+// types. Half and BFloat16 are storage formats: kernels compute on them in float (math_t below,
+// Note [16-bit arithmetic] in tensor/cuda/float16.h), and the conversions below are their only
+// arithmetic.
 #pragma once
 
 #include <cstdint>
@@ -60,6 +61,22 @@ struct BFloat16 {
     return f;
   }
 };
+
+// The type an element of type T is computed in: float for the 16-bit floats, T otherwise.
+template <typename T>
+struct MathType {
+  using type = T;
+};
+template <>
+struct MathType<Half> {
+  using type = float;
+};
+template <>
+struct MathType<BFloat16> {
+  using type = float;
+};
+template <typename T>
+using math_t = typename MathType<T>::type;
 
 // The C++ type of each dtype, and back.
 template <typename T>

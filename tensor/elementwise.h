@@ -1,7 +1,9 @@
 // tensor/elementwise.h — elementwise kernels with NumPy broadcasting. Not differentiable:
 // autograd/ops/elementwise.cpp wraps each with its backward.
 // Binary ops promote their operands (promote_types) and compute in the promoted type; float
-// ops accept float32 and float64 (float16/bfloat16 are storage types: convert first).
+// ops accept float32 and float64, and float16 and bfloat16, which compute in float and round
+// the result once (Note [16-bit arithmetic] in tensor/cuda/float16.h). addcmul_ and addcdiv_,
+// the optimizers' updates, take float32 and float64 only.
 // In-place variants (suffix _) write into their first argument, which must already have the
 // broadcast shape, and bump its version.
 #pragma once

@@ -25,10 +25,17 @@ namespace loom::kernels {
 // The local sums of backward_reduce are also dbias and dweight. On one device
 // batch_norm_forward_train and batch_norm_backward do the same in one pass over the channels.
 
+// The dtype of a batch norm's statistics, weight, bias and their gradients for an x of dtype x:
+// float32 for a 16-bit x (computed in float, Note [16-bit arithmetic] in tensor/cuda/float16.h,
+// as PyTorch's CUDA batch norm takes a half x with float32 parameters), x's own
+// otherwise. Outputs shaped
+// like x (y, dx) take x's dtype.
+DType batch_norm_param_dtype(DType x);
+
 // A channel's statistics: mean and invstd = 1 / sqrt(var + eps) normalise; the biased var and
 // the count of values behind it give the unbiased variance of the running statistics.
 struct BatchNormStats {
-  Tensor mean;    // [C], x's dtype
+  Tensor mean;    // [C], batch_norm_param_dtype(x's dtype)
   Tensor invstd;  // [C]
   Tensor var;     // [C], biased
   int64_t count = 0;

@@ -18,14 +18,15 @@ using autograd::Saved;
 
 namespace {
 
-// A defined `param` must have `shape` and x's dtype.
+// A defined `param` must have `shape` and `dtype` (x's, or float32 for a batch norm's 16-bit x).
 void check_param(const char* op, const char* name, const Tensor& param, const Shape& shape,
-                 const char* what, const Tensor& x) {
+                 const char* what, const Tensor& x, DType dtype) {
   if (!param.defined()) return;
   LOOM_CHECK(param.sizes() == shape, ShapeError, op, ": expected ", name, " of shape ", shape, " (",
              what, " of x=", x.sizes(), "); got ", name, "=", param.sizes());
-  LOOM_CHECK(param.dtype() == x.dtype(), DTypeError, op, ": expected ", name, " of x's dtype ",
-             x.dtype(), "; got ", param.dtype(), " (", name, "=", param.sizes(), ")");
+  LOOM_CHECK(param.dtype() == dtype, DTypeError, op, ": expected ", name, " of dtype ", dtype,
+             " for x of dtype ", x.dtype(), "; got ", param.dtype(), " (", name, "=", param.sizes(),
+             ")");
 }
 
 }  // namespace
@@ -33,20 +34,23 @@ void check_param(const char* op, const char* name, const Tensor& param, const Sh
 // d batch_norm (training, through the batch statistics; Note [Batch norm pieces]):
 //   dx = weight invstd (dy - mean(dy) - x_hat mean(dy x_hat)); eval: dx = weight invstd dy;
 //   dweight = sum(dy x_hat) ; dbias = sum(dy)
+// A 16-bit x keeps its dtype (y and dx too) with float32 parameters and statistics, autocast or
+// not (Note [Autocast policy]); 16-bit parameters in a region are widened with x.
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight, const Tensor& bias, bool training, double momentum,
                   double eps) {
-  if (autocast::needs_float32({x, running_mean, running_var, weight, bias}))
+  if (autocast::needs_float32({running_mean, running_var, weight, bias}))
     return batch_norm(autocast::to_float32(x), autocast::to_float32(running_mean),
                       autocast::to_float32(running_var), autocast::to_float32(weight),
                       autocast::to_float32(bias), training, momentum, eps);
   const char* op = "batch_norm";
   LOOM_CHECK(x.dim() >= 2, ShapeError, op, ": expected x of shape [N, C, ...]; got x=", x.sizes());
   const Shape channels{x.size(1)};
-  check_param(op, "weight", weight, channels, "one per channel", x);
-  check_param(op, "bias", bias, channels, "one per channel", x);
-  check_param(op, "running_mean", running_mean, channels, "one per channel", x);
-  check_param(op, "running_var", running_var, channels, "one per channel", x);
+  const DType pd = k::batch_norm_param_dtype(x.dtype());
+  check_param(op, "weight", weight, channels, "one per channel", x, pd);
+  check_param(op, "bias", bias, channels, "one per channel", x, pd);
+  check_param(op, "running_mean", running_mean, channels, "one per channel", x, pd);
+  check_param(op, "running_var", running_var, channels, "one per channel", x, pd);
   LOOM_CHECK(running_mean.defined() == running_var.defined(), ValueError, op,
              ": give both running_mean and running_var, or neither");
 
@@ -94,8 +98,8 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   LOOM_CHECK(lead >= 0 && Shape(x.sizes().begin() + lead, x.sizes().end()) == normalized_shape,
              ShapeError, op, ": normalized_shape=", normalized_shape,
              " does not match the trailing dims of x=", x.sizes());
-  check_param(op, "weight", weight, normalized_shape, "normalized_shape", x);
-  check_param(op, "bias", bias, normalized_shape, "normalized_shape", x);
+  check_param(op, "weight", weight, normalized_shape, "normalized_shape", x, x.dtype());
+  check_param(op, "bias", bias, normalized_shape, "normalized_shape", x, x.dtype());
   const int64_t cols = shape_numel(normalized_shape);
   k::LayerNormForward f = k::layer_norm_forward(x, cols, weight, bias, eps);
   return record(op, f.out, {x, weight, bias}, {x, weight, f.mean, f.rstd},

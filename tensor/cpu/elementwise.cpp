@@ -1,5 +1,8 @@
 // tensor/cpu/elementwise.cpp — elementwise kernels on the CPU, every one a lambda over the
 // strided loop of tensor/cpu/loops.h; the device switch is the first line of each public entry.
+// float16 and bfloat16 elements are computed in float and rounded once on store (math_t, Note
+// [16-bit arithmetic] in tensor/cuda/float16.h), as on CUDA; the optimizers' addcmul_ and
+// addcdiv_ take float32 and float64 only.
 
 #include "tensor/elementwise.h"
 
@@ -34,10 +37,11 @@ Tensor binary(const char* op, const Tensor& a, const Tensor& b, DType compute, F
   const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), op);
   const Tensor ac = to_dtype(a, compute), bc = to_dtype(b, compute);
   Tensor out = empty(shape, kCompare ? kBool : compute, a.device(), result_format(shape, {a, b}));
-  dispatch_numeric(compute, op, [&]<typename T>() {
+  dispatch_numeric_and_16bit(compute, op, [&]<typename T>() {
     using Out = std::conditional_t<kCompare, bool, T>;
+    using M = math_t<T>;
     cpu::map<Out, T>(
-        out, [&](T x, T y) { return static_cast<Out>(f(x, y)); }, ac, bc);
+        out, [&](T x, T y) { return static_cast<Out>(f(M(x), M(y))); }, ac, bc);
   });
   return out;
 }
@@ -52,12 +56,15 @@ Tensor compare(const char* op, const Tensor& a, const Tensor& b, F f) {
   return binary<true>(op, a, b, promote_types(a.dtype(), b.dtype()), f);
 }
 
-// Float unary op: out = f(x) in x's dtype (float32 or float64).
+// Float unary op: out = f(x) in x's dtype.
 template <typename F>
 Tensor unary_float(const char* op, const Tensor& x, F f) {
   cpu_only(op, {x});
   Tensor out = empty_like_format(x);
-  dispatch_floating(x.dtype(), op, [&]<typename T>() { cpu::map<T, T>(out, f, x); });
+  dispatch_floating_and_16bit(x.dtype(), op, [&]<typename T>() {
+    cpu::map<T, T>(
+        out, [&](T v) { return f(math_t<T>(v)); }, x);
+  });
   return out;
 }
 
@@ -66,9 +73,9 @@ template <typename F>
 Tensor unary_numeric(const char* op, const Tensor& x, F f) {
   cpu_only(op, {x});
   Tensor out = empty_like_format(x);
-  dispatch_numeric(x.dtype(), op, [&]<typename T>() {
+  dispatch_numeric_and_16bit(x.dtype(), op, [&]<typename T>() {
     cpu::map<T, T>(
-        out, [&](T v) { return static_cast<T>(f(v)); }, x);
+        out, [&](T v) { return static_cast<T>(f(math_t<T>(v))); }, x);
   });
   return out;
 }
@@ -81,7 +88,11 @@ Tensor backward_binary(const char* op, const Tensor& dout, const Tensor& saved, 
              " but the saved tensor is ", saved.dtype());
   const Shape shape = broadcast_shapes(dout.sizes(), saved.sizes(), op);
   Tensor out = empty(shape, dout.dtype(), dout.device(), result_format(shape, {dout, saved}));
-  dispatch_floating(dout.dtype(), op, [&]<typename T>() { cpu::map<T, T>(out, f, dout, saved); });
+  dispatch_floating_and_16bit(dout.dtype(), op, [&]<typename T>() {
+    using M = math_t<T>;
+    cpu::map<T, T>(
+        out, [&](T g, T v) { return f(M(g), M(v)); }, dout, saved);
+  });
   return out;
 }
 
@@ -97,10 +108,11 @@ Tensor with_scalar(const char* op, const Tensor& a, double s, F f) {
   const DType t = scalar_result(a, s);
   const Tensor ac = to_dtype(a, t);
   Tensor out = empty(a.sizes(), t, a.device(), suggest_memory_format(a));
-  dispatch_numeric(t, op, [&]<typename T>() {
-    const T v = static_cast<T>(s);
+  dispatch_numeric_and_16bit(t, op, [&]<typename T>() {
+    using M = math_t<T>;
+    const M v = static_cast<M>(s);
     cpu::map<T, T>(
-        out, [&](T x) { return static_cast<T>(f(x, v)); }, ac);
+        out, [&](T x) { return static_cast<T>(f(M(x), v)); }, ac);
   });
   return out;
 }
@@ -109,9 +121,9 @@ template <typename F>
 Tensor compare_scalar(const char* op, const Tensor& a, double s, F f) {
   cpu_only(op, {a});
   Tensor out = empty(a.sizes(), kBool, a.device(), suggest_memory_format(a));
-  dispatch_numeric(a.dtype(), op, [&]<typename T>() {
+  dispatch_numeric_and_16bit(a.dtype(), op, [&]<typename T>() {
     cpu::map<bool, T>(
-        out, [&](T x) { return f(static_cast<double>(x), s); }, a);
+        out, [&](T x) { return f(static_cast<double>(math_t<T>(x)), s); }, a);
   });
   return out;
 }
@@ -124,9 +136,10 @@ void inplace_binary(const char* op, const Tensor& self, const Tensor& other, F f
              ": cannot broadcast other=", other.sizes(), " into self=", self.sizes());
   const Tensor oc = to_dtype(other, self.dtype());
   self.bump_version();
-  dispatch_numeric(self.dtype(), op, [&]<typename T>() {
+  dispatch_numeric_and_16bit(self.dtype(), op, [&]<typename T>() {
+    using M = math_t<T>;
     cpu::map<T, T>(
-        self, [&](T x, T y) { return static_cast<T>(f(x, y)); }, self, oc);
+        self, [&](T x, T y) { return static_cast<T>(f(M(x), M(y))); }, self, oc);
   });
 }
 
@@ -338,9 +351,9 @@ Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
   const DType t = promote_types(a.dtype(), b.dtype());
   const Tensor ac = to_dtype(a, t), bc = to_dtype(b, t), cc = to_dtype(condition, t);
   Tensor out = empty(shape, t, a.device(), result_format(shape, {condition, a, b}));
-  dispatch_numeric(t, "where", [&]<typename T>() {
+  dispatch_numeric_and_16bit(t, "where", [&]<typename T>() {
     cpu::map<T, T>(
-        out, [](T c, T x, T y) { return c != T(0) ? x : y; }, cc, ac, bc);
+        out, [](T c, T x, T y) { return math_t<T>(c) != 0 ? x : y; }, cc, ac, bc);
   });
   return out;
 }
@@ -417,20 +430,22 @@ void mul_scalar_(const Tensor& self, double value) {
   if (on_cuda("mul_scalar_", {self})) return cuda::mul_scalar_(self, value);
   cpu_only("mul_", {self});
   self.bump_version();
-  dispatch_numeric(self.dtype(), "mul_", [&]<typename T>() {
-    const T v = static_cast<T>(value);
+  dispatch_numeric_and_16bit(self.dtype(), "mul_", [&]<typename T>() {
+    using M = math_t<T>;
+    const M v = static_cast<M>(value);
     cpu::map<T, T>(
-        self, [v](T x) { return static_cast<T>(x * v); }, self);
+        self, [v](T x) { return static_cast<T>(M(x) * v); }, self);
   });
 }
 void add_scalar_(const Tensor& self, double value) {
   if (on_cuda("add_scalar_", {self})) return cuda::add_scalar_(self, value);
   cpu_only("add_", {self});
   self.bump_version();
-  dispatch_numeric(self.dtype(), "add_", [&]<typename T>() {
-    const T v = static_cast<T>(value);
+  dispatch_numeric_and_16bit(self.dtype(), "add_", [&]<typename T>() {
+    using M = math_t<T>;
+    const M v = static_cast<M>(value);
     cpu::map<T, T>(
-        self, [v](T x) { return static_cast<T>(x + v); }, self);
+        self, [v](T x) { return static_cast<T>(M(x) + v); }, self);
   });
 }
 

@@ -57,6 +57,11 @@ void check_grad_shape(const char* op, const Tensor& dy, const Tensor& x) {
 void require_floating(const char* op, DType dtype) {
   dispatch_floating(dtype, op, []<typename T>() {});
 }
+// Batch norm also takes 16-bit x: on the CPU it is widened to float32 and the outputs shaped
+// like x rounded back once (Note [16-bit arithmetic]); CUDA widens element by element.
+void require_batch_norm_dtype(const char* op, DType dtype) {
+  dispatch_floating_and_16bit(dtype, op, []<typename T>() {});
+}
 
 // ---------------------------------------------------------------- channel helpers
 
@@ -259,6 +264,8 @@ std::vector<T> dx_table(int64_t channels, Of&& of) {
 
 }  // namespace
 
+DType batch_norm_param_dtype(DType x) { return is_16bit_float(x) ? kFloat32 : x; }
+
 ChannelLayout channel_layout(const char* op, const Tensor& x) {
   LOOM_CHECK(x.dim() >= 2, ShapeError, op, ": expected x of shape [N, C, ...]; got x=", x.sizes());
   ChannelLayout l;
@@ -280,6 +287,7 @@ int64_t layer_norm_rows(const char* op, const Tensor& x, int64_t normalized_nume
 BatchNormSums batch_norm_sums(const Tensor& x) {
   const ChannelLayout l = channel_layout("batch_norm_sums", x);
   if (on_cuda("batch_norm_sums", {x})) return cuda::batch_norm_sums(x);
+  if (is_16bit_float(x.dtype())) return batch_norm_sums(widened(x));
   const MemoryFormat format = suggest_memory_format(x);
   const Tensor xc = contiguous(x, format);
   const ChannelLayout mem = l.stored(format);  // the loops walk x's memory
@@ -344,6 +352,7 @@ BatchNormStats batch_norm_stats_from_sums(const Tensor& sum, const Tensor& sum_s
 BatchNormStats batch_norm_stats(const Tensor& x, double eps) {
   const ChannelLayout l = channel_layout("batch_norm_stats", x);
   if (on_cuda("batch_norm_stats", {x})) return cuda::batch_norm_stats(x, eps);
+  if (is_16bit_float(x.dtype())) return batch_norm_stats(widened(x), eps);
   const MemoryFormat format = suggest_memory_format(x);
   const Tensor xc = contiguous(x, format);
   const ChannelLayout mem = l.stored(format);  // the loops walk x's memory
@@ -422,8 +431,10 @@ Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invst
   check_vector(op, "invstd", invstd, l.c);
   check_vector(op, "weight", weight, l.c);
   check_vector(op, "bias", bias, l.c);
-  require_floating(op, x.dtype());
+  require_batch_norm_dtype(op, x.dtype());
   if (device.is_cuda()) return cuda::batch_norm_elemt(x, mean, invstd, weight, bias);
+  if (is_16bit_float(x.dtype()))
+    return to_dtype(batch_norm_elemt(widened(x), mean, invstd, weight, bias), x.dtype());
   const MemoryFormat format = suggest_memory_format(x);
   const Tensor xc = contiguous(x, format);
   const ChannelLayout mem = l.stored(format);  // the loops walk x's memory
@@ -460,8 +471,12 @@ std::pair<Tensor, BatchNormStats> batch_norm_forward_train(const Tensor& x, cons
   const ChannelLayout l = channel_layout(op, x);
   check_vector(op, "weight", weight, l.c);
   check_vector(op, "bias", bias, l.c);
-  require_floating(op, x.dtype());
+  require_batch_norm_dtype(op, x.dtype());
   if (device.is_cuda()) return cuda::batch_norm_forward_train(x, weight, bias, eps);
+  if (is_16bit_float(x.dtype())) {
+    auto [y, stats] = batch_norm_forward_train(widened(x), weight, bias, eps);
+    return {to_dtype(y, x.dtype()), stats};
+  }
   const MemoryFormat format = suggest_memory_format(x);
   const Tensor xc = contiguous(x, format);
   const ChannelLayout mem = l.stored(format);  // the loops walk x's memory
@@ -516,8 +531,10 @@ std::pair<Tensor, Tensor> batch_norm_backward_reduce(const Tensor& dy, const Ten
   check_grad_shape(op, dy, x);
   check_vector(op, "mean", mean, l.c);
   check_vector(op, "invstd", invstd, l.c);
-  require_floating(op, x.dtype());
+  require_batch_norm_dtype(op, x.dtype());
   if (device.is_cuda()) return cuda::batch_norm_backward_reduce(dy, x, mean, invstd);
+  if (is_16bit_float(x.dtype()))
+    return batch_norm_backward_reduce(widened(to_dtype(dy, x.dtype())), widened(x), mean, invstd);
   const MemoryFormat format = suggest_memory_format(x);
   const Tensor xc = contiguous(x, format), dyc = contiguous(to_dtype(dy, x.dtype()), format);
   const ChannelLayout mem = l.stored(format);  // the loops walk x's memory
@@ -563,9 +580,13 @@ Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor
   check_vector(op, "weight", weight, l.c);
   check_vector(op, "sum_dy", sum_dy, l.c);
   check_vector(op, "sum_dy_xhat", sum_dy_xhat, l.c);
-  require_floating(op, x.dtype());
+  require_batch_norm_dtype(op, x.dtype());
   if (device.is_cuda())
     return cuda::batch_norm_backward_elemt(dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat, count);
+  if (is_16bit_float(x.dtype()))
+    return to_dtype(batch_norm_backward_elemt(widened(to_dtype(dy, x.dtype())), widened(x), mean,
+                                              invstd, weight, sum_dy, sum_dy_xhat, count),
+                    x.dtype());
   const MemoryFormat format = suggest_memory_format(x);
   const Tensor xc = contiguous(x, format), dyc = contiguous(to_dtype(dy, x.dtype()), format);
   const ChannelLayout mem = l.stored(format);  // the loops walk x's memory
@@ -608,9 +629,15 @@ NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& m
   check_vector(op, "mean", mean, l.c);
   check_vector(op, "invstd", invstd, l.c);
   check_vector(op, "weight", weight, l.c);
-  require_floating(op, x.dtype());
+  require_batch_norm_dtype(op, x.dtype());
   if (device.is_cuda())
     return cuda::batch_norm_backward(dy, x, mean, invstd, weight, training, need);
+  if (is_16bit_float(x.dtype())) {
+    NormGrads g = batch_norm_backward(widened(to_dtype(dy, x.dtype())), widened(x), mean, invstd,
+                                      weight, training, need);
+    if (g.dx.defined()) g.dx = to_dtype(g.dx, x.dtype());
+    return g;
+  }
   const MemoryFormat format = suggest_memory_format(x);
   const Tensor xc = contiguous(x, format), dyc = contiguous(to_dtype(dy, x.dtype()), format);
   const ChannelLayout mem = l.stored(format);  // the loops walk x's memory

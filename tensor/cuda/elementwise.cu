@@ -2,6 +2,8 @@
 // the strided map of tensor/cuda/loops.cuh (Note [CUDA elementwise loops]: one element, or one
 // 4-element vector, per thread per grid-stride step). Mirrors tensor/cpu/elementwise.cpp: same
 // checks, dtypes, promotion, outputs and version bumps; inputs are converted with cuda::copy_.
+// float16 and bfloat16 elements are widened to float and the result rounded once (InMath, Note
+// [16-bit arithmetic] in tensor/cuda/float16.h).
 
 #include <cmath>
 #include <type_traits>
@@ -10,6 +12,7 @@
 #include "tensor/copy.h"
 #include "tensor/cuda/copy.h"
 #include "tensor/cuda/elementwise.h"
+#include "tensor/cuda/float16.h"
 #include "tensor/cuda/loops.cuh"
 #include "tensor/dispatch.h"
 
@@ -64,6 +67,17 @@ __device__ T generic_pow(T x, T y) {
 
 // ---------------------------------------------------------------- functors
 
+// f over elements stored as their own types and computed in their math types: 16-bit operands
+// widened to float, the result rounded once to Out. A plain call for every other type.
+template <typename Out, typename F>
+struct InMath {
+  F f;
+  template <typename... V>
+  __device__ Out operator()(V... v) const {
+    return from_math<Out>(f(to_math(v)...));
+  }
+};
+
 // f(x, v) with the scalar v already converted to the compute type (on the host, as the CPU).
 template <typename F, typename T>
 struct BindScalar {
@@ -96,9 +110,9 @@ Tensor binary(const char* op, const Tensor& a, const Tensor& b, DType compute, c
   const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), op);
   const Tensor ac = kernels::to_dtype(a, compute), bc = kernels::to_dtype(b, compute);
   Tensor out = empty(shape, kCompare ? kBool : compute, a.device(), result_format(shape, {a, b}));
-  dispatch_numeric(compute, op, [&]<typename T>() {
+  dispatch_numeric_and_16bit(compute, op, [&]<typename T>() {
     using Out = std::conditional_t<kCompare, bool, T>;
-    gpu_map<Out, T>(op, out, f, ac, bc);
+    gpu_map<Out, T>(op, out, InMath<Out, F>{f}, ac, bc);
   });
   return out;
 }
@@ -113,12 +127,13 @@ Tensor compare(const char* op, const Tensor& a, const Tensor& b, const F& f) {
   return binary<true>(op, a, b, promote_types(a.dtype(), b.dtype()), f);
 }
 
-// Float unary op: out = f(x) in x's dtype (float32 or float64).
+// Float unary op: out = f(x) in x's dtype.
 template <typename F>
 Tensor unary_float(const char* op, const Tensor& x, const F& f) {
   DeviceGuard guard(device_of(op, {x}));
   Tensor out = empty_like_format(x);
-  dispatch_floating(x.dtype(), op, [&]<typename T>() { gpu_map<T, T>(op, out, f, x); });
+  dispatch_floating_and_16bit(x.dtype(), op,
+                              [&]<typename T>() { gpu_map<T, T>(op, out, InMath<T, F>{f}, x); });
   return out;
 }
 
@@ -127,7 +142,8 @@ template <typename F>
 Tensor unary_numeric(const char* op, const Tensor& x, const F& f) {
   DeviceGuard guard(device_of(op, {x}));
   Tensor out = empty_like_format(x);
-  dispatch_numeric(x.dtype(), op, [&]<typename T>() { gpu_map<T, T>(op, out, f, x); });
+  dispatch_numeric_and_16bit(x.dtype(), op,
+                             [&]<typename T>() { gpu_map<T, T>(op, out, InMath<T, F>{f}, x); });
   return out;
 }
 
@@ -139,8 +155,9 @@ Tensor backward_binary(const char* op, const Tensor& dout, const Tensor& saved, 
              " but the saved tensor is ", saved.dtype());
   const Shape shape = broadcast_shapes(dout.sizes(), saved.sizes(), op);
   Tensor out = empty(shape, dout.dtype(), dout.device(), result_format(shape, {dout, saved}));
-  dispatch_floating(dout.dtype(), op,
-                    [&]<typename T>() { gpu_map<T, T>(op, out, f, dout, saved); });
+  dispatch_floating_and_16bit(dout.dtype(), op, [&]<typename T>() {
+    gpu_map<T, T>(op, out, InMath<T, F>{f}, dout, saved);
+  });
   return out;
 }
 
@@ -156,8 +173,9 @@ Tensor with_scalar(const char* op, const Tensor& a, double s, const F& f) {
   const DType t = scalar_result(a, s);
   const Tensor ac = kernels::to_dtype(a, t);
   Tensor out = empty(a.sizes(), t, a.device(), suggest_memory_format(a));
-  dispatch_numeric(t, op, [&]<typename T>() {
-    gpu_map<T, T>(op, out, BindScalar<F, T>{f, static_cast<T>(s)}, ac);
+  dispatch_numeric_and_16bit(t, op, [&]<typename T>() {
+    using M = math_t<T>;
+    gpu_map<T, T>(op, out, InMath<T, BindScalar<F, M>>{{f, static_cast<M>(s)}}, ac);
   });
   return out;
 }
@@ -166,8 +184,8 @@ template <typename F>
 Tensor compare_scalar(const char* op, const Tensor& a, double s, const F& f) {
   DeviceGuard guard(device_of(op, {a}));
   Tensor out = empty(a.sizes(), kBool, a.device(), suggest_memory_format(a));
-  dispatch_numeric(a.dtype(), op, [&]<typename T>() {
-    gpu_map<bool, T>(op, out, CompareScalar<F, T>{f, s}, a);
+  dispatch_numeric_and_16bit(a.dtype(), op, [&]<typename T>() {
+    gpu_map<bool, T>(op, out, InMath<bool, CompareScalar<F, math_t<T>>>{{f, s}}, a);
   });
   return out;
 }
@@ -180,7 +198,8 @@ void inplace_binary(const char* op, const Tensor& self, const Tensor& other, con
              ": cannot broadcast other=", other.sizes(), " into self=", self.sizes());
   const Tensor oc = kernels::to_dtype(other, self.dtype());
   self.bump_version();
-  dispatch_numeric(self.dtype(), op, [&]<typename T>() { gpu_map<T, T>(op, self, f, self, oc); });
+  dispatch_numeric_and_16bit(
+      self.dtype(), op, [&]<typename T>() { gpu_map<T, T>(op, self, InMath<T, F>{f}, self, oc); });
 }
 
 // In place with a scalar: self = f(self, value converted to self's dtype).
@@ -188,8 +207,9 @@ template <typename F>
 void inplace_scalar(const char* op, const Tensor& self, double value, const F& f) {
   DeviceGuard guard(device_of(op, {self}));
   self.bump_version();
-  dispatch_numeric(self.dtype(), op, [&]<typename T>() {
-    gpu_map<T, T>(op, self, BindScalar<F, T>{f, static_cast<T>(value)}, self);
+  dispatch_numeric_and_16bit(self.dtype(), op, [&]<typename T>() {
+    using M = math_t<T>;
+    gpu_map<T, T>(op, self, InMath<T, BindScalar<F, M>>{{f, static_cast<M>(value)}}, self);
   });
 }
 
@@ -380,8 +400,9 @@ Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
   Tensor out = empty(shape, t, a.device(), result_format(shape, {condition, a, b}));
   // The condition is read as bool (the CPU converts it to T and tests != 0: the same).
   const auto select = [] __device__(bool c, auto x, auto y) { return c ? x : y; };
-  dispatch_numeric(t, "where", [&]<typename T>() {
-    gpu_map_mixed<T, bool, T, T>("where", out, select, condition, ac, bc);
+  dispatch_numeric_and_16bit(t, "where", [&]<typename T>() {
+    gpu_map_mixed<T, bool, T, T>("where", out, InMath<T, decltype(select)>{select}, condition, ac,
+                                 bc);
   });
   return out;
 }

@@ -2,15 +2,21 @@
 // channel of x [N, C, S] (layer norm: its rows as channels of [1, M, D], its weight gradient
 // over the columns of [M, D, 1]) taken by one kernel, Note [CUDA channel sums]; normalising and
 // the input gradients are then one thread per element with per-channel coefficients. Sums in
-// double, as tensor/cpu/norm.cpp, whose semantics these follow.
+// double, as tensor/cpu/norm.cpp, whose semantics these follow. Batch norm takes float16 and
+// bfloat16 x (Note [16-bit arithmetic], tensor/cuda/float16.h): elements are widened as they are
+// read and rounded as they are written; statistics, parameters and coefficients are float
+// (P = math_t<T> below).
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "tensor/cuda/common.cuh"
+#include "tensor/cuda/float16.h"
+#include "tensor/cuda/loops.cuh"
 #include "tensor/cuda/norm.h"
 #include "tensor/cuda/reduce.h"
 #include "tensor/dispatch.h"
@@ -147,19 +153,34 @@ void channel_sums(const F& f, const E& epilogue, const ChannelShape& cs, const T
   check_launch(name, device);
 }
 
-// One thread per element of x [N, C, S], grid-stride: f(c, i).
+// One thread per element of x [N, C, S], grid-stride: f(c, i). Below 2^31 elements the
+// channel (i / S) % C comes from two multiply-high divisions (FastDivider, loops.cuh), not two
+// 64-bit divisions: this map writes every y and dx of a ResNet's batch norms.
 template <typename F>
 __global__ void channel_map_kernel(F f, int64_t total, ChannelShape cs) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x)
     f((i / cs.s) % cs.c, i);
 }
+template <typename F>
+__global__ void channel_map_kernel32(F f, uint32_t total, FastDivider s, FastDivider c) {
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    const uint32_t q = s.quotient(i);  // i < 2^31 and the step < 2^28: no wrap-around
+    f(static_cast<int64_t>(q - c.quotient(q) * c.divisor), static_cast<int64_t>(i));
+  }
+}
 
 template <typename F>
 void channel_map(const F& f, const ChannelShape& cs, const Tensor& like, const char* name) {
   const int64_t total = cs.n * cs.c * cs.s;
   if (total == 0) return;
-  channel_map_kernel<<<blocks_for(total), kThreads, 0, stream_of(like)>>>(f, total, cs);
+  const cudaStream_t stream = stream_of(like);
+  if (total <= std::numeric_limits<int32_t>::max())
+    channel_map_kernel32<<<blocks_for(total), kThreads, 0, stream>>>(
+        f, static_cast<uint32_t>(total), FastDivider(static_cast<uint32_t>(cs.s)),
+        FastDivider(static_cast<uint32_t>(cs.c)));
+  else
+    channel_map_kernel<<<blocks_for(total), kThreads, 0, stream>>>(f, total, cs);
   check_launch(name, like.device().index);
 }
 
@@ -184,7 +205,7 @@ template <typename T>
 struct SumAndSquares {  // sum x, sum x^2
   const T* x;
   __device__ void operator()(int64_t, int64_t, int64_t i, Sums<2>& acc) const {
-    const double v = static_cast<double>(x[i]);
+    const double v = static_cast<double>(to_math(x[i]));
     acc.v[0] += v;
     acc.v[1] += v * v;
   }
@@ -194,7 +215,7 @@ template <typename T>
 struct Values {  // sum x
   const T* x;
   __device__ void operator()(int64_t, int64_t, int64_t i, Sums<1>& acc) const {
-    acc.v[0] += static_cast<double>(x[i]);
+    acc.v[0] += static_cast<double>(to_math(x[i]));
   }
 };
 
@@ -203,18 +224,19 @@ struct SquaredDeviations {  // sum (x - mean_c)^2, mean in double
   const T* x;
   const double* mean;
   __device__ void operator()(int64_t c, int64_t, int64_t i, Sums<1>& acc) const {
-    const double d = static_cast<double>(x[i]) - mean[c];
+    const double d = static_cast<double>(to_math(x[i])) - mean[c];
     acc.v[0] += d * d;
   }
 };
 
 template <typename T>
 struct GradSums {  // sum dy, sum dy (x - mean_c)
-  const T *dy, *x, *mean;
+  const T *dy, *x;
+  const math_t<T>* mean;
   __device__ void operator()(int64_t c, int64_t, int64_t i, Sums<2>& acc) const {
-    const double g = static_cast<double>(dy[i]);
+    const double g = static_cast<double>(to_math(dy[i]));
     acc.v[0] += g;
-    acc.v[1] += g * (static_cast<double>(x[i]) - static_cast<double>(mean[c]));
+    acc.v[1] += g * (static_cast<double>(to_math(x[i])) - static_cast<double>(mean[c]));
   }
 };
 
@@ -297,9 +319,12 @@ struct BackwardEpilogue {
 
 template <typename T>
 struct Affine {  // y = x scale_c + shift_c
-  const T *x, *scale, *shift;
+  const T* x;
+  const math_t<T>*scale, *shift;
   T* y;
-  __device__ void operator()(int64_t c, int64_t i) const { y[i] = x[i] * scale[c] + shift[c]; }
+  __device__ void operator()(int64_t c, int64_t i) const {
+    y[i] = from_math<T>(to_math(x[i]) * scale[c] + shift[c]);
+  }
 };
 
 // scale = invstd weight, shift = bias - mean scale, from given statistics (one thread each).
@@ -318,10 +343,12 @@ struct ScaleShift {
 
 template <typename T>
 struct LinearDx {  // dx = a_c dy + b_c x + k_c
-  const T *dy, *x, *coef;
+  const T *dy, *x;
+  const math_t<T>* coef;
   T* dx;
   __device__ void operator()(int64_t c, int64_t i) const {
-    dx[i] = coef[3 * c] * dy[i] + coef[3 * c + 1] * x[i] + coef[3 * c + 2];
+    dx[i] = from_math<T>(coef[3 * c] * to_math(dy[i]) + coef[3 * c + 1] * to_math(x[i]) +
+                         coef[3 * c + 2]);
   }
 };
 
@@ -479,15 +506,16 @@ struct WriteParamGrads {
 // The batch statistics of xc (contiguous, T) in two passes; with scale/shift, the affine too.
 template <typename T>
 void channel_moments(const Tensor& xc, const ChannelShape& l, double eps,
-                     const kernels::BatchNormStats& stats, const T* weight, const T* bias, T* scale,
-                     T* shift, const char* name) {
+                     const kernels::BatchNormStats& stats, const math_t<T>* weight,
+                     const math_t<T>* bias, math_t<T>* scale, math_t<T>* shift, const char* name) {
+  using P = math_t<T>;
   const Tensor mean_d = empty({l.c}, kFloat64, xc.device());
   const double count = static_cast<double>(l.count());
   channel_sums<1>(Values<T>{xc.data_ptr<T>()}, WriteMean{mean_d.data_ptr<double>(), count}, l, xc,
                   name);
   channel_sums<1>(SquaredDeviations<T>{xc.data_ptr<T>(), mean_d.data_ptr<double>()},
-                  WriteStats<T>{mean_d.data_ptr<double>(), count, eps, stats.mean.data_ptr<T>(),
-                                stats.var.data_ptr<T>(), stats.invstd.data_ptr<T>(), weight, bias,
+                  WriteStats<P>{mean_d.data_ptr<double>(), count, eps, stats.mean.data_ptr<P>(),
+                                stats.var.data_ptr<P>(), stats.invstd.data_ptr<P>(), weight, bias,
                                 scale, shift},
                   l, xc, name);
 }
@@ -533,7 +561,7 @@ kernels::BatchNormSums batch_norm_sums(const Tensor& x) {
   DeviceGuard guard(x.device().index);
   kernels::BatchNormSums out{empty({l.c}, kFloat64, x.device()), empty({l.c}, kFloat64, x.device()),
                              l.count()};
-  dispatch_floating(x.dtype(), op, [&]<typename T>() {
+  dispatch_floating_and_16bit(x.dtype(), op, [&]<typename T>() {
     const Tensor xc = contiguous_as(x, x.dtype(), format);
     channel_sums<2>(SumAndSquares<T>{xc.data_ptr<T>()},
                     WriteSums{out.sum.data_ptr<double>(), out.sum_sq.data_ptr<double>()}, mem, x,
@@ -566,10 +594,10 @@ kernels::BatchNormStats batch_norm_stats(const Tensor& x, double eps) {
   const MemoryFormat format = suggest_memory_format(x);
   const ChannelShape mem = l.stored(format);  // the kernels walk x's memory
   DeviceGuard guard(x.device().index);
-  kernels::BatchNormStats out{empty({l.c}, x.dtype(), x.device()),
-                              empty({l.c}, x.dtype(), x.device()),
-                              empty({l.c}, x.dtype(), x.device()), l.count()};
-  dispatch_floating(x.dtype(), op, [&]<typename T>() {
+  const DType pd = kernels::batch_norm_param_dtype(x.dtype());
+  kernels::BatchNormStats out{empty({l.c}, pd, x.device()), empty({l.c}, pd, x.device()),
+                              empty({l.c}, pd, x.device()), l.count()};
+  dispatch_floating_and_16bit(x.dtype(), op, [&]<typename T>() {
     const Tensor xc = contiguous_as(x, x.dtype(), format);
     channel_moments<T>(xc, mem, eps, out, nullptr, nullptr, nullptr, nullptr,
                        "batch_norm_stats_kernel");
@@ -617,17 +645,19 @@ Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invst
   const MemoryFormat format = suggest_memory_format(x);
   const ChannelShape mem = l.stored(format);  // the kernels walk x's memory
   DeviceGuard guard(x.device().index);
-  const Tensor m = channel_vector(mean, x.dtype());
-  const Tensor is = channel_vector(invstd, x.dtype());
-  const Tensor w = channel_vector(weight, x.dtype());
-  const Tensor b = channel_vector(bias, x.dtype());
+  const DType pd = kernels::batch_norm_param_dtype(x.dtype());
+  const Tensor m = channel_vector(mean, pd);
+  const Tensor is = channel_vector(invstd, pd);
+  const Tensor w = channel_vector(weight, pd);
+  const Tensor b = channel_vector(bias, pd);
   Tensor y = empty(x.sizes(), x.dtype(), x.device(), format);
-  dispatch_floating(x.dtype(), op, [&]<typename T>() {
+  dispatch_floating_and_16bit(x.dtype(), op, [&]<typename T>() {
+    using P = math_t<T>;
     const Tensor xc = contiguous_as(x, x.dtype(), format);
-    const Tensor coef = empty({2, l.c}, x.dtype(), x.device());
-    T* scale = coef.data_ptr<T>();
-    T* shift = scale + l.c;
-    run_each(ScaleShift<T>{m.data_ptr<T>(), is.data_ptr<T>(), ptr_or_null<T>(w), ptr_or_null<T>(b),
+    const Tensor coef = empty({2, l.c}, pd, x.device());
+    P* scale = coef.data_ptr<P>();
+    P* shift = scale + l.c;
+    run_each(ScaleShift<P>{m.data_ptr<P>(), is.data_ptr<P>(), ptr_or_null<P>(w), ptr_or_null<P>(b),
                            scale, shift},
              l.c, x, "batch_norm_elemt_kernel");
     channel_map(Affine<T>{xc.data_ptr<T>(), scale, shift, y.data_ptr<T>()}, mem, x,
@@ -645,18 +675,19 @@ std::pair<Tensor, kernels::BatchNormStats> batch_norm_forward_train(const Tensor
   const MemoryFormat format = suggest_memory_format(x);
   const ChannelShape mem = l.stored(format);  // the kernels walk x's memory
   DeviceGuard guard(x.device().index);
-  const Tensor w = channel_vector(weight, x.dtype());
-  const Tensor b = channel_vector(bias, x.dtype());
+  const DType pd = kernels::batch_norm_param_dtype(x.dtype());
+  const Tensor w = channel_vector(weight, pd);
+  const Tensor b = channel_vector(bias, pd);
   Tensor y = empty(x.sizes(), x.dtype(), x.device(), format);
-  kernels::BatchNormStats stats{empty({l.c}, x.dtype(), x.device()),
-                                empty({l.c}, x.dtype(), x.device()),
-                                empty({l.c}, x.dtype(), x.device()), l.count()};
-  dispatch_floating(x.dtype(), op, [&]<typename T>() {
+  kernels::BatchNormStats stats{empty({l.c}, pd, x.device()), empty({l.c}, pd, x.device()),
+                                empty({l.c}, pd, x.device()), l.count()};
+  dispatch_floating_and_16bit(x.dtype(), op, [&]<typename T>() {
+    using P = math_t<T>;
     const Tensor xc = contiguous_as(x, x.dtype(), format);
-    const Tensor coef = empty({2, l.c}, x.dtype(), x.device());
-    T* scale = coef.data_ptr<T>();
-    T* shift = scale + l.c;
-    channel_moments<T>(xc, mem, eps, stats, ptr_or_null<T>(w), ptr_or_null<T>(b), scale, shift,
+    const Tensor coef = empty({2, l.c}, pd, x.device());
+    P* scale = coef.data_ptr<P>();
+    P* shift = scale + l.c;
+    channel_moments<T>(xc, mem, eps, stats, ptr_or_null<P>(w), ptr_or_null<P>(b), scale, shift,
                        "batch_norm_kernel");
     channel_map(Affine<T>{xc.data_ptr<T>(), scale, shift, y.data_ptr<T>()}, mem, x,
                 "batch_norm_kernel");
@@ -673,18 +704,20 @@ std::pair<Tensor, Tensor> batch_norm_backward_reduce(const Tensor& dy, const Ten
   const MemoryFormat format = suggest_memory_format(x);
   const ChannelShape mem = l.stored(format);  // the kernels walk x's memory
   DeviceGuard guard(x.device().index);
-  const Tensor m = channel_vector(mean, x.dtype());
-  const Tensor is = channel_vector(invstd, x.dtype());
-  Tensor sum_dy = empty({l.c}, x.dtype(), x.device());
-  Tensor sum_dy_xhat = empty({l.c}, x.dtype(), x.device());
-  dispatch_floating(x.dtype(), op, [&]<typename T>() {
+  const DType pd = kernels::batch_norm_param_dtype(x.dtype());
+  const Tensor m = channel_vector(mean, pd);
+  const Tensor is = channel_vector(invstd, pd);
+  Tensor sum_dy = empty({l.c}, pd, x.device());
+  Tensor sum_dy_xhat = empty({l.c}, pd, x.device());
+  dispatch_floating_and_16bit(x.dtype(), op, [&]<typename T>() {
+    using P = math_t<T>;
     const Tensor xc = contiguous_as(x, x.dtype(), format),
                  dyc = contiguous_as(dy, x.dtype(), format);
     // sum_dy_xhat = invstd sum dy (x - mean): the dweight of BackwardEpilogue, dbias = sum_dy.
     channel_sums<2>(
-        GradSums<T>{dyc.data_ptr<T>(), xc.data_ptr<T>(), m.data_ptr<T>()},
-        BackwardEpilogue<T>{m.data_ptr<T>(), is.data_ptr<T>(), nullptr, sum_dy_xhat.data_ptr<T>(),
-                            sum_dy.data_ptr<T>(), nullptr, true, static_cast<double>(l.count())},
+        GradSums<T>{dyc.data_ptr<T>(), xc.data_ptr<T>(), m.data_ptr<P>()},
+        BackwardEpilogue<P>{m.data_ptr<P>(), is.data_ptr<P>(), nullptr, sum_dy_xhat.data_ptr<P>(),
+                            sum_dy.data_ptr<P>(), nullptr, true, static_cast<double>(l.count())},
         mem, x, "batch_norm_backward_reduce_kernel");
   });
   return {sum_dy, sum_dy_xhat};
@@ -698,22 +731,24 @@ Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor
   const MemoryFormat format = suggest_memory_format(x);
   const ChannelShape mem = l.stored(format);  // the kernels walk x's memory
   DeviceGuard guard(x.device().index);
-  const Tensor m = channel_vector(mean, x.dtype());
-  const Tensor is = channel_vector(invstd, x.dtype());
-  const Tensor w = channel_vector(weight, x.dtype());
+  const DType pd = kernels::batch_norm_param_dtype(x.dtype());
+  const Tensor m = channel_vector(mean, pd);
+  const Tensor is = channel_vector(invstd, pd);
+  const Tensor w = channel_vector(weight, pd);
   const Tensor sd = channel_vector(sum_dy, kFloat64);
   const Tensor sdx = channel_vector(sum_dy_xhat, kFloat64);
   Tensor dx = empty(x.sizes(), x.dtype(), x.device(), format);
-  dispatch_floating(x.dtype(), op, [&]<typename T>() {
+  dispatch_floating_and_16bit(x.dtype(), op, [&]<typename T>() {
+    using P = math_t<T>;
     const Tensor xc = contiguous_as(x, x.dtype(), format),
                  dyc = contiguous_as(dy, x.dtype(), format);
-    const Tensor coef = empty({l.c, 3}, x.dtype(), x.device());
-    run_each(ElemtCoefficients<T>{m.data_ptr<T>(), is.data_ptr<T>(), ptr_or_null<T>(w),
+    const Tensor coef = empty({l.c, 3}, pd, x.device());
+    run_each(ElemtCoefficients<P>{m.data_ptr<P>(), is.data_ptr<P>(), ptr_or_null<P>(w),
                                   ptr_or_null<double>(sd), ptr_or_null<double>(sdx),
-                                  static_cast<double>(count), coef.data_ptr<T>()},
+                                  static_cast<double>(count), coef.data_ptr<P>()},
              l.c, x, "batch_norm_backward_elemt_kernel");
     channel_map(
-        LinearDx<T>{dyc.data_ptr<T>(), xc.data_ptr<T>(), coef.data_ptr<T>(), dx.data_ptr<T>()}, mem,
+        LinearDx<T>{dyc.data_ptr<T>(), xc.data_ptr<T>(), coef.data_ptr<P>(), dx.data_ptr<T>()}, mem,
         x, "batch_norm_backward_elemt_kernel");
   });
   return dx;
@@ -727,37 +762,39 @@ kernels::NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const 
   const MemoryFormat format = suggest_memory_format(x);
   const ChannelShape mem = l.stored(format);  // the kernels walk x's memory
   DeviceGuard guard(x.device().index);
-  const Tensor m = channel_vector(mean, x.dtype());
-  const Tensor is = channel_vector(invstd, x.dtype());
-  const Tensor w = channel_vector(weight, x.dtype());
+  const DType pd = kernels::batch_norm_param_dtype(x.dtype());
+  const Tensor m = channel_vector(mean, pd);
+  const Tensor is = channel_vector(invstd, pd);
+  const Tensor w = channel_vector(weight, pd);
   kernels::NormGrads g;
   if (need[0]) g.dx = empty(x.sizes(), x.dtype(), x.device(), format);
-  if (need[1]) g.dweight = empty({l.c}, x.dtype(), x.device());
-  if (need[2]) g.dbias = empty({l.c}, x.dtype(), x.device());
+  if (need[1]) g.dweight = empty({l.c}, pd, x.device());
+  if (need[2]) g.dbias = empty({l.c}, pd, x.device());
   const bool reduce = (need[0] && training) || need[1] || need[2];
-  dispatch_floating(x.dtype(), op, [&]<typename T>() {
+  dispatch_floating_and_16bit(x.dtype(), op, [&]<typename T>() {
+    using P = math_t<T>;
     const Tensor xc = contiguous_as(x, x.dtype(), format),
                  dyc = contiguous_as(dy, x.dtype(), format);
-    const Tensor coef = need[0] ? empty({l.c, 3}, x.dtype(), x.device()) : Tensor();
-    const BackwardEpilogue<T> epilogue{m.data_ptr<T>(),
-                                       is.data_ptr<T>(),
-                                       ptr_or_null<T>(w),
-                                       ptr_or_null<T>(g.dweight),
-                                       ptr_or_null<T>(g.dbias),
-                                       ptr_or_null<T>(coef),
+    const Tensor coef = need[0] ? empty({l.c, 3}, pd, x.device()) : Tensor();
+    const BackwardEpilogue<P> epilogue{m.data_ptr<P>(),
+                                       is.data_ptr<P>(),
+                                       ptr_or_null<P>(w),
+                                       ptr_or_null<P>(g.dweight),
+                                       ptr_or_null<P>(g.dbias),
+                                       ptr_or_null<P>(coef),
                                        training,
                                        static_cast<double>(l.count())};
     if (reduce) {
-      channel_sums<2>(GradSums<T>{dyc.data_ptr<T>(), xc.data_ptr<T>(), m.data_ptr<T>()}, epilogue,
+      channel_sums<2>(GradSums<T>{dyc.data_ptr<T>(), xc.data_ptr<T>(), m.data_ptr<P>()}, epilogue,
                       mem, x, "batch_norm_backward_kernel");
     } else if (need[0]) {  // eval: constant statistics, no sums
-      run_each(ElemtCoefficients<T>{m.data_ptr<T>(), is.data_ptr<T>(), ptr_or_null<T>(w), nullptr,
-                                    nullptr, static_cast<double>(l.count()), coef.data_ptr<T>()},
+      run_each(ElemtCoefficients<P>{m.data_ptr<P>(), is.data_ptr<P>(), ptr_or_null<P>(w), nullptr,
+                                    nullptr, static_cast<double>(l.count()), coef.data_ptr<P>()},
                l.c, x, "batch_norm_backward_kernel");
     }
     if (need[0])
       channel_map(
-          LinearDx<T>{dyc.data_ptr<T>(), xc.data_ptr<T>(), coef.data_ptr<T>(), g.dx.data_ptr<T>()},
+          LinearDx<T>{dyc.data_ptr<T>(), xc.data_ptr<T>(), coef.data_ptr<P>(), g.dx.data_ptr<T>()},
           mem, x, "batch_norm_backward_kernel");
   });
   return g;

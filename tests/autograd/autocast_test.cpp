@@ -30,7 +30,7 @@ Tensor param(const Shape& shape, uint64_t seed) {
 
 class Autocast : public ::testing::TestWithParam<DType> {};
 
-TEST_P(Autocast, ProductsRunInTheRegionsDtypeAndTheRestInFloat32) {
+TEST_P(Autocast, ProductsRunInTheRegionsDtypeSumsInFloat32AndElementwiseOpsAsTheyAre) {
   const DType low = GetParam();
   const Tensor x = param({4, 3, 6, 6}, 1), w = param({5, 3, 3, 3}, 2), b = param({5}, 3);
   const Tensor lw = param({7, 5 * 4 * 4}, 4);
@@ -39,9 +39,11 @@ TEST_P(Autocast, ProductsRunInTheRegionsDtypeAndTheRestInFloat32) {
   const Tensor y = conv2d(x, w, b);
   EXPECT_EQ(y.dtype(), low);
   const Tensor bn = batch_norm(y, Tensor(), Tensor(), Tensor(), Tensor(), true);
-  EXPECT_EQ(bn.dtype(), kFloat32);
-  EXPECT_EQ(relu(y).dtype(), kFloat32);
-  EXPECT_EQ(add(y, y).dtype(), kFloat32);
+  EXPECT_EQ(bn.dtype(), low);  // batch norm, ReLU, the residual add: 16-bit between products
+  EXPECT_EQ(relu(y).dtype(), low);
+  EXPECT_EQ(add(y, y).dtype(), low);
+  EXPECT_EQ(add(y, zeros({})).dtype(), kFloat32);  // promoted with a float32 operand
+  EXPECT_EQ(exp(y).dtype(), kFloat32);
   EXPECT_EQ(sum(y).dtype(), kFloat32);
   EXPECT_EQ(max_pool2d(y, {2, 2}).dtype(), kFloat32);
   EXPECT_EQ(reshape(y, {4, -1}).dtype(), low);  // views keep their dtype
@@ -164,32 +166,10 @@ TEST_P(Autocast, EveryFloat32OpTakesA16BitInputAndSendsItsGradientBack) {
   const Tensor idx = tensor<int64_t>({2, 0, 1}, {3});
   const Tensor idx2 = tensor<int64_t>({0, 2, 1, 1, 0, 2, 3, 3, 0, 1, 2, 3}, {3, 4});
   const std::vector<std::pair<std::string, Op>> ops = {
-      {"add", [](const Tensor& h) { return add(h, h); }},
-      {"sub",
-       [](const Tensor& h) {
-         return sub(h, randn({3, 4}));
-       }},
-      {"mul", [](const Tensor& h) { return mul(h, h); }},
-      {"div", [](const Tensor& h) { return div(h, abs(h) + 1.0); }},
       {"pow", [](const Tensor& h) { return pow(h, 2.0); }},
-      {"maximum",
-       [](const Tensor& h) {
-         return maximum(h, zeros({3, 4}));
-       }},
-      {"scalar ops", [](const Tensor& h) { return (h * 2.0 + 1.0) / 3.0 - 1.0; }},
-      {"neg", [](const Tensor& h) { return neg(h); }},
       {"exp", [](const Tensor& h) { return exp(h); }},
       {"log", [](const Tensor& h) { return log(abs(h) + 1.0); }},
       {"sqrt", [](const Tensor& h) { return sqrt(abs(h) + 1.0); }},
-      {"tanh", [](const Tensor& h) { return tanh(h); }},
-      {"sigmoid", [](const Tensor& h) { return sigmoid(h); }},
-      {"relu", [](const Tensor& h) { return relu(h); }},
-      {"gelu", [](const Tensor& h) { return gelu(h); }},
-      {"clamp", [](const Tensor& h) { return clamp(h, -0.5, 0.5); }},
-      {"where",
-       [](const Tensor& h) {
-         return where(gt(h, zeros({})), h, zeros({3, 4}));
-       }},
       {"sum", [](const Tensor& h) { return sum(h, {1}); }},
       {"mean", [](const Tensor& h) { return mean(h); }},
       {"var", [](const Tensor& h) { return var(h, {0}); }},
@@ -204,10 +184,6 @@ TEST_P(Autocast, EveryFloat32OpTakesA16BitInputAndSendsItsGradientBack) {
          return mse_loss(h, zeros({3, 4}));
        }},
       {"layer_norm", [](const Tensor& h) { return layer_norm(h, {4}); }},
-      {"batch_norm",
-       [](const Tensor& h) {
-         return batch_norm(h, Tensor(), Tensor(), Tensor(), Tensor(), /*training=*/true);
-       }},
       {"max_pool2d",
        [](const Tensor& h) {
          return max_pool2d(reshape(h, {1, 1, 3, 4}), {1, 2});
@@ -244,6 +220,55 @@ TEST_P(Autocast, EveryFloat32OpTakesA16BitInputAndSendsItsGradientBack) {
   }
 }
 
+// Every elementwise op of the "as is" class, and batch norm, keeps a 16-bit input's dtype inside
+// a region, computes it in float (each op rounds its result once, so its value is the float32
+// op's within a few 16-bit roundings) and sends a float32 gradient to the float32 leaf.
+TEST_P(Autocast, EveryAsIsOpKeepsA16BitInputAndSendsItsGradientBack) {
+  const DType low = GetParam();
+  using Op = std::function<Tensor(const Tensor&)>;
+  const Tensor other = randn({3, 4});
+  const Tensor gamma = randn({4}), beta = randn({4});
+  const std::vector<std::pair<std::string, Op>> ops = {
+      {"add", [](const Tensor& h) { return add(h, h); }},
+      {"sub", [&](const Tensor& h) { return sub(h, other.to(h.dtype())); }},
+      {"mul", [](const Tensor& h) { return mul(h, h); }},
+      {"div", [](const Tensor& h) { return div(h, abs(h) + 1.0); }},
+      {"maximum", [&](const Tensor& h) { return maximum(h, other.to(h.dtype())); }},
+      {"scalar ops", [](const Tensor& h) { return (h * 2.0 + 1.0) / 3.0 - 1.0; }},
+      {"neg", [](const Tensor& h) { return neg(h); }},
+      {"tanh", [](const Tensor& h) { return tanh(h); }},
+      {"sigmoid", [](const Tensor& h) { return sigmoid(h); }},
+      {"relu", [](const Tensor& h) { return relu(h); }},
+      {"gelu", [](const Tensor& h) { return gelu(h); }},
+      {"clamp", [](const Tensor& h) { return clamp(h, -0.5, 0.5); }},
+      {"where", [](const Tensor& h) { return where(gt(h, zeros({})), h, h * 0.5); }},
+      {"broadcast add",  // its backward sums the 16-bit gradient over the broadcast dim
+       [](const Tensor& h) { return add(h, slice(h, 0, 0, 1)); }},
+      {"batch_norm",
+       [&](const Tensor& h) {
+         return batch_norm(h, zeros({4}), ones({4}), gamma, beta, /*training=*/true);
+       }},
+  };
+  for (const auto& [name, op] : ops) {
+    const Tensor w = param({3, 4}, 20);
+    Tensor out, h32;
+    {
+      autocast::Guard amp(low);
+      const Tensor h = matmul(w, eye(4));  // a 16-bit product
+      ASSERT_EQ(h.dtype(), low) << name;
+      out = op(h);
+      h32 = h.detach().to(kFloat32);
+    }
+    EXPECT_EQ(out.dtype(), low) << name;
+    const Tensor expected = op(h32);
+    EXPECT_EQ(expected.dtype(), kFloat32) << name;
+    EXPECT_TRUE(tensors_close(out.to(kFloat32), expected, 3e-2, 3e-2)) << name;
+    sum(out.to(kFloat32)).backward();
+    ASSERT_TRUE(w.grad().defined()) << name;
+    EXPECT_EQ(w.grad().dtype(), kFloat32) << name;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(LowPrecision, Autocast, ::testing::Values(kBFloat16, kFloat16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
@@ -267,11 +292,12 @@ TEST(AutocastRegion, Float64IsNeverCastAndNestedRegionsRestoreTheirState) {
   EXPECT_EQ(matmul(randn({2, 2}), randn({2, 2})).dtype(), kFloat16);
 }
 
-TEST(AutocastRegion, OutsideARegionNothingIsCastAnd16BitMathIsRefused) {
+TEST(AutocastRegion, OutsideARegionNothingIsCastAndSums16BitAreRefused) {
   EXPECT_FALSE(autocast::is_enabled());
   const Tensor h = randn({2, 3}).to(kBFloat16);
   EXPECT_EQ(matmul(h, transpose(h, 0, 1)).dtype(), kBFloat16);  // the products take 16 bits
-  EXPECT_LOOM_ERROR(relu(h), DTypeError, {"relu", "bfloat16"});
+  EXPECT_EQ(relu(h).dtype(), kBFloat16);                        // so do elementwise ops
+  EXPECT_LOOM_ERROR(softmax(h, 1), DTypeError, {"softmax", "bfloat16"});
   EXPECT_LOOM_ERROR(matmul(h, randn({3, 2})), DTypeError, {"mm", "bfloat16", "float32"});
   EXPECT_LOOM_ERROR({ autocast::Guard bad(kFloat32); }, ValueError, {"autocast", "float32"});
 }

@@ -151,8 +151,51 @@ TEST(CudaNorm, BatchNormForward) {
       k::batch_norm_elemt(gpu(randn({4, 3})), gpu(randn({2})), gpu(randn({3})), Tensor(), Tensor()),
       ShapeError, {"batch_norm_elemt", "mean", "[2]"});
   EXPECT_LOOM_ERROR(
-      k::batch_norm_forward_train(gpu(randn({4, 3}).to(kFloat16)), Tensor(), Tensor(), 1e-5),
-      DTypeError, {"batch_norm", "float16"});
+      k::batch_norm_forward_train(gpu(randint(0, 5, {4, 3})), Tensor(), Tensor(), 1e-5), DTypeError,
+      {"batch_norm", "int64"});
+}
+
+// A 16-bit x (read and written element by element, statistics and parameters in float32) and a
+// channels-last x (read in place as [N H W, C, 1]) against the CPU, which widens a 16-bit x to
+// float32 and rounds once: y and dx within a 16-bit rounding (FMA contraction may move the float
+// value by an ulp), in x's dtype and format; dy comes NCHW and is converted.
+TEST(CudaNorm, SixteenBitAndChannelsLastBatchNorm) {
+  LOOM_SKIP_WITHOUT_GPU();
+  manual_seed(9);
+  for (DType dtype : {kFloat16, kBFloat16, kFloat32}) {
+    const double tol = dtype == kFloat16 ? 2e-3 : dtype == kBFloat16 ? 1.6e-2 : 1e-4;
+    for (const Shape& shape : {Shape{8, 16, 5, 7}, Shape{32, 64, 4, 4}, Shape{64, 16}}) {
+      for (bool channels_last : {false, true}) {
+        if (channels_last && shape.size() != 4) continue;
+        SCOPED_TRACE(detail::str("x=", shape, " ", dtype, channels_last ? " channels-last" : ""));
+        const MemoryFormat format =
+            channels_last ? MemoryFormat::kChannelsLast : MemoryFormat::kContiguous;
+        const Tensor x = batch(shape, kFloat32).to(dtype).contiguous(format);
+        const Tensor dy = randn(shape).to(dtype);
+        const Tensor weight = randn({shape[1]}), bias = randn({shape[1]});
+        const auto [cy, cs] = k::batch_norm_forward_train(x, weight, bias, 1e-5);
+        const auto [gy, gs] = kc::batch_norm_forward_train(gpu(x), gpu(weight), gpu(bias), 1e-5);
+        EXPECT_EQ(gy.dtype(), dtype);
+        EXPECT_EQ(gs.mean.dtype(), kFloat32);
+        EXPECT_TRUE(gy.is_contiguous(format));
+        EXPECT_TRUE(cuda_matches_cpu(gy, cy, tol, tol));
+        EXPECT_TRUE(cuda_matches_cpu(gs.mean, cs.mean, 1e-5, 1e-6));
+        EXPECT_TRUE(cuda_matches_cpu(gs.invstd, cs.invstd, 1e-5, 1e-6));
+        const k::NormGrads c =
+            k::batch_norm_backward(dy, x, cs.mean, cs.invstd, weight, true, {true, true, true});
+        const k::NormGrads g = kc::batch_norm_backward(gpu(dy), gpu(x), gs.mean, gs.invstd,
+                                                       gpu(weight), true, {true, true, true});
+        EXPECT_EQ(g.dx.dtype(), dtype);
+        EXPECT_TRUE(g.dx.is_contiguous(format));
+        EXPECT_TRUE(cuda_matches_cpu(g.dx, c.dx, tol, tol));
+        EXPECT_TRUE(cuda_matches_cpu(g.dweight, c.dweight, 1e-4, 1e-4));
+        EXPECT_TRUE(cuda_matches_cpu(g.dbias, c.dbias, 1e-4, 1e-4));
+        EXPECT_TRUE(cuda_matches_cpu(
+            kc::batch_norm_elemt(gpu(x), gs.mean, gs.invstd, gpu(weight), gpu(bias)),
+            k::batch_norm_elemt(x, cs.mean, cs.invstd, weight, bias), tol, tol));
+      }
+    }
+  }
 }
 
 TEST(CudaNorm, BatchNormBackward) {

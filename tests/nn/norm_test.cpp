@@ -314,6 +314,53 @@ TEST(BatchNorm, Errors) {
   EXPECT_TRUE(values_are(running_mean, {0, 0, 0}));
 }
 
+// A 16-bit x keeps its dtype through batch norm, forward and backward, with float32 weight,
+// bias, statistics and parameter gradients: its values are those of the float32 batch norm of
+// the widened x, rounded once (Note [16-bit arithmetic]); channels-last stays channels-last.
+TEST(BatchNorm, SixteenBitXWithFloat32Parameters) {
+  manual_seed(11);
+  for (DType low : {kFloat16, kBFloat16}) {
+    for (MemoryFormat format : {MemoryFormat::kContiguous, MemoryFormat::kChannelsLast}) {
+      SCOPED_TRACE(detail::str(low, format == MemoryFormat::kChannelsLast ? " channels-last" : ""));
+      const Tensor x16 = (randn({4, 3, 5, 6}) * 2.0 + 0.5).to(low).contiguous(format);
+      const Tensor x32 = x16.to(kFloat32);
+      const Tensor dy16 = randn({4, 3, 5, 6}).to(low).contiguous(format);
+      const Tensor w = randn({3}).requires_grad_(), b = randn({3}).requires_grad_();
+      const Tensor rm16 = zeros({3}), rv16 = ones({3}), rm32 = zeros({3}), rv32 = ones({3});
+
+      const Tensor x16g = x16.detach().requires_grad_();
+      const Tensor y16 = batch_norm(x16g, rm16, rv16, w, b, /*training=*/true);
+      EXPECT_EQ(y16.dtype(), low);
+      EXPECT_TRUE(y16.is_contiguous(format));
+      (y16 * dy16).to(kFloat32).sum().backward();
+      const Tensor dx16 = x16g.grad(), dw16 = w.grad().clone(), db16 = b.grad().clone();
+      w.grad().zero_();
+      b.grad().zero_();
+
+      const Tensor x32g = x32.detach().requires_grad_();
+      const Tensor y32 = batch_norm(x32g, rm32, rv32, w, b, /*training=*/true);
+      (y32 * dy16.to(kFloat32)).sum().backward();
+
+      // The forward rounds the float32 result once; the running statistics are float32's.
+      EXPECT_TRUE(tensors_close(y16, y32.to(low), 0, 0));
+      EXPECT_TRUE(tensors_close(rm16, rm32, 0, 0));
+      EXPECT_TRUE(tensors_close(rv16, rv32, 0, 0));
+      EXPECT_EQ(dx16.dtype(), low);
+      EXPECT_TRUE(tensors_close(dx16, x32g.grad().to(low), 0, 0));
+      EXPECT_EQ(dw16.dtype(), kFloat32);
+      EXPECT_TRUE(tensors_close(dw16, w.grad(), 0, 0));
+      EXPECT_TRUE(tensors_close(db16, b.grad(), 0, 0));
+      // Eval mode with the running statistics.
+      EXPECT_TRUE(tensors_close(batch_norm(x16, rm16, rv16, w, b, false),
+                                batch_norm(x32, rm32, rv32, w, b, false).to(low), 0, 0));
+    }
+  }
+  // Parameters must be float32 for a 16-bit x.
+  EXPECT_LOOM_ERROR(batch_norm(randn({2, 3}).to(kFloat16), Tensor(), Tensor(),
+                               ones({3}).to(kFloat16), Tensor(), true),
+                    DTypeError, {"batch_norm", "weight", "float32", "float16"});
+}
+
 // ---------------------------------------------------------------- layer norm
 
 TEST(LayerNorm, ForwardMatchesReference) {

@@ -1,6 +1,8 @@
 // tests/tensor/elementwise_test.cpp — elementwise ops: forward against std:: math on each
 // element, broadcasting, dtype promotion, gradcheck of every differentiable op, the errors.
 
+#include "tensor/elementwise.h"
+
 #include <cmath>
 #include <functional>
 
@@ -132,9 +134,61 @@ TEST(Elementwise, Errors) {
   EXPECT_LOOM_ERROR(zeros({2, 3}) + zeros({4}), ShapeError, {"add", "[2, 3]", "[4]"});
   EXPECT_LOOM_ERROR(zeros({2, 3}) * zeros({3, 2}), ShapeError, {"mul", "[2, 3]", "[3, 2]"});
   EXPECT_LOOM_ERROR(exp(arange(3)), DTypeError, {"exp", "int64"});
-  EXPECT_LOOM_ERROR(exp(zeros({2}, kFloat16)), DTypeError, {"exp", "float16"});
+  EXPECT_LOOM_ERROR(kernels::addcmul_(zeros({2}, kFloat16), zeros({2}), zeros({2})), DTypeError,
+                    {"addcmul_", "float16"});
   EXPECT_LOOM_ERROR(clamp(zeros({2}), 1, 0), ValueError, {"clamp"});
   EXPECT_LOOM_ERROR(gelu(zeros({2}), "fast"), ValueError, {"gelu", "fast"});
+}
+
+// float16 and bfloat16 elements compute in float and round once (Note [16-bit arithmetic]): each
+// op on 16-bit tensors equals the float32 op on the widened tensors rounded to 16 bits, bit for
+// bit, whatever the layout; comparisons and where are exact.
+TEST(Elementwise, SixteenBitOpsComputeInFloatAndRoundOnce) {
+  manual_seed(5);
+  using Binary = std::function<Tensor(const Tensor&, const Tensor&)>;
+  const std::vector<std::pair<std::string, Binary>> ops = {
+      {"add", [](const Tensor& a, const Tensor& b) { return a + b; }},
+      {"add alpha", [](const Tensor& a, const Tensor& b) { return kernels::add(a, b, -2.5); }},
+      {"sub", [](const Tensor& a, const Tensor& b) { return a - b; }},
+      {"mul", [](const Tensor& a, const Tensor& b) { return a * b; }},
+      {"div", [](const Tensor& a, const Tensor& b) { return a / b; }},
+      {"maximum", [](const Tensor& a, const Tensor& b) { return maximum(a, b); }},
+      {"scalars", [](const Tensor& a, const Tensor&) { return kernels::mul_scalar(a, 2.5); }},
+      {"relu", [](const Tensor& a, const Tensor&) { return relu(a); }},
+      {"neg", [](const Tensor& a, const Tensor&) { return -a; }},
+      {"exp", [](const Tensor& a, const Tensor&) { return exp(a); }},
+      {"tanh", [](const Tensor& a, const Tensor&) { return tanh(a); }},
+      {"gelu", [](const Tensor& a, const Tensor&) { return gelu(a); }},
+      {"clamp", [](const Tensor& a, const Tensor&) { return clamp(a, -0.5, 0.25); }},
+      {"relu_backward",
+       [](const Tensor& a, const Tensor& b) { return kernels::relu_backward(a, b); }},
+      {"where", [](const Tensor& a, const Tensor& b) { return where(a > b, a, b); }},
+  };
+  for (DType low : {kFloat16, kBFloat16}) {
+    const Tensor a = randn({6, 4, 3, 5}).to(low), b = randn({6, 4, 3, 5}).to(low);
+    for (const auto& [name, op] : ops) {
+      for (bool channels_last : {false, true}) {
+        SCOPED_TRACE(detail::str(name, " ", low, channels_last ? " channels-last" : ""));
+        const MemoryFormat f =
+            channels_last ? MemoryFormat::kChannelsLast : MemoryFormat::kContiguous;
+        const Tensor x = a.contiguous(f), y = b.contiguous(f);
+        const Tensor got = op(x, y);
+        EXPECT_EQ(got.dtype(), low);
+        EXPECT_TRUE(got.is_contiguous(f));
+        EXPECT_TRUE(tensors_close(got, op(x.to(kFloat32), y.to(kFloat32)).to(low), 0, 0));
+      }
+    }
+    // In place, with a float32 operand converted to self's dtype first (as for any dtype).
+    Tensor c = a.clone();
+    c.add_(b);
+    EXPECT_TRUE(tensors_close(c, (a.to(kFloat32) + b.to(kFloat32)).to(low), 0, 0));
+    // Comparisons with a scalar and between tensors; mixed 16-bit dtypes promote to float32.
+    EXPECT_TRUE(
+        tensors_close(kernels::gt_scalar(a, 0.5), kernels::gt_scalar(a.to(kFloat32), 0.5), 0, 0));
+    EXPECT_TRUE(tensors_close(a < b, a.to(kFloat32) < b.to(kFloat32), 0, 0));
+  }
+  EXPECT_EQ((zeros({2}, kFloat16) + zeros({2}, kBFloat16)).dtype(), kFloat32);
+  EXPECT_EQ((zeros({2}, kFloat16) + zeros({2})).dtype(), kFloat32);
 }
 
 TEST(ElementwiseGrad, Gradcheck) {
