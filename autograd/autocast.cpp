@@ -4,6 +4,7 @@
 #include "autograd/autocast.h"
 
 #include <map>
+#include <tuple>
 #include <utility>
 
 #include "autograd/graph.h"
@@ -23,7 +24,7 @@ struct State {
   bool enabled = false;
   DType dtype = kBFloat16;
   int depth = 0;  // guards alive, enabled or not
-  std::map<std::pair<const void*, DType>, CachedCast> cache;
+  std::map<std::tuple<const void*, DType, MemoryFormat>, CachedCast> cache;
 };
 
 thread_local State state;
@@ -61,13 +62,15 @@ bool needs_low(std::initializer_list<Tensor> operands) {
   return false;
 }
 
-Tensor to_low(const Tensor& x) {
+Tensor to_low(const Tensor& x) { return x.defined() ? to_low(x, suggest_memory_format(x)) : x; }
+
+Tensor to_low(const Tensor& x, MemoryFormat format) {
   if (!state.enabled || !is_low_candidate(x)) return x;
   const bool cacheable = x.is_leaf() && x.requires_grad() && autograd::grad_enabled();
-  if (!cacheable) return loom::to(x, state.dtype);
-  CachedCast& entry = state.cache[{x.unsafe_impl(), state.dtype}];
+  if (!cacheable) return loom::to(x, state.dtype, format);
+  CachedCast& entry = state.cache[{x.unsafe_impl(), state.dtype, format}];
   if (!entry.cast.defined() || entry.version != x.version()) {
-    entry = {x, x.version(), loom::to(x, state.dtype)};
+    entry = {x, x.version(), loom::to(x, state.dtype, format)};
   }
   return entry.cast;
 }
@@ -76,6 +79,13 @@ bool needs_float32(std::initializer_list<Tensor> operands) {
   if (!state.enabled) return false;
   for (const Tensor& t : operands)
     if (t.defined() && is_16bit_float(t.dtype())) return true;
+  return false;
+}
+
+bool widens_on_cpu(std::initializer_list<Tensor> operands) {
+  if (!state.enabled) return false;
+  for (const Tensor& t : operands)
+    if (t.defined() && is_16bit_float(t.dtype()) && t.device().is_cpu()) return true;
   return false;
 }
 

@@ -33,6 +33,13 @@
 //   |                | statistics), views (view, reshape, permute, ...),  | computed in float   |
 //   |                | clone, contiguous, to, cat and stack of one dtype  |                     |
 //
+//   On the CPU the "as is" class is widened like the float32 class. The CPU has no 16-bit
+//   arithmetic to gain from 16-bit activations (its 16-bit products widen to float32 too, Note
+//   [16-bit products on the CPU]), and each 16-bit op there pays a widening and a rounding pass.
+//   Measured in one session (train_step_bench, width 16, batch 128, median of 9), the fp16 step
+//   ran at 0.81 of float32's speed with 16-bit layers and at 0.89 with them widened (bf16: 0.87,
+//   0.90). A GPU reads half the bytes instead, which is the point of the class.
+//
 //   embedding and one_hot take no 16-bit input (an index, and a float32 weight).
 //   float64 tensors are never cast (as in PyTorch): a region changes only float32 and 16-bit
 //   operands. Outside a region nothing is cast: the float32 class raises DTypeError for 16-bit
@@ -58,7 +65,10 @@
 //   kept until the outermost region ends, keyed by the parameter and checked against its
 //   version, so an in-place update inside the region is never served stale. Activations are
 //   not cached: each is used once. The cached cast is a node of the graph, so its gradient,
-//   summed over every use, reaches the parameter in float32.
+//   summed over every use, reaches the parameter in float32. A convolution's weight is cast
+//   straight into its input's memory format (keyed by it too): for a channels-last input the
+//   16-bit weight is then already in the KRSC order that cuDNN's NHWC kernels read, so neither
+//   the forward nor the backward-data call copies it again.
 #pragma once
 
 #include <cstddef>
@@ -92,10 +102,17 @@ size_t cached_casts();
 // returned as they are).
 bool needs_low(std::initializer_list<Tensor> operands);
 Tensor to_low(const Tensor& x);
+// The same, stored in `format`: conv2d casts its weight into its input's format (for a
+// channels-last input the KRSC order cuDNN's NHWC kernels read) in the one cast kernel.
+Tensor to_low(const Tensor& x, MemoryFormat format);
 
 // For the float32 class: true when a region is active and some defined operand is 16-bit;
 // to_float32 widens such an operand (others are returned as they are).
 bool needs_float32(std::initializer_list<Tensor> operands);
+// For the "as is" class: true when a region is active and some defined operand is a 16-bit CPU
+// tensor; the op then widens its operands with to_float32, as the float32 class (Note [Autocast
+// policy], "On the CPU").
+bool widens_on_cpu(std::initializer_list<Tensor> operands);
 Tensor to_float32(const Tensor& x);
 
 }  // namespace loom::autocast

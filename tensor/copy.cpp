@@ -204,6 +204,13 @@ Tensor to_dtype(const Tensor& t, DType dtype) {
   return out;
 }
 
+Tensor to_dtype(const Tensor& t, DType dtype, MemoryFormat format) {
+  if (t.dtype() == dtype && t.is_contiguous(format)) return t;
+  Tensor out = empty(t.sizes(), dtype, t.device(), format);
+  copy_(out, t);
+  return out;
+}
+
 Tensor widened(const Tensor& t) {
   return t.defined() && is_16bit_float(t.dtype()) ? to_dtype(t, kFloat32) : t;
 }

@@ -19,6 +19,9 @@ Tensor clone(const Tensor& t);  // always a fresh contiguous copy
 // t itself when already of that dtype, else a copy in t's suggest_memory_format (so autocast
 // keeps a channels-last activation channels-last).
 Tensor to_dtype(const Tensor& t, DType dtype);
+// t itself when already of that dtype and stored in `format`, else a copy stored in it (autocast
+// casts a convolution's weight straight into the layout cuDNN reads, Note [The cast cache]).
+Tensor to_dtype(const Tensor& t, DType dtype, MemoryFormat format);
 Tensor to_device(const Tensor& t, Device device);  // keeps t's suggest_memory_format
 // t in float32 when it is float16 or bfloat16 (exactly: every 16-bit value is a float32 value),
 // t itself otherwise (undefined included).

@@ -18,9 +18,9 @@ using autograd::Saved;
 // dbias = sum over n, h, w of dout
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Pair stride, Pair padding,
               Pair dilation, int64_t groups) {
-  if (autocast::needs_low({x, weight, bias}))
-    return conv2d(autocast::to_low(x), autocast::to_low(weight), autocast::to_low(bias), stride,
-                  padding, dilation, groups);
+  if (autocast::needs_low({x, weight, bias}))  // the weight cast into x's layout (the cast cache)
+    return conv2d(autocast::to_low(x), autocast::to_low(weight, suggest_memory_format(x)),
+                  autocast::to_low(bias), stride, padding, dilation, groups);
   const k::Conv2dOptions options{stride, padding, dilation, groups};
   return record("conv2d", k::conv2d(x, weight, bias, options), {x, weight, bias}, {x, weight},
                 [options](const Grads& dout, Saved& s, Grads& g) {

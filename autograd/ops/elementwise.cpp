@@ -19,6 +19,8 @@ using autograd::Saved;
 
 // d(a + alpha b): da = dout ; db = alpha dout
 Tensor add(const Tensor& a, const Tensor& b, double alpha) {
+  if (autocast::widens_on_cpu({a, b}))
+    return add(autocast::to_float32(a), autocast::to_float32(b), alpha);
   return record("add", k::add(a, b, alpha), {a, b}, {},
                 [alpha](const Grads& dout, Saved& s, Grads& g) {
                   if (s.needs_grad(0)) g[0] = dout[0];
@@ -29,6 +31,8 @@ Tensor add(const Tensor& a, const Tensor& b, double alpha) {
 
 // d(a - alpha b): da = dout ; db = -alpha dout
 Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
+  if (autocast::widens_on_cpu({a, b}))
+    return sub(autocast::to_float32(a), autocast::to_float32(b), alpha);
   return record("sub", k::sub(a, b, alpha), {a, b}, {},
                 [alpha](const Grads& dout, Saved& s, Grads& g) {
                   if (s.needs_grad(0)) g[0] = dout[0];
@@ -38,6 +42,7 @@ Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
 
 // d(a b): da = dout b ; db = dout a
 Tensor mul(const Tensor& a, const Tensor& b) {
+  if (autocast::widens_on_cpu({a, b})) return mul(autocast::to_float32(a), autocast::to_float32(b));
   return record("mul", k::mul(a, b), {a, b}, {a, b}, [](const Grads& dout, Saved& s, Grads& g) {
     if (s.needs_grad(0)) g[0] = k::mul(dout[0], s[1]);
     if (s.needs_grad(1)) g[1] = k::mul(dout[0], s[0]);
@@ -46,6 +51,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 
 // d(a / b): da = dout / b ; db = -dout a / b^2
 Tensor div(const Tensor& a, const Tensor& b) {
+  if (autocast::widens_on_cpu({a, b})) return div(autocast::to_float32(a), autocast::to_float32(b));
   return record("div", k::div(a, b), {a, b}, {a, b}, [](const Grads& dout, Saved& s, Grads& g) {
     const Tensor da = k::div(dout[0], s[1]);
     if (s.needs_grad(0)) g[0] = da;
@@ -84,6 +90,8 @@ Tensor pow(const Tensor& a, double exponent) {
 
 // d max(a, b): the gradient goes to the larger input; ties split it evenly, as PyTorch.
 static Tensor extremum(const char* name, const Tensor& a, const Tensor& b, bool is_max) {
+  if (autocast::widens_on_cpu({a, b}))
+    return extremum(name, autocast::to_float32(a), autocast::to_float32(b), is_max);
   Tensor out = is_max ? k::maximum(a, b) : k::minimum(a, b);
   return record(name, out, {a, b}, {a, b}, [is_max](const Grads& dout, Saved& s, Grads& g) {
     const Tensor a_wins = is_max ? k::gt(s[0], s[1]) : k::lt(s[0], s[1]);
@@ -100,6 +108,7 @@ Tensor minimum(const Tensor& a, const Tensor& b) { return extremum("minimum", a,
 
 // d(-x): -dout
 Tensor neg(const Tensor& x) {
+  if (autocast::widens_on_cpu({x})) return neg(autocast::to_float32(x));
   return record("neg", k::neg(x), {x}, {},
                 [](const Grads& dout, Saved&, Grads& g) { g[0] = k::neg(dout[0]); });
 }
@@ -139,6 +148,7 @@ Tensor rsqrt(const Tensor& x) {
 
 // d |x|: dout sign(x)
 Tensor abs(const Tensor& x) {
+  if (autocast::widens_on_cpu({x})) return abs(autocast::to_float32(x));
   return record("abs", k::abs(x), {x}, {x}, [](const Grads& dout, Saved& s, Grads& g) {
     g[0] = k::mul(dout[0], k::sign(s[0]));
   });
@@ -146,6 +156,7 @@ Tensor abs(const Tensor& x) {
 
 // d tanh(x): dout (1 - y^2)
 Tensor tanh(const Tensor& x) {
+  if (autocast::widens_on_cpu({x})) return tanh(autocast::to_float32(x));
   Tensor out = k::tanh(x);
   return record("tanh", out, {x}, {out}, [](const Grads& dout, Saved& s, Grads& g) {
     g[0] = k::tanh_backward(dout[0], s[0]);
@@ -154,6 +165,7 @@ Tensor tanh(const Tensor& x) {
 
 // d sigmoid(x): dout y (1 - y)
 Tensor sigmoid(const Tensor& x) {
+  if (autocast::widens_on_cpu({x})) return sigmoid(autocast::to_float32(x));
   Tensor out = k::sigmoid(x);
   return record("sigmoid", out, {x}, {out}, [](const Grads& dout, Saved& s, Grads& g) {
     g[0] = k::sigmoid_backward(dout[0], s[0]);
@@ -162,6 +174,7 @@ Tensor sigmoid(const Tensor& x) {
 
 // d relu(x): dout where y > 0
 Tensor relu(const Tensor& x) {
+  if (autocast::widens_on_cpu({x})) return relu(autocast::to_float32(x));
   Tensor out = k::relu(x);
   return record("relu", out, {x}, {out}, [](const Grads& dout, Saved& s, Grads& g) {
     g[0] = k::relu_backward(dout[0], s[0]);
@@ -170,6 +183,7 @@ Tensor relu(const Tensor& x) {
 
 // d gelu(x): erf form Phi(x) + x phi(x); tanh form in tensor/cpu/elementwise.cpp
 Tensor gelu(const Tensor& x, const std::string& approximate) {
+  if (autocast::widens_on_cpu({x})) return gelu(autocast::to_float32(x), approximate);
   LOOM_CHECK(approximate == "none" || approximate == "tanh", ValueError,
              "gelu: approximate must be \"none\" or \"tanh\"; got \"", approximate, "\"");
   const bool tanh_form = approximate == "tanh";
@@ -181,6 +195,7 @@ Tensor gelu(const Tensor& x, const std::string& approximate) {
 
 // d clamp(x, lo, hi): dout where lo <= x <= hi
 Tensor clamp(const Tensor& x, double min, double max) {
+  if (autocast::widens_on_cpu({x})) return clamp(autocast::to_float32(x), min, max);
   return record("clamp", k::clamp(x, min, max), {x}, {x},
                 [min, max](const Grads& dout, Saved& s, Grads& g) {
                   g[0] = k::clamp_backward(dout[0], s[0], min, max);
@@ -189,6 +204,8 @@ Tensor clamp(const Tensor& x, double min, double max) {
 
 // d where(c, a, b): da = dout where c ; db = dout where not c
 Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
+  if (autocast::widens_on_cpu({a, b}))
+    return where(condition, autocast::to_float32(a), autocast::to_float32(b));
   return record("where", k::where(condition, a, b), {condition, a, b}, {condition},
                 [](const Grads& dout, Saved& s, Grads& g) {
                   const Tensor zero = zeros({}, dout[0].dtype(), dout[0].device());
@@ -208,15 +225,18 @@ Tensor ge(const Tensor& a, const Tensor& b) { return k::ge(a, b); }
 
 // Scalars: one node each, so `x * 2` costs no 0-d tensor and no broadcast.
 static Tensor add_scalar(const Tensor& a, double b) {
+  if (autocast::widens_on_cpu({a})) return add_scalar(autocast::to_float32(a), b);
   return record("add", k::add_scalar(a, b), {a}, {},
                 [](const Grads& dout, Saved&, Grads& g) { g[0] = dout[0]; });
 }
 static Tensor mul_scalar(const Tensor& a, double b) {
+  if (autocast::widens_on_cpu({a})) return mul_scalar(autocast::to_float32(a), b);
   return record("mul", k::mul_scalar(a, b), {a}, {},
                 [b](const Grads& dout, Saved&, Grads& g) { g[0] = k::mul_scalar(dout[0], b); });
 }
 // d(b / x): -dout b / x^2
 static Tensor scalar_div(double b, const Tensor& x) {
+  if (autocast::widens_on_cpu({x})) return scalar_div(b, autocast::to_float32(x));
   Tensor out = k::mul_scalar(k::pow_scalar(x, -1.0), b);
   return record("div", out, {x}, {x, out}, [](const Grads& dout, Saved& s, Grads& g) {
     g[0] = k::neg(k::div(k::mul(dout[0], s[1]), s[0]));
@@ -232,6 +252,7 @@ Tensor operator+(const Tensor& a, double b) { return add_scalar(a, b); }
 Tensor operator-(const Tensor& a, double b) { return add_scalar(a, -b); }
 Tensor operator*(const Tensor& a, double b) { return mul_scalar(a, b); }
 Tensor operator/(const Tensor& a, double b) {
+  if (autocast::widens_on_cpu({a})) return operator/(autocast::to_float32(a), b);
   return record("div", k::div_scalar(a, b), {a}, {},
                 [b](const Grads& dout, Saved&, Grads& g) { g[0] = k::div_scalar(dout[0], b); });
 }

@@ -34,12 +34,13 @@ void check_param(const char* op, const char* name, const Tensor& param, const Sh
 // d batch_norm (training, through the batch statistics; Note [Batch norm pieces]):
 //   dx = weight invstd (dy - mean(dy) - x_hat mean(dy x_hat)); eval: dx = weight invstd dy;
 //   dweight = sum(dy x_hat) ; dbias = sum(dy)
-// A 16-bit x keeps its dtype (y and dx too) with float32 parameters and statistics, autocast or
-// not (Note [Autocast policy]); 16-bit parameters in a region are widened with x.
+// A 16-bit x keeps its dtype (y and dx too) with float32 parameters and statistics (Note
+// [Autocast policy]: in a region, on the CPU, or with 16-bit parameters, x is widened instead).
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight, const Tensor& bias, bool training, double momentum,
                   double eps) {
-  if (autocast::needs_float32({running_mean, running_var, weight, bias}))
+  if (autocast::needs_float32({running_mean, running_var, weight, bias}) ||
+      autocast::widens_on_cpu({x}))
     return batch_norm(autocast::to_float32(x), autocast::to_float32(running_mean),
                       autocast::to_float32(running_var), autocast::to_float32(weight),
                       autocast::to_float32(bias), training, momentum, eps);

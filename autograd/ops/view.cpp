@@ -119,6 +119,12 @@ Tensor to(const Tensor& x, DType dtype) {
                 [](const Grads& dout, Saved&, Grads& g) { g[0] = dout[0]; });
 }
 
+Tensor to(const Tensor& x, DType dtype, MemoryFormat format) {
+  if (x.dtype() == dtype && x.is_contiguous(format)) return x;
+  return record("to", k::to_dtype(x, dtype, format), {x}, {},
+                [](const Grads& dout, Saved&, Grads& g) { g[0] = dout[0]; });
+}
+
 Tensor to(const Tensor& x, Device device) {
   if (x.device() == device) return x;
   const Device from = x.device();

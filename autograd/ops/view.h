@@ -23,6 +23,7 @@ Tensor contiguous(const Tensor& x);
 Tensor contiguous(const Tensor& x, MemoryFormat format);  // channels-last: Note [Memory formats]
 Tensor clone(const Tensor& x);
 Tensor to(const Tensor& x, DType dtype);
+Tensor to(const Tensor& x, DType dtype, MemoryFormat format);  // and stored in `format`
 Tensor to(const Tensor& x, Device device);
 
 }  // namespace loom

@@ -1,8 +1,11 @@
 // tensor/cpu/elementwise.cpp — elementwise kernels on the CPU, every one a lambda over the
 // strided loop of tensor/cpu/loops.h; the device switch is the first line of each public entry.
-// float16 and bfloat16 elements are computed in float and rounded once on store (math_t, Note
-// [16-bit arithmetic] in tensor/cuda/float16.h), as on CUDA; the optimizers' addcmul_ and
-// addcdiv_ take float32 and float64 only.
+//
+// float16 and bfloat16 (Note [16-bit arithmetic] in tensor/cuda/float16.h): each operand is
+// widened to float32 in one pass (F16C for float16), the float32 kernel runs, and the result is
+// rounded once on the way back. The bits are those of CUDA's per-element widen-compute-round; a
+// per-element software rounding inside the loop ran the fp16 training step at half the speed of
+// float32. The optimizers' addcmul_ and addcdiv_ take float32 and float64 only.
 
 #include "tensor/elementwise.h"
 
@@ -34,14 +37,18 @@ Device cpu_only(const char* op, std::initializer_list<Tensor> tensors) {
 template <bool kCompare, typename F>
 Tensor binary(const char* op, const Tensor& a, const Tensor& b, DType compute, F f) {
   cpu_only(op, {a, b});
+  if (is_16bit_float(compute)) {
+    const Tensor r = binary<kCompare>(op, widened(to_dtype(a, compute)),
+                                      widened(to_dtype(b, compute)), kFloat32, f);
+    return kCompare ? r : to_dtype(r, compute);
+  }
   const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), op);
   const Tensor ac = to_dtype(a, compute), bc = to_dtype(b, compute);
   Tensor out = empty(shape, kCompare ? kBool : compute, a.device(), result_format(shape, {a, b}));
-  dispatch_numeric_and_16bit(compute, op, [&]<typename T>() {
+  dispatch_numeric(compute, op, [&]<typename T>() {
     using Out = std::conditional_t<kCompare, bool, T>;
-    using M = math_t<T>;
     cpu::map<Out, T>(
-        out, [&](T x, T y) { return static_cast<Out>(f(M(x), M(y))); }, ac, bc);
+        out, [&](T x, T y) { return static_cast<Out>(f(x, y)); }, ac, bc);
   });
   return out;
 }
@@ -60,11 +67,9 @@ Tensor compare(const char* op, const Tensor& a, const Tensor& b, F f) {
 template <typename F>
 Tensor unary_float(const char* op, const Tensor& x, F f) {
   cpu_only(op, {x});
+  if (is_16bit_float(x.dtype())) return to_dtype(unary_float(op, widened(x), f), x.dtype());
   Tensor out = empty_like_format(x);
-  dispatch_floating_and_16bit(x.dtype(), op, [&]<typename T>() {
-    cpu::map<T, T>(
-        out, [&](T v) { return f(math_t<T>(v)); }, x);
-  });
+  dispatch_floating(x.dtype(), op, [&]<typename T>() { cpu::map<T, T>(out, f, x); });
   return out;
 }
 
@@ -72,10 +77,11 @@ Tensor unary_float(const char* op, const Tensor& x, F f) {
 template <typename F>
 Tensor unary_numeric(const char* op, const Tensor& x, F f) {
   cpu_only(op, {x});
+  if (is_16bit_float(x.dtype())) return to_dtype(unary_numeric(op, widened(x), f), x.dtype());
   Tensor out = empty_like_format(x);
-  dispatch_numeric_and_16bit(x.dtype(), op, [&]<typename T>() {
+  dispatch_numeric(x.dtype(), op, [&]<typename T>() {
     cpu::map<T, T>(
-        out, [&](T v) { return static_cast<T>(f(math_t<T>(v))); }, x);
+        out, [&](T v) { return static_cast<T>(f(v)); }, x);
   });
   return out;
 }
@@ -86,13 +92,11 @@ Tensor backward_binary(const char* op, const Tensor& dout, const Tensor& saved, 
   cpu_only(op, {dout, saved});
   LOOM_CHECK(dout.dtype() == saved.dtype(), DTypeError, op, ": gradient is ", dout.dtype(),
              " but the saved tensor is ", saved.dtype());
+  if (is_16bit_float(dout.dtype()))
+    return to_dtype(backward_binary(op, widened(dout), widened(saved), f), dout.dtype());
   const Shape shape = broadcast_shapes(dout.sizes(), saved.sizes(), op);
   Tensor out = empty(shape, dout.dtype(), dout.device(), result_format(shape, {dout, saved}));
-  dispatch_floating_and_16bit(dout.dtype(), op, [&]<typename T>() {
-    using M = math_t<T>;
-    cpu::map<T, T>(
-        out, [&](T g, T v) { return f(M(g), M(v)); }, dout, saved);
-  });
+  dispatch_floating(dout.dtype(), op, [&]<typename T>() { cpu::map<T, T>(out, f, dout, saved); });
   return out;
 }
 
@@ -105,14 +109,14 @@ DType scalar_result(const Tensor& a, double s) {
 template <typename F>
 Tensor with_scalar(const char* op, const Tensor& a, double s, F f) {
   cpu_only(op, {a});
+  if (is_16bit_float(a.dtype())) return to_dtype(with_scalar(op, widened(a), s, f), a.dtype());
   const DType t = scalar_result(a, s);
   const Tensor ac = to_dtype(a, t);
   Tensor out = empty(a.sizes(), t, a.device(), suggest_memory_format(a));
-  dispatch_numeric_and_16bit(t, op, [&]<typename T>() {
-    using M = math_t<T>;
-    const M v = static_cast<M>(s);
+  dispatch_numeric(t, op, [&]<typename T>() {
+    const T v = static_cast<T>(s);
     cpu::map<T, T>(
-        out, [&](T x) { return static_cast<T>(f(M(x), v)); }, ac);
+        out, [&](T x) { return static_cast<T>(f(x, v)); }, ac);
   });
   return out;
 }
@@ -120,12 +124,21 @@ Tensor with_scalar(const char* op, const Tensor& a, double s, F f) {
 template <typename F>
 Tensor compare_scalar(const char* op, const Tensor& a, double s, F f) {
   cpu_only(op, {a});
+  if (is_16bit_float(a.dtype())) return compare_scalar(op, widened(a), s, f);
   Tensor out = empty(a.sizes(), kBool, a.device(), suggest_memory_format(a));
-  dispatch_numeric_and_16bit(a.dtype(), op, [&]<typename T>() {
+  dispatch_numeric(a.dtype(), op, [&]<typename T>() {
     cpu::map<bool, T>(
-        out, [&](T x) { return f(static_cast<double>(math_t<T>(x)), s); }, a);
+        out, [&](T x) { return f(static_cast<double>(x), s); }, a);
   });
   return out;
+}
+
+// A 16-bit self updated in place through a float32 copy: update(wide), then one rounding back.
+template <typename Update>
+void in_float32(const Tensor& self, Update update) {
+  const Tensor wide = widened(self);
+  update(wide);
+  copy_(self, wide);  // bumps self's version
 }
 
 // In place: self = f(self, other) with other broadcast to self's shape and converted to its dtype.
@@ -135,11 +148,12 @@ void inplace_binary(const char* op, const Tensor& self, const Tensor& other, F f
   LOOM_CHECK(broadcast_shapes(self.sizes(), other.sizes(), op) == self.sizes(), ShapeError, op,
              ": cannot broadcast other=", other.sizes(), " into self=", self.sizes());
   const Tensor oc = to_dtype(other, self.dtype());
+  if (is_16bit_float(self.dtype()))
+    return in_float32(self, [&](const Tensor& wide) { inplace_binary(op, wide, oc, f); });
   self.bump_version();
-  dispatch_numeric_and_16bit(self.dtype(), op, [&]<typename T>() {
-    using M = math_t<T>;
+  dispatch_numeric(self.dtype(), op, [&]<typename T>() {
     cpu::map<T, T>(
-        self, [&](T x, T y) { return static_cast<T>(f(M(x), M(y))); }, self, oc);
+        self, [&](T x, T y) { return static_cast<T>(f(x, y)); }, self, oc);
   });
 }
 
@@ -349,11 +363,13 @@ Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
   const Shape shape =
       broadcast_shapes(broadcast_shapes(condition.sizes(), a.sizes(), "where"), b.sizes(), "where");
   const DType t = promote_types(a.dtype(), b.dtype());
+  if (is_16bit_float(t))
+    return to_dtype(where(condition, widened(to_dtype(a, t)), widened(to_dtype(b, t))), t);
   const Tensor ac = to_dtype(a, t), bc = to_dtype(b, t), cc = to_dtype(condition, t);
   Tensor out = empty(shape, t, a.device(), result_format(shape, {condition, a, b}));
-  dispatch_numeric_and_16bit(t, "where", [&]<typename T>() {
+  dispatch_numeric(t, "where", [&]<typename T>() {
     cpu::map<T, T>(
-        out, [](T c, T x, T y) { return math_t<T>(c) != 0 ? x : y; }, cc, ac, bc);
+        out, [](T c, T x, T y) { return c != T(0) ? x : y; }, cc, ac, bc);
   });
   return out;
 }
@@ -429,23 +445,25 @@ void div_(const Tensor& self, const Tensor& other) {
 void mul_scalar_(const Tensor& self, double value) {
   if (on_cuda("mul_scalar_", {self})) return cuda::mul_scalar_(self, value);
   cpu_only("mul_", {self});
+  if (is_16bit_float(self.dtype()))
+    return in_float32(self, [&](const Tensor& wide) { mul_scalar_(wide, value); });
   self.bump_version();
-  dispatch_numeric_and_16bit(self.dtype(), "mul_", [&]<typename T>() {
-    using M = math_t<T>;
-    const M v = static_cast<M>(value);
+  dispatch_numeric(self.dtype(), "mul_", [&]<typename T>() {
+    const T v = static_cast<T>(value);
     cpu::map<T, T>(
-        self, [v](T x) { return static_cast<T>(M(x) * v); }, self);
+        self, [v](T x) { return static_cast<T>(x * v); }, self);
   });
 }
 void add_scalar_(const Tensor& self, double value) {
   if (on_cuda("add_scalar_", {self})) return cuda::add_scalar_(self, value);
   cpu_only("add_", {self});
+  if (is_16bit_float(self.dtype()))
+    return in_float32(self, [&](const Tensor& wide) { add_scalar_(wide, value); });
   self.bump_version();
-  dispatch_numeric_and_16bit(self.dtype(), "add_", [&]<typename T>() {
-    using M = math_t<T>;
-    const M v = static_cast<M>(value);
+  dispatch_numeric(self.dtype(), "add_", [&]<typename T>() {
+    const T v = static_cast<T>(value);
     cpu::map<T, T>(
-        self, [v](T x) { return static_cast<T>(M(x) + v); }, self);
+        self, [v](T x) { return static_cast<T>(x + v); }, self);
   });
 }
 

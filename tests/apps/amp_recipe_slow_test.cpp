@@ -1,8 +1,8 @@
 // tests/apps/amp_recipe_slow_test.cpp — the Fashion-MNIST recipe of scripts/run_main.sh with
-// --amp bf16 and --amp fp16 ends within 0.5 points of float32's test accuracy. Each run is the
-// recipe (ResNet-18 width 16, batch 128, SGD nesterov, one-cycle to 0.2, flips) cut to one epoch
-// so that the three runs fit a CI job (about 4 minutes each on 2 cores); the two-epoch figures
-// are in docs/benchmarks.md. Slow: labelled so, and skipped where the dataset is not installed.
+// --amp bf16 and --amp fp16 ends no more than 0.5 points below float32's test accuracy. Each run
+// is the recipe (ResNet-18 width 16, batch 128, SGD nesterov, one-cycle to 0.2, flips) cut to one
+// epoch so that the three runs fit a CI job (about 4 minutes each on 2 cores); the two-epoch
+// figures are in docs/benchmarks.md. Slow: labelled so, and skipped where the dataset is not installed.
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -55,14 +55,17 @@ double recipe_accuracy(const std::string& amp) {
 
 // One test, so that the three runs go one after the other (each uses every core) and the float32
 // run serves both comparisons.
-TEST(AmpRecipe, BFloat16AndFloat16EndWithinHalfAPointOfFloat32) {
+TEST(AmpRecipe, BFloat16AndFloat16EndNoMoreThanHalfAPointBelowFloat32) {
   if (!fs::exists(kApp)) GTEST_SKIP() << kApp << " is not built (LOOM_BUILD_APPS=OFF)";
   if (!fs::exists(fs::path(kData) / "train-images-idx3-ubyte.gz"))
     GTEST_SKIP() << "Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)";
   const double fp32 = recipe_accuracy("off");
   EXPECT_GT(fp32, 0.85);  // the recipe trains
-  EXPECT_NEAR(recipe_accuracy("bf16"), fp32, 0.005);
-  EXPECT_NEAR(recipe_accuracy("fp16"), fp32, 0.005);
+  // One-sided: mixed precision must not cost accuracy. One epoch's accuracy moves by a few
+  // tenths of a point with any change of rounding (16-bit layers gave fp16 +0.50 points in
+  // session 7, +0.07 before), so a run above float32 is no defect to guard against.
+  EXPECT_GT(recipe_accuracy("bf16"), fp32 - 0.005);
+  EXPECT_GT(recipe_accuracy("fp16"), fp32 - 0.005);
 }
 
 }  // namespace

@@ -7,6 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
 
 #include "cuda/cuda_test_util.h"
 #include "optim/grad_scaler.h"
@@ -95,6 +98,45 @@ TEST_P(AmpCuda, AResNetStepMatchesTheCpu) {
       r.bn1->forward(r.conv1->forward(x.to(kCuda0).contiguous(MemoryFormat::kChannelsLast))));
   for (const auto& stage : {r.layer1, r.layer2, r.layer3, r.layer4}) a = stage->forward(a);
   EXPECT_EQ(suggest_memory_format(a), MemoryFormat::kChannelsLast);
+  EXPECT_EQ(a.dtype(), low);  // and 16-bit: batch norm, ReLU, adds (Note [Autocast policy])
+}
+
+// On a GPU the "as is" class keeps a 16-bit input's dtype inside a region, computing in float:
+// its values are the float32 op's within a few 16-bit roundings, and the float32 leaf gets a
+// float32 gradient. (On the CPU the class widens: tests/autograd/autocast_test.cpp.)
+TEST_P(AmpCuda, ElementwiseOpsAndBatchNormKeep16Bits) {
+  LOOM_SKIP_WITHOUT_GPU();
+  const DType low = GetParam();
+  manual_seed(3);
+  using Op = std::function<Tensor(const Tensor&)>;
+  const Tensor gamma = randn({4}).to(kCuda0), beta = randn({4}).to(kCuda0);
+  const std::vector<std::pair<std::string, Op>> ops = {
+      {"add", [](const Tensor& h) { return add(h, h); }},
+      {"broadcast add", [](const Tensor& h) { return add(h, slice(h, 0, 0, 1)); }},
+      {"mul by scalar", [](const Tensor& h) { return h * 2.0 + 1.0; }},
+      {"relu", [](const Tensor& h) { return relu(h); }},
+      {"gelu", [](const Tensor& h) { return gelu(h); }},
+      {"where", [](const Tensor& h) { return where(gt(h, zeros({}, kFloat32, kCuda0)), h, -h); }},
+      {"batch_norm",
+       [&](const Tensor& h) {
+         return batch_norm(h, zeros({4}, kFloat32, kCuda0), ones({4}, kFloat32, kCuda0), gamma,
+                           beta, /*training=*/true);
+       }},
+  };
+  for (const auto& [name, op] : ops) {
+    const Tensor w = randn({3, 4}).to(kCuda0).requires_grad_(true);
+    Tensor out, h32;
+    {
+      autocast::Guard amp(low);
+      const Tensor h = matmul(w, eye(4).to(kCuda0));
+      out = op(h);
+      h32 = h.detach().to(kFloat32);
+    }
+    EXPECT_EQ(out.dtype(), low) << name;
+    EXPECT_TRUE(cuda_matches_cpu(out.to(kFloat32), op(h32).to(kCPU), 3e-2, 3e-2)) << name;
+    sum(out.to(kFloat32)).backward();
+    EXPECT_EQ(w.grad().dtype(), kFloat32) << name;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(LowPrecision, AmpCuda, ::testing::Values(kBFloat16, kFloat16),

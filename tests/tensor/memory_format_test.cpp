@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "autograd/autocast.h"
 #include "autograd/ops.h"
 #include "nn/nn.h"
 #include "tensor/conv.h"
@@ -84,6 +85,33 @@ TEST(MemoryFormat, ContiguousInAFormatIsDifferentiable) {
   loom::mul(xcl.contiguous(), w).sum().backward();
   EXPECT_TRUE(channels_last(xcl.grad()));
   EXPECT_TRUE(same_values(xcl.grad(), w));
+}
+
+// A cast into a format is one copy, differentiable; under autocast a convolution casts its
+// weight into its input's format (KRSC for a channels-last x) and caches one cast per format.
+TEST(MemoryFormat, ConvolutionWeightsAreCastIntoTheInputsFormat) {
+  const Tensor w = randn({4, 3, 3, 3}).requires_grad_();
+  const Tensor w16 = loom::to(w, kFloat16, kCL);
+  EXPECT_EQ(w16.dtype(), kFloat16);
+  EXPECT_TRUE(channels_last(w16));
+  EXPECT_TRUE(same_values(w16, w.to(kFloat16)));
+  EXPECT_TRUE(loom::to(w16, kFloat16, kCL).is_same(w16));  // nothing to do: itself
+  loom::mul(w16.to(kFloat32), w.detach()).sum().backward();
+  EXPECT_EQ(w.grad().dtype(), kFloat32);
+  EXPECT_TRUE(w.grad().is_contiguous());
+  EXPECT_TRUE(tensors_close(w.grad(), w.detach().to(kFloat16).to(kFloat32), 0, 0));
+
+  const Tensor x = randn({2, 3, 6, 6});
+  Tensor y_nchw, y_cl;
+  {
+    autocast::Guard amp(kBFloat16);
+    y_nchw = conv2d(x, w);
+    EXPECT_EQ(autocast::cached_casts(), 1u);
+    y_cl = conv2d(x.contiguous(kCL), w);
+    EXPECT_EQ(autocast::cached_casts(), 2u);  // the same weight, cast once per format
+  }
+  EXPECT_TRUE(channels_last(y_cl));
+  EXPECT_TRUE(same_values(y_cl, y_nchw));
 }
 
 // A channels-last map merges to one flat loop (so it vectorises, and takes the flat CUDA kernel):
