@@ -40,7 +40,10 @@ class Work {
   // Blocks until done; rethrows the operation's error (DistError). A timeout of zero means
   // the process group's own timeout, counted from when the operation starts (it then fails by
   // itself and wait() rethrows why); a positive timeout that passes first raises DistError
-  // while the operation goes on.
+  // while the operation goes on. "Done" is what the caller's next work can rely on: for gloo
+  // the result is in the tensors; for NCCL (as PyTorch's) the caller's current CUDA stream is
+  // ordered after the collective and the host goes on at once, unless the group blocks
+  // (Note [NCCL streams and waits]). A failure found later is raised by the next call.
   virtual void wait(Milliseconds timeout = Milliseconds(0)) = 0;
   // Seconds between the start and the end of the operation on its thread (for timelines).
   virtual double started_at() const = 0;   // seconds on the steady clock

@@ -8,7 +8,6 @@
 #pragma once
 
 #include <cstdint>
-#include <utility>
 
 #include "tensor/dtype.h"
 #include "tensor/error.h"
@@ -48,28 +47,24 @@ decltype(auto) dispatch_numeric(DType dtype, const char* op, F&& f) {
   }
 }
 
+// f for the 16-bit floats, rest() for every other dtype.
+template <typename F, typename Rest>
+decltype(auto) dispatch_16bit_or(DType dtype, F& f, Rest&& rest) {
+  if (dtype == DType::Float16) return f.template operator()<Half>();
+  if (dtype == DType::BFloat16) return f.template operator()<BFloat16>();
+  return rest();
+}
+
 template <typename F>
 decltype(auto) dispatch_floating_and_16bit(DType dtype, const char* op, F&& f) {
-  switch (dtype) {
-    case DType::Float16:
-      return f.template operator()<Half>();
-    case DType::BFloat16:
-      return f.template operator()<BFloat16>();
-    default:
-      return dispatch_floating(dtype, op, std::forward<F>(f));
-  }
+  return dispatch_16bit_or(dtype, f,
+                           [&]() -> decltype(auto) { return dispatch_floating(dtype, op, f); });
 }
 
 template <typename F>
 decltype(auto) dispatch_numeric_and_16bit(DType dtype, const char* op, F&& f) {
-  switch (dtype) {
-    case DType::Float16:
-      return f.template operator()<Half>();
-    case DType::BFloat16:
-      return f.template operator()<BFloat16>();
-    default:
-      return dispatch_numeric(dtype, op, std::forward<F>(f));
-  }
+  return dispatch_16bit_or(dtype, f,
+                           [&]() -> decltype(auto) { return dispatch_numeric(dtype, op, f); });
 }
 
 template <typename F>

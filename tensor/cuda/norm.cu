@@ -320,7 +320,8 @@ struct BackwardEpilogue {
 template <typename T>
 struct Affine {  // y = x scale_c + shift_c
   const T* x;
-  const math_t<T>*scale, *shift;
+  const math_t<T>* scale;
+  const math_t<T>* shift;
   T* y;
   __device__ void operator()(int64_t c, int64_t i) const {
     y[i] = from_math<T>(to_math(x[i]) * scale[c] + shift[c]);
