@@ -47,6 +47,17 @@ struct AdamScalars {
   double bias_correction2_sqrt;
 };
 
+// The factors of step t (1 for the first).
+AdamScalars scalars_at(const AdamOptions& o, double lr, bool decoupled, int64_t t) {
+  const double step = static_cast<double>(t);
+  AdamScalars s;
+  s.decay_factor = 1.0 - lr * o.weight_decay;
+  s.l2 = decoupled ? 0.0 : o.weight_decay;
+  s.step_size = lr / (1.0 - std::pow(o.beta1, step));
+  s.bias_correction2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, step));
+  return s;
+}
+
 // The arrays of one parameter's update.
 template <typename T>
 struct AdamArrays {
@@ -174,26 +185,24 @@ Metadata AdamBase::hyper_parameters() const {
 
 void AdamBase::step() {
   autograd::NoGradGuard no_grad;
+  // CUDA parameters are updated together after the loop: one tensor list per device, dtype and
+  // step count (the bias corrections depend on the step).
+  std::vector<std::pair<int64_t, cuda::AdamTensors>> on_gpu;
+  std::vector<std::pair<size_t, Tensor>> to_finish;
   for (size_t i = 0; i < params().size(); ++i) {
     const Tensor grad = update_grad(i);
     if (!grad.defined()) continue;  // no gradient this step: skipped, as PyTorch does
     ParamState& state = state_for(i);
     const int64_t t = ++state.steps;
-    const double step = static_cast<double>(t);
-    AdamScalars s;
-    s.decay_factor = 1.0 - lr() * options_.weight_decay;
-    s.l2 = decoupled_ ? 0.0 : options_.weight_decay;
-    s.step_size = lr() / (1.0 - std::pow(options_.beta1, step));
-    s.bias_correction2_sqrt = std::sqrt(1.0 - std::pow(options_.beta2, step));
     const Tensor target = update_target(i);
     if (target.is_cuda()) {
-      cuda::adam_update(target, grad, state.buffers[0], state.buffers[1],
-                        options_.amsgrad ? state.buffers[2] : Tensor(),
-                        {options_.beta1, options_.beta2, options_.eps, s.l2, s.decay_factor,
-                         s.step_size, s.bias_correction2_sqrt, decoupled_});
-      finish_update(i, target);
+      on_gpu.push_back({t,
+                        {target, grad, state.buffers[0], state.buffers[1],
+                         options_.amsgrad ? state.buffers[2] : Tensor()}});
+      to_finish.emplace_back(i, target);
       continue;
     }
+    const AdamScalars s = scalars_at(options_, lr(), decoupled_, t);
     dispatch_floating(target.dtype(), name().c_str(), [&]<typename T>() {
       const AdamArrays<T> arrays{target.data_ptr<T>(), grad.data_ptr<T>(),
                                  state.buffers[0].data_ptr<T>(), state.buffers[1].data_ptr<T>(),
@@ -208,6 +217,20 @@ void AdamBase::step() {
     });
     finish_update(i, target);
   }
+  using Entry = std::pair<int64_t, cuda::AdamTensors>;
+  for_each_group(
+      on_gpu,
+      [](const Entry& e) {
+        return std::tuple_cat(device_and_dtype(e.second.param), std::make_tuple(e.first));
+      },
+      [&](std::span<const Entry> group) {
+        std::vector<cuda::AdamTensors> list;
+        for (const Entry& e : group) list.push_back(e.second);
+        const AdamScalars s = scalars_at(options_, lr(), decoupled_, group.front().first);
+        cuda::adam_update(list, {options_.beta1, options_.beta2, options_.eps, s.l2, s.decay_factor,
+                                 s.step_size, s.bias_correction2_sqrt, decoupled_});
+      });
+  for (const auto& [i, target] : to_finish) finish_update(i, target);
 }
 
 void AdamBase::load_state(const SafetensorsFile& file, const std::string& prefix) {

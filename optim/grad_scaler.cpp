@@ -1,7 +1,7 @@
 // optim/grad_scaler.cpp — GradScaler (Note [Dynamic loss scaling]). Unscaling is one fused pass
-// over each gradient that divides it and checks the result. On CUDA the checks of a device set
-// one flag there, read back once, so a run waits for the GPU once per device per iteration, not
-// once per parameter.
+// over each gradient that divides it and checks the result. On CUDA the gradients of a device
+// go in tensor lists (a few launches for all of them), whose checks set one flag there, read
+// back once: a run waits for the GPU once per device per iteration, not once per parameter.
 
 #include "optim/grad_scaler.h"
 
@@ -89,22 +89,33 @@ void GradScaler::unscale_(Optimizer& optimizer) {
   std::vector<std::pair<Device, Tensor>> device_flags;  // int32 [1] on each CUDA device: 1 = inf
   {
     autograd::NoGradGuard no_grad;
+    // CUDA gradients are unscaled together after the loop, one tensor list per device and
+    // dtype; (g, grad) pairs where g is a contiguous copy are written back after that.
+    std::vector<Tensor> on_gpu;
+    std::vector<std::pair<Tensor, Tensor>> to_finish;
     for (const Tensor& param : optimizer.params()) {
       const Tensor grad = param.grad();
       if (!grad.defined() || grad.numel() == 0) continue;
       const Tensor g = k::contiguous(grad);
       if (g.is_cuda()) {
-        auto it = device_flags.begin();
-        while (it != device_flags.end() && !(it->first == g.device())) ++it;
-        if (it == device_flags.end())
-          it = device_flags.insert(it, {g.device(), zeros({1}, kInt32, g.device())});
-        cuda::unscale_and_check_(g, inv_scale, it->second);
+        on_gpu.push_back(g);
       } else {
         dispatch_floating(g.dtype(), "GradScaler: unscale_", [&]<typename T>() {
           if (unscale_and_check(g.data_ptr<T>(), g.numel(), static_cast<T>(inv_scale)))
             local_found_inf = true;
         });
       }
+      to_finish.emplace_back(g, grad);
+    }
+    for_each_group(on_gpu, device_and_dtype, [&](std::span<const Tensor> list) {
+      const Device device = list.front().device();
+      auto it = device_flags.begin();
+      while (it != device_flags.end() && !(it->first == device)) ++it;
+      if (it == device_flags.end())
+        it = device_flags.insert(it, {device, zeros({1}, kInt32, device)});
+      cuda::unscale_and_check_(list, inv_scale, it->second);
+    });
+    for (const auto& [g, grad] : to_finish) {
       if (!g.is_same(grad))
         k::copy_(grad, g);  // bumps grad's version
       else

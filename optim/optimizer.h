@@ -3,9 +3,12 @@
 // checkpoint form (the save_state/load_state convention of the trainer).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "tensor/safetensors.h"
@@ -107,6 +110,25 @@ class Optimizer {
 std::string format_double(double value);
 // Parses all of `text` as a double; ValueError naming `what` otherwise.
 double parse_double(const std::string& text, const std::string& what);
+
+// Calls fn(std::span<const Item>) once per run of `items` that share key(item), after a stable
+// sort by key: a CUDA update takes one tensor list per device and dtype (Note [Tensor lists] in
+// tensor/cuda/tensor_list.h), and the parameters keep their order within each.
+template <typename Item, typename Key, typename Fn>
+void for_each_group(std::vector<Item>& items, Key key, Fn fn) {
+  std::stable_sort(items.begin(), items.end(),
+                   [&](const Item& a, const Item& b) { return key(a) < key(b); });
+  for (auto lo = items.begin(); lo != items.end();) {
+    const auto hi =
+        std::find_if(lo, items.end(), [&](const Item& x) { return key(x) != key(*lo); });
+    fn(std::span<const Item>(lo, hi));
+    lo = hi;
+  }
+}
+// The group of a CUDA tensor: its device and dtype.
+inline std::tuple<int, int> device_and_dtype(const Tensor& t) {
+  return {t.device().index, static_cast<int>(t.dtype())};
+}
 
 // Elements per thread below which a fused update stays on one thread (waking the others costs
 // more than the work).

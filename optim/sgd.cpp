@@ -86,6 +86,9 @@ Metadata SGD::hyper_parameters() const {
 
 void SGD::step() {
   autograd::NoGradGuard no_grad;
+  // CUDA parameters are updated together after the loop, a few launches for all of them.
+  std::vector<cuda::SgdTensors> on_gpu;
+  std::vector<std::pair<size_t, Tensor>> to_finish;
   for (size_t i = 0; i < params().size(); ++i) {
     const Tensor grad = update_grad(i);
     if (!grad.defined()) continue;  // no gradient this step: skipped, as PyTorch does
@@ -93,20 +96,25 @@ void SGD::step() {
     ParamState& state = state_for(i);
     ++state.steps;
     const Tensor target = update_target(i);
+    const Tensor buffer = state.buffers.empty() ? Tensor() : state.buffers[0];
     if (target.is_cuda()) {
-      cuda::sgd_update(target, grad, state.buffers.empty() ? Tensor() : state.buffers[0],
-                       {lr(), options_.weight_decay, options_.momentum, options_.dampening,
-                        options_.nesterov, first});
-      finish_update(i, target);
+      on_gpu.push_back({target, grad, buffer, first});
+      to_finish.emplace_back(i, target);
       continue;
     }
     dispatch_floating(target.dtype(), "SGD", [&]<typename T>() {
-      T* buffer = state.buffers.empty() ? nullptr : state.buffers[0].data_ptr<T>();
-      sgd_update<T>(target.data_ptr<T>(), grad.data_ptr<T>(), buffer, target.numel(), options_,
+      sgd_update<T>(target.data_ptr<T>(), grad.data_ptr<T>(),
+                    buffer.defined() ? buffer.data_ptr<T>() : nullptr, target.numel(), options_,
                     lr(), first);
     });
     finish_update(i, target);
   }
+  const cuda::SgdStep s{lr(), options_.weight_decay, options_.momentum, options_.dampening,
+                        options_.nesterov};
+  for_each_group(
+      on_gpu, [](const cuda::SgdTensors& e) { return device_and_dtype(e.param); },
+      [&](std::span<const cuda::SgdTensors> list) { cuda::sgd_update(list, s); });
+  for (const auto& [i, target] : to_finish) finish_update(i, target);
 }
 
 void SGD::load_state(const SafetensorsFile& file, const std::string& prefix) {

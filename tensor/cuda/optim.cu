@@ -1,21 +1,36 @@
-// tensor/cuda/optim.cu — fused SGD and Adam updates and GradScaler's unscale (tensor/cuda/optim.h).
-// One thread per element in a grid-stride loop; each element's arithmetic is the CPU loop's
-// operations in the same order, in the parameter's type (nvcc may fuse a multiply and an add into
-// one FMA, so a result can differ from the CPU's in the last bit).
+// tensor/cuda/optim.cu — fused SGD and Adam updates and GradScaler's unscale over lists of
+// tensors (tensor/cuda/optim.h). Each launch covers up to a tensor list's worth of parameters
+// (Note [Tensor lists]); each block walks one chunk of one tensor. Each element's arithmetic is
+// the CPU loop's operations in the same order, in the parameter's type (nvcc may fuse a
+// multiply and an add into one FMA, so a result can differ from the CPU's in the last bit).
+
+#include <vector>
 
 #include "tensor/cuda/common.cuh"
 #include "tensor/cuda/optim.h"
+#include "tensor/cuda/tensor_list.h"
 #include "tensor/dispatch.h"
 
 namespace loom::cuda {
 
 namespace {
 
+constexpr int64_t kChunk = int64_t{1} << 16;  // elements per block: 128 per thread
+constexpr int kListThreads = 512;
+
+// __grid_constant__: the list stays in the kernel's parameter space, indexed per block, instead
+// of a per-thread copy of its 3 KiB.
 template <typename T>
-__global__ void sgd_kernel(T* param, const T* grad, T* buffer, int64_t n, T weight_decay,
-                           T momentum, T keep, T neg_lr, bool decay, bool nesterov, bool first) {
-  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < n;
-       j += int64_t{gridDim.x} * blockDim.x) {
+__global__ void sgd_kernel(const __grid_constant__ TensorListLaunch<3> l, T weight_decay,
+                           T momentum, T keep, T neg_lr, bool decay, bool nesterov) {
+  int64_t begin, end;
+  block_span(l, blockIdx.x, kChunk, begin, end);
+  const int t = l.block_tensor[blockIdx.x];
+  T* param = static_cast<T*>(l.data[0][t]);
+  const T* grad = static_cast<const T*>(l.data[1][t]);
+  T* buffer = static_cast<T*>(l.data[2][t]);
+  const bool first = l.flag[t] != 0;
+  for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
     T d = decay ? grad[j] + weight_decay * param[j] : grad[j];
     if (buffer != nullptr) {
       const T buf = first ? d : buffer[j] * momentum + keep * d;
@@ -27,11 +42,18 @@ __global__ void sgd_kernel(T* param, const T* grad, T* buffer, int64_t n, T weig
 }
 
 template <typename T>
-__global__ void adam_kernel(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, T* max_exp_avg_sq,
-                            int64_t n, T beta1, T beta2, T keep1, T keep2, T eps, T l2,
-                            T decay_factor, T neg_step_size, T bc2_sqrt, bool decoupled) {
-  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < n;
-       j += int64_t{gridDim.x} * blockDim.x) {
+__global__ void adam_kernel(const __grid_constant__ TensorListLaunch<5> l, T beta1, T beta2,
+                            T keep1, T keep2, T eps, T l2, T decay_factor, T neg_step_size,
+                            T bc2_sqrt, bool decoupled) {
+  int64_t begin, end;
+  block_span(l, blockIdx.x, kChunk, begin, end);
+  const int t = l.block_tensor[blockIdx.x];
+  T* param = static_cast<T*>(l.data[0][t]);
+  const T* grad = static_cast<const T*>(l.data[1][t]);
+  T* exp_avg = static_cast<T*>(l.data[2][t]);
+  T* exp_avg_sq = static_cast<T*>(l.data[3][t]);
+  T* max_exp_avg_sq = static_cast<T*>(l.data[4][t]);
+  for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
     T g = grad[j];
     if (l2 != T(0)) g = g + l2 * param[j];
     const T m = exp_avg[j] * beta1 + keep1 * g;
@@ -53,10 +75,13 @@ __global__ void adam_kernel(T* param, const T* grad, T* exp_avg, T* exp_avg_sq, 
 // Every thread that meets a non-finite result stores the same 1: the flag does not depend on
 // which one wins.
 template <typename T>
-__global__ void unscale_check_kernel(T* grad, int64_t n, T inv_scale, int* found_inf) {
+__global__ void unscale_check_kernel(const __grid_constant__ TensorListLaunch<1> l, T inv_scale,
+                                     int* found_inf) {
+  int64_t begin, end;
+  block_span(l, blockIdx.x, kChunk, begin, end);
+  T* grad = static_cast<T*>(l.data[0][l.block_tensor[blockIdx.x]]);
   bool bad = false;
-  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < n;
-       j += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
     const T v = grad[j] * inv_scale;
     grad[j] = v;
     bad = bad || !isfinite(v);
@@ -64,57 +89,99 @@ __global__ void unscale_check_kernel(T* grad, int64_t n, T inv_scale, int* found
   if (bad) *found_inf = 1;
 }
 
-template <typename T>
-T* data_or_null(const Tensor& t) {
-  return t.defined() ? static_cast<T*>(t.data()) : nullptr;
+void* data_or_null(const Tensor& t) { return t.defined() ? t.data() : nullptr; }
+
+// Every tensor of a list: contiguous, on `first`'s device, in its dtype.
+void check_member(const char* op, const Tensor& first, const Tensor& t) {
+  LOOM_CHECK(t.device() == first.device(), DeviceError, op,
+             ": a tensor list is on one device; got ", t.device(), " beside ", first.device(),
+             " (shape=", t.sizes(), ")");
+  LOOM_CHECK(t.dtype() == first.dtype(), DTypeError, op, ": a tensor list has one dtype; got ",
+             t.dtype(), " beside ", first.dtype(), " (shape=", t.sizes(), ")");
+  LOOM_CHECK(t.is_contiguous(), ValueError, op, ": a tensor list takes contiguous tensors; got ",
+             "shape=", t.sizes(), " strides=", t.strides());
+}
+
+// Packs `entries` and launches `launch(list)` per tensor list, on the device's current stream.
+template <int Depth, typename Launch>
+void launch_lists(const std::vector<TensorListEntry<Depth>>& entries, Launch&& launch) {
+  pack<Depth>(std::span<const TensorListEntry<Depth>>(entries), kChunk, launch);
 }
 
 }  // namespace
 
-void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& buffer, const SgdStep& s) {
-  const int device = param.device().index;
+void sgd_update(std::span<const SgdTensors> list, const SgdStep& s) {
+  if (list.empty()) return;
+  const Tensor& first = list.front().param;
+  const int device = first.device().index;
   DeviceGuard guard(device);
-  const int64_t n = param.numel();
-  if (n == 0) return;
-  dispatch_floating(param.dtype(), "SGD", [&]<typename T>() {
-    sgd_kernel<T><<<blocks_for(n), kThreads, 0, stream_of(param)>>>(
-        static_cast<T*>(param.data()), static_cast<const T*>(grad.data()), data_or_null<T>(buffer),
-        n, static_cast<T>(s.weight_decay), static_cast<T>(s.momentum),
-        static_cast<T>(1.0 - s.dampening), static_cast<T>(-s.lr), s.weight_decay != 0, s.nesterov,
-        s.first);
+  std::vector<TensorListEntry<3>> entries;
+  entries.reserve(list.size());
+  for (const SgdTensors& e : list) {
+    for (const Tensor& t : {e.param, e.grad}) check_member("SGD", first, t);
+    if (e.buffer.defined()) check_member("SGD", first, e.buffer);
+    entries.push_back(
+        {{e.param.data(), e.grad.data(), data_or_null(e.buffer)}, e.param.numel(), e.first});
+  }
+  const cudaStream_t stream = current_stream(device);
+  dispatch_floating(first.dtype(), "SGD", [&]<typename T>() {
+    launch_lists<3>(entries, [&](const TensorListLaunch<3>& l) {
+      sgd_kernel<T><<<l.blocks, kListThreads, 0, stream>>>(
+          l, static_cast<T>(s.weight_decay), static_cast<T>(s.momentum),
+          static_cast<T>(1.0 - s.dampening), static_cast<T>(-s.lr), s.weight_decay != 0,
+          s.nesterov);
+      check_launch("sgd_kernel", device);
+    });
   });
-  check_launch("sgd_kernel", device);
 }
 
-void adam_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
-                 const Tensor& exp_avg_sq, const Tensor& max_exp_avg_sq, const AdamStep& s) {
-  const int device = param.device().index;
+void adam_update(std::span<const AdamTensors> list, const AdamStep& s) {
+  if (list.empty()) return;
+  const Tensor& first = list.front().param;
+  const int device = first.device().index;
   DeviceGuard guard(device);
-  const int64_t n = param.numel();
-  if (n == 0) return;
-  dispatch_floating(param.dtype(), "Adam", [&]<typename T>() {
-    adam_kernel<T><<<blocks_for(n), kThreads, 0, stream_of(param)>>>(
-        static_cast<T*>(param.data()), static_cast<const T*>(grad.data()),
-        static_cast<T*>(exp_avg.data()), static_cast<T*>(exp_avg_sq.data()),
-        data_or_null<T>(max_exp_avg_sq), n, static_cast<T>(s.beta1), static_cast<T>(s.beta2),
-        static_cast<T>(1.0 - s.beta1), static_cast<T>(1.0 - s.beta2), static_cast<T>(s.eps),
-        static_cast<T>(s.l2), static_cast<T>(s.decay_factor), static_cast<T>(-s.step_size),
-        static_cast<T>(s.bias_correction2_sqrt), s.decoupled);
+  std::vector<TensorListEntry<5>> entries;
+  entries.reserve(list.size());
+  for (const AdamTensors& e : list) {
+    for (const Tensor& t : {e.param, e.grad, e.exp_avg, e.exp_avg_sq})
+      check_member("Adam", first, t);
+    if (e.max_exp_avg_sq.defined()) check_member("Adam", first, e.max_exp_avg_sq);
+    entries.push_back({{e.param.data(), e.grad.data(), e.exp_avg.data(), e.exp_avg_sq.data(),
+                        data_or_null(e.max_exp_avg_sq)},
+                       e.param.numel()});
+  }
+  const cudaStream_t stream = current_stream(device);
+  dispatch_floating(first.dtype(), "Adam", [&]<typename T>() {
+    launch_lists<5>(entries, [&](const TensorListLaunch<5>& l) {
+      adam_kernel<T><<<l.blocks, kListThreads, 0, stream>>>(
+          l, static_cast<T>(s.beta1), static_cast<T>(s.beta2), static_cast<T>(1.0 - s.beta1),
+          static_cast<T>(1.0 - s.beta2), static_cast<T>(s.eps), static_cast<T>(s.l2),
+          static_cast<T>(s.decay_factor), static_cast<T>(-s.step_size),
+          static_cast<T>(s.bias_correction2_sqrt), s.decoupled);
+      check_launch("adam_kernel", device);
+    });
   });
-  check_launch("adam_kernel", device);
 }
 
-void unscale_and_check_(const Tensor& grad, double inv_scale, const Tensor& found_inf) {
-  const int device = grad.device().index;
+void unscale_and_check_(std::span<const Tensor> grads, double inv_scale, const Tensor& found_inf) {
+  if (grads.empty()) return;
+  const Tensor& first = grads.front();
+  const int device = first.device().index;
   DeviceGuard guard(device);
-  const int64_t n = grad.numel();
-  if (n == 0) return;
-  dispatch_floating(grad.dtype(), "GradScaler: unscale_", [&]<typename T>() {
-    unscale_check_kernel<T><<<blocks_for(n), kThreads, 0, stream_of(grad)>>>(
-        static_cast<T*>(grad.data()), n, static_cast<T>(inv_scale),
-        static_cast<int*>(found_inf.data()));
+  std::vector<TensorListEntry<1>> entries;
+  entries.reserve(grads.size());
+  for (const Tensor& g : grads) {
+    check_member("GradScaler: unscale_", first, g);
+    entries.push_back({{g.data()}, g.numel()});
+  }
+  const cudaStream_t stream = current_stream(device);
+  dispatch_floating(first.dtype(), "GradScaler: unscale_", [&]<typename T>() {
+    launch_lists<1>(entries, [&](const TensorListLaunch<1>& l) {
+      unscale_check_kernel<T><<<l.blocks, kListThreads, 0, stream>>>(
+          l, static_cast<T>(inv_scale), static_cast<int*>(found_inf.data()));
+      check_launch("unscale_check_kernel", device);
+    });
   });
-  check_launch("unscale_check_kernel", device);
 }
 
 }  // namespace loom::cuda

@@ -1,22 +1,31 @@
-// tensor/cuda/optim.h — the optimizers' fused updates on CUDA tensors: one kernel per parameter
-// that reads the gradient and the state buffers once and writes the parameter and the buffers,
-// with the arithmetic of optim/sgd.cpp and optim/adam.cpp (in the parameter's type, the scalar
-// factors computed on the host in double). Host-only header.
+// tensor/cuda/optim.h — the optimizers' fused updates on CUDA tensors: each element's gradient
+// and state buffers are read once and the parameter and buffers written, with the arithmetic of
+// optim/sgd.cpp and optim/adam.cpp (in the parameter's type, the scalar factors computed on the
+// host in double). Each call takes a list of parameters and updates them in as few launches as
+// Note [Tensor lists] (tensor/cuda/tensor_list.h) allows. Host-only header.
 #pragma once
+
+#include <span>
 
 #include "tensor/tensor.h"
 
 namespace loom::cuda {
 
+// Every call below expects its tensors contiguous, of one dtype (float32 or float64) and on one
+// device, the same for every entry of the list (the optimizers group their parameters so).
+
 struct SgdStep {
   double lr, weight_decay, momentum, dampening;
   bool nesterov;
-  bool first;  // the momentum buffer takes the first direction as it is
 };
-// param, grad (and buffer, when momentum is on; else an undefined Tensor): contiguous, one
-// dtype (float32 or float64), one device.
-void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& buffer, const SgdStep& s);
+struct SgdTensors {
+  Tensor param, grad;
+  Tensor buffer;  // the momentum buffer; undefined when momentum is off
+  bool first;     // the buffer takes this first direction as it is
+};
+void sgd_update(std::span<const SgdTensors> list, const SgdStep& s);
 
+// The factors that depend on the step count: one call takes parameters at the same step.
 struct AdamStep {
   double beta1, beta2, eps;
   double l2;            // Adam's L2 term (0 for AdamW)
@@ -25,13 +34,14 @@ struct AdamStep {
   double bias_correction2_sqrt;
   bool decoupled;
 };
-// max_exp_avg_sq: undefined without amsgrad.
-void adam_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
-                 const Tensor& exp_avg_sq, const Tensor& max_exp_avg_sq, const AdamStep& s);
+struct AdamTensors {
+  Tensor param, grad, exp_avg, exp_avg_sq;
+  Tensor max_exp_avg_sq;  // undefined without amsgrad
+};
+void adam_update(std::span<const AdamTensors> list, const AdamStep& s);
 
-// GradScaler's unscale: grad <- grad * inv_scale in place, and found_inf (int32 [1] on grad's
-// device) set to 1 when a result is not finite. grad: contiguous float32 or float64. Does not
-// bump grad's version.
-void unscale_and_check_(const Tensor& grad, double inv_scale, const Tensor& found_inf);
+// GradScaler's unscale: each grad <- grad * inv_scale in place, and found_inf (int32 [1] on the
+// grads' device) set to 1 when a result is not finite. Does not bump the grads' versions.
+void unscale_and_check_(std::span<const Tensor> grads, double inv_scale, const Tensor& found_inf);
 
 }  // namespace loom::cuda

@@ -5,14 +5,9 @@
 
 namespace loom::cuda {
 
-void sgd_update(const Tensor&, const Tensor&, const Tensor&, const SgdStep&) {
-  built_without_cuda("SGD");
-}
-void adam_update(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                 const AdamStep&) {
-  built_without_cuda("Adam");
-}
-void unscale_and_check_(const Tensor&, double, const Tensor&) {
+void sgd_update(std::span<const SgdTensors>, const SgdStep&) { built_without_cuda("SGD"); }
+void adam_update(std::span<const AdamTensors>, const AdamStep&) { built_without_cuda("Adam"); }
+void unscale_and_check_(std::span<const Tensor>, double, const Tensor&) {
   built_without_cuda("GradScaler: unscale_");
 }
 

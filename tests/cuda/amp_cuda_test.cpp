@@ -14,6 +14,7 @@
 #include "cuda/cuda_test_util.h"
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
+#include "tensor/elementwise.h"
 
 namespace loom::test {
 namespace {
@@ -159,6 +160,33 @@ TEST(GradScalerCuda, FindsAnInfInADeviceGradientAndSkips) {
   scaler.update();
   EXPECT_EQ(scaler.get_scale(), 32768.0);
   EXPECT_TRUE(tensors_close(p.to(kCPU), full({1000}, 0.9), 1e-6, 1e-6));
+}
+
+// 150 device gradients take several tensor-list launches (Note [Tensor lists]): each is
+// unscaled as on the CPU, and an inf in one of the last launch's tensors is found.
+TEST(GradScalerCuda, UnscalesManyGradientsAndFindsAnInfInAnyOfThem) {
+  LOOM_SKIP_WITHOUT_GPU();
+  manual_seed(6);
+  std::vector<Tensor> params, grads;
+  for (int64_t i = 0; i < 150; ++i) {
+    params.push_back(zeros({i + 1}).to(kCuda0).requires_grad_(true));
+    grads.push_back(randn({i + 1}));
+  }
+  optim::SGD opt(params, {.lr = 1.0});
+  optim::GradScaler scaler;
+  const double scale = scaler.get_scale();
+  for (size_t i = 0; i < params.size(); ++i) params[i].set_grad(grads[i].to(kCuda0));
+  scaler.unscale_(opt);
+  for (size_t i = 0; i < params.size(); ++i)
+    EXPECT_TRUE(
+        tensors_close(params[i].grad().to(kCPU), kernels::mul_scalar(grads[i], 1 / scale), 1e-6, 0))
+        << "gradient " << i;
+  EXPECT_TRUE(scaler.step(opt));
+  scaler.update();
+  Tensor bad = grads[140].clone();
+  bad.narrow(0, 70, 1).fill_(NAN);
+  params[140].set_grad(bad.to(kCuda0));
+  EXPECT_FALSE(scaler.step(opt));
 }
 
 }  // namespace

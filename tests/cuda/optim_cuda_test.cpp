@@ -1,11 +1,14 @@
 // tests/cuda/optim_cuda_test.cpp — the optimizers' fused updates on CUDA against the same
 // optimizers on the CPU: a few steps of SGD (plain, momentum, nesterov, weight decay), Adam,
-// AdamW and AMSGrad from the same start, and clip_grad_norm_. Skips without a GPU.
+// AdamW and AMSGrad from the same start, also over many parameters of two dtypes that take
+// several tensor-list launches, and clip_grad_norm_. Skips without a GPU.
 
 #include <gtest/gtest.h>
 
 #include <limits>
 #include <memory>
+#include <optional>
+#include <vector>
 
 #include "cuda/cuda_test_util.h"
 #include "optim/adam.h"
@@ -15,12 +18,13 @@
 namespace loom::test {
 namespace {
 
-// Runs `steps` updates of the optimizer made by `make` on a CPU copy and a CUDA copy of the same
-// parameters, with the same gradients each step, and compares the parameters.
+// Runs `steps` updates of the optimizer made by `make` on the parameters `cpu` and on CUDA
+// copies of them, with the same gradients each step, and compares the parameters. Parameter
+// `sometimes`, where given, has no gradient every other step, so its step count (Adam's bias
+// corrections) falls behind the others'.
 template <typename Make>
-void expect_same_steps(Make make, DType dtype, int steps = 4) {
-  manual_seed(3);
-  std::vector<Tensor> cpu = {randn({7, 5}, dtype), randn({1000003}, dtype), randn({3}, dtype)};
+void expect_same_steps(Make make, std::vector<Tensor> cpu, int steps = 4,
+                       std::optional<size_t> sometimes = std::nullopt) {
   std::vector<Tensor> gpu;
   for (Tensor& p : cpu) {
     p.requires_grad_(true);
@@ -31,16 +35,55 @@ void expect_same_steps(Make make, DType dtype, int steps = 4) {
   auto opt_gpu = make(gpu);
   for (int s = 0; s < steps; ++s) {
     for (size_t i = 0; i < cpu.size(); ++i) {
-      const Tensor g = randn(cpu[i].sizes(), dtype);
+      const bool none = sometimes == i && s % 2 == 1;
+      const Tensor g = none ? Tensor() : randn(cpu[i].sizes(), cpu[i].dtype());
       cpu[i].set_grad(g);
-      gpu[i].set_grad(g.to(kCuda0));
+      gpu[i].set_grad(none ? Tensor() : g.to(kCuda0));
     }
     opt_cpu->step();
     opt_gpu->step();
   }
-  const double tol = dtype == kFloat64 ? 1e-12 : 1e-5;
-  for (size_t i = 0; i < cpu.size(); ++i)
+  if (sometimes) {
+    EXPECT_EQ(opt_gpu->param_steps(*sometimes), (steps + 1) / 2);
+  }
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const double tol = cpu[i].dtype() == kFloat64 ? 1e-12 : 1e-5;
     EXPECT_TRUE(cuda_matches_cpu(gpu[i].detach(), cpu[i].detach(), tol, tol)) << "parameter " << i;
+  }
+}
+
+// Three parameters of one dtype, one of them larger than a launch's blocks cover.
+std::vector<Tensor> three_params(DType dtype) {
+  manual_seed(3);
+  return {randn({7, 5}, dtype), randn({1000003}, dtype), randn({3}, dtype)};
+}
+
+// Many parameters (Note [Tensor lists]): 100 small ones, float32 and float64 mixed (one list
+// each), and one of 321 chunks of 64 Ki elements, more than one launch's blocks.
+std::vector<Tensor> many_params() {
+  manual_seed(4);
+  std::vector<Tensor> params;
+  for (int i = 0; i < 100; ++i)
+    params.push_back(randn({(i * 37) % 300 + 1}, i % 4 == 0 ? kFloat64 : kFloat32));
+  params.push_back(randn({21 * 1000 * 1000 + 7}));
+  return params;
+}
+
+TEST(CudaOptim, ManyParametersOfTwoDtypesMatchTheCpu) {
+  LOOM_SKIP_WITHOUT_GPU();
+  expect_same_steps(
+      [](std::vector<Tensor> p) {
+        return std::make_unique<optim::SGD>(
+            std::move(p),
+            optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 5e-4, .nesterov = true});
+      },
+      many_params(), 4, 5);
+  expect_same_steps(
+      [](std::vector<Tensor> p) {
+        return std::make_unique<optim::Adam>(std::move(p),
+                                             optim::AdamOptions{.lr = 1e-2, .amsgrad = true});
+      },
+      many_params(), 4, 5);
 }
 
 TEST(CudaOptim, SgdVariantsMatchTheCpu) {
@@ -52,7 +95,7 @@ TEST(CudaOptim, SgdVariantsMatchTheCpu) {
           optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 5e-4, .nesterov = true}})
       expect_same_steps(
           [&](std::vector<Tensor> p) { return std::make_unique<optim::SGD>(std::move(p), o); },
-          dtype);
+          three_params(dtype));
   }
 }
 
@@ -64,18 +107,18 @@ TEST(CudaOptim, AdamAdamWAndAmsgradMatchTheCpu) {
           return std::make_unique<optim::Adam>(
               std::move(p), optim::AdamOptions{.lr = 1e-2, .weight_decay = 1e-2});
         },
-        dtype);
+        three_params(dtype));
     expect_same_steps(
         [](std::vector<Tensor> p) {
           return std::make_unique<optim::AdamW>(std::move(p), optim::AdamWOptions{.lr = 1e-2});
         },
-        dtype);
+        three_params(dtype));
     expect_same_steps(
         [](std::vector<Tensor> p) {
           return std::make_unique<optim::Adam>(std::move(p),
                                                optim::AdamOptions{.lr = 1e-2, .amsgrad = true});
         },
-        dtype);
+        three_params(dtype));
   }
 }
 
