@@ -11,6 +11,9 @@
 // With --channels-last both take the batch channels-last (PyTorch's model too, with
 // model.to(memory_format=torch.channels_last), its usual recipe; loom keeps its weights
 // contiguous and its cuDNN calls convert them), so that on a GPU both run NHWC convolutions.
+// On a GPU loom also takes each step a second time with cuDNN's first-ranked algorithms whether
+// deterministic or not (cuda::set_cudnn_deterministic(false), PyTorch's default; loom's default
+// keeps to deterministic ones): the row "loom, any cuDNN algorithm".
 //
 //   train_step_bench [--threads N (2)] [--batch B (64)] [--width W (64)] [--repeats R (7)]
 //                    [--device cpu|cuda] [--amp off|bf16|fp16] [--channels-last] [--no-torch]
@@ -29,6 +32,7 @@
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
 #include "stats.h"
+#include "tensor/cuda/blas.h"
 #include "tensor/cuda/runtime.h"
 #include "torch_peer.h"
 
@@ -154,6 +158,13 @@ int main(int argc, char** argv) {
     if (on_gpu) loom::cuda::synchronize(0);
     return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   };
+  // The same step with cuDNN's ranking as it is (non-deterministic algorithms allowed).
+  auto loom_any_step = [&](Trainer& t, bool autocast) {
+    loom::cuda::set_cudnn_deterministic(false);
+    const double ms = loom_step(t, autocast);
+    loom::cuda::set_cudnn_deterministic(true);
+    return ms;
+  };
   auto torch_step = [&](bool autocast) {
     return torch.request(autocast ? "step amp" : "step").value("ms", 0.0);
   };
@@ -162,13 +173,17 @@ int main(int argc, char** argv) {
   for (int i = 0; i < (on_gpu ? 5 : 2); ++i) {
     loom_step(fp32, false);
     if (mixed) loom_step(*low, true);
+    if (on_gpu) loom_any_step(fp32, false);
+    if (on_gpu && mixed) loom_any_step(*low, true);
     if (have_torch) torch_step(false);
     if (have_torch && mixed) torch_step(true);
   }
-  std::vector<double> loom_ms, loom_amp_ms, torch_ms, torch_amp_ms;
+  std::vector<double> loom_ms, loom_amp_ms, any_ms, any_amp_ms, torch_ms, torch_amp_ms;
   for (int r = 0; r < repeats; ++r) {
     loom_ms.push_back(loom_step(fp32, false));
     if (mixed) loom_amp_ms.push_back(loom_step(*low, true));
+    if (on_gpu) any_ms.push_back(loom_any_step(fp32, false));
+    if (on_gpu && mixed) any_amp_ms.push_back(loom_any_step(*low, true));
     if (have_torch) torch_ms.push_back(torch_step(false));
     if (have_torch && mixed) torch_amp_ms.push_back(torch_step(true));
   }
@@ -182,6 +197,9 @@ int main(int argc, char** argv) {
       channels_last ? ", channels-last" : "", repeats);
   std::printf("| | step ms | images/s |\n|---|---|---|\n");
   std::printf("| loom | %.0f | %.1f |\n", median(loom_ms), loom_ips);
+  if (on_gpu)
+    std::printf("| loom, any cuDNN algorithm | %.0f | %.1f |\n", median(any_ms),
+                batch / (median(any_ms) / 1e3));
   if (have_torch) {
     const double torch_ips = batch / (median(torch_ms) / 1e3);
     std::printf("| PyTorch %s | %.0f | %.1f |\n", torch.header().value("torch", "?").c_str(),
@@ -197,6 +215,9 @@ int main(int argc, char** argv) {
                 amp.c_str(), amp.c_str());
     std::printf("| loom | %.1f | %.1f | %.2f |\n", median(loom_ms), median(loom_amp_ms),
                 median(loom_ms) / median(loom_amp_ms));
+    if (on_gpu)
+      std::printf("| loom, any cuDNN algorithm | %.1f | %.1f | %.2f |\n", median(any_ms),
+                  median(any_amp_ms), median(any_ms) / median(any_amp_ms));
     if (torch_amp)
       std::printf("| PyTorch | %.1f | %.1f | %.2f |\n", median(torch_ms), median(torch_amp_ms),
                   median(torch_ms) / median(torch_amp_ms));

@@ -56,8 +56,8 @@ cap() {  # cap N: N seconds, or what is left of the budget less 20 s for the tab
   if ((left < $1)); then echo $((left > 0 ? left : 0)); else echo "$1"; fi
 }
 build_status="not started" summary="" failed="" skipped=""
-declare -A loom_ips torch_ips
-loom_fp16="" torch_fp16="" loom_fp16_ips="" torch_fp16_ips="" busbw=""
+declare -A loom_ips torch_ips any_ips
+loom_fp16="" torch_fp16="" loom_fp16_ips="" torch_fp16_ips="" any_fp16_ips="" busbw=""
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 print_table() {
@@ -72,10 +72,12 @@ print_table() {
       echo "| ResNet-18 CIFAR train step, batch $batch, float32: loom img/s | ${loom_ips[$batch]:-n/a} |"
       echo "| same, PyTorch img/s | ${torch_ips[$batch]:-n/a} |"
       echo "| same, loom / PyTorch | $(ratio "${loom_ips[$batch]:-0}" "${torch_ips[$batch]:-0}") |"
+      echo "| same, loom with any cuDNN algorithm (PyTorch's default) / PyTorch | $(ratio "${any_ips[$batch]:-0}" "${torch_ips[$batch]:-0}") |"
     done
     echo "| ResNet-18 CIFAR train step, batch 256, --amp fp16, channels-last: loom img/s | ${loom_fp16_ips:-n/a} |"
     echo "| same, PyTorch (autocast + GradScaler, channels_last model) img/s | ${torch_fp16_ips:-n/a} |"
     echo "| same, loom / PyTorch | $(ratio "${loom_fp16_ips:-0}" "${torch_fp16_ips:-0}") |"
+    echo "| same, loom with any cuDNN algorithm (PyTorch's default) / PyTorch | $(ratio "${any_fp16_ips:-0}" "${torch_fp16_ips:-0}") |"
     echo "| fp16 / float32 img/s, both channels-last: loom, PyTorch | ${loom_fp16:-n/a}, ${torch_fp16:-n/a} |"
     echo "| allreduce busbw | ${busbw:-n/a} |"
     echo
@@ -141,6 +143,7 @@ for batch in 256 512; do
     ${python:+--python "$python"} >"$out/train_step_$batch.log" 2>&1
   loom_ips[$batch]="$(awk -F'|' '/^\| loom /{gsub(/ /,"",$4); print $4}' "$out/train_step_$batch.log")"
   torch_ips[$batch]="$(awk -F'|' '/^\| PyTorch /{gsub(/ /,"",$4); print $4}' "$out/train_step_$batch.log")"
+  any_ips[$batch]="$(awk -F'|' '/^\| loom, any cuDNN algorithm /{gsub(/ /,"",$4); print $4}' "$out/train_step_$batch.log")"
   cat "$out/train_step_$batch.log" >>"$log"
 done
 
@@ -151,12 +154,14 @@ if [ -x "$bench" ] && (($(cap 120) >= 60)); then
   say "train step, batch 256, --amp fp16, channels-last"
   timeout "$(cap 120)" "$bench" --device cuda --batch 256 --repeats 20 --amp fp16 --channels-last \
     ${python:+--python "$python"} >"$out/train_step_fp16.log" 2>&1
-  amp_row() { awk -F'|' -v who="$1" -v col="$2" 'NF == 6 && $2 ~ who {gsub(/ /,"",$col); print $col}' "$out/train_step_fp16.log"; }
+  # A row by its whole first cell: "loom", "loom, any cuDNN algorithm" or "PyTorch".
+  amp_row() { awk -F'|' -v who=" $1 " -v col="$2" 'NF == 6 && $2 == who {gsub(/ /,"",$col); print $col}' "$out/train_step_fp16.log"; }
   ips_of() { awk -v ms="$1" 'BEGIN { if (ms > 0) printf "%.1f", 256 * 1000 / ms }'; }
   loom_fp16="$(amp_row loom 5)"
   torch_fp16="$(amp_row PyTorch 5)"
   loom_fp16_ips="$(ips_of "$(amp_row loom 4)")"
   torch_fp16_ips="$(ips_of "$(amp_row PyTorch 4)")"
+  any_fp16_ips="$(ips_of "$(amp_row "loom, any cuDNN algorithm" 4)")"
   cat "$out/train_step_fp16.log" >>"$log"
 fi
 

@@ -33,7 +33,9 @@ namespace loom::cuda {
 //   success, exact workspace known, no tensor-op math for float32 when TF32 is off) are cached
 //   in a mutex-protected map, deterministic ones first. So backward data and backward filter
 //   give the same bits on every run; a non-deterministic algorithm runs only when no
-//   deterministic one exists for the shape or none's workspace can be allocated. At each call
+//   deterministic one exists for the shape or none's workspace can be allocated. With
+//   set_cudnn_deterministic(false) the heuristics' ranking stands as it is (PyTorch's default),
+//   cached under its own key. At each call
 //   the first candidate whose workspace the caching allocator can give runs (a candidate that
 //   cuDNN reports as not supported at run time passes to the next).
 //   Math: float16 and bfloat16 on tensor cores, accumulating in float32; float32 through TF32
@@ -253,14 +255,14 @@ struct Candidate {
 using AlgoKey = std::array<int64_t, 15>;
 
 AlgoKey algo_key(int device, Direction direction, DType dtype, Layout layout, cudnnMathType_t math,
-                 const ConvGeometry& g, int64_t n) {
+                 bool deterministic, const ConvGeometry& g, int64_t n) {
   const auto [sh, sw] = g.options.stride;
   const auto [ph, pw] = g.options.padding;
   const auto [dh, dw] = g.options.dilation;
-  // device, direction, dtype, layout and math fit one word, a byte each.
-  const int64_t kind = int64_t{device} << 32 | static_cast<int64_t>(direction) << 24 |
-                       static_cast<int64_t>(dtype) << 16 | static_cast<int64_t>(layout) << 8 |
-                       static_cast<int64_t>(math);
+  // The deterministic preference, device, direction, dtype, layout and math fit one word.
+  const int64_t kind = int64_t{deterministic} << 40 | int64_t{device} << 32 |
+                       static_cast<int64_t>(direction) << 24 | static_cast<int64_t>(dtype) << 16 |
+                       static_cast<int64_t>(layout) << 8 | static_cast<int64_t>(math);
   return {kind, n, g.c, g.h, g.w, g.o, g.kh, g.kw, sh, sw, ph, pw, dh, dw, g.options.groups};
 }
 
@@ -273,13 +275,15 @@ std::map<AlgoKey, std::vector<Candidate>>& algo_cache() {
   return *cache;
 }
 
-// The heuristics' answer, filtered and ordered: deterministic algorithms first, each keeping
-// cuDNN's ranking. workspace_size(algo, &bytes) asks for the exact workspace (with the
-// descriptor's math set to the candidate's).
+// The heuristics' answer, filtered and ordered: with `deterministic`, deterministic algorithms
+// first, each keeping cuDNN's ranking; without, cuDNN's ranking alone.
+// workspace_size(algo, &bytes) asks for the exact workspace (with the descriptor's math set to the
+// candidate's).
 template <typename Perf, typename WorkspaceSize>
 std::vector<Candidate> usable(const std::vector<Perf>& perf, int count, bool fma_only,
-                              ConvDescriptors& d, WorkspaceSize&& workspace_size) {
-  std::vector<Candidate> deterministic, others;
+                              bool deterministic, ConvDescriptors& d,
+                              WorkspaceSize&& workspace_size) {
+  std::vector<Candidate> first, others;
   for (int i = 0; i < count; ++i) {
     const Perf& p = perf[i];
     if (p.status != CUDNN_STATUS_SUCCESS) continue;
@@ -293,14 +297,16 @@ std::vector<Candidate> usable(const std::vector<Perf>& perf, int count, bool fma
     size_t bytes = 0;
     if (workspace_size(p.algo, &bytes) != CUDNN_STATUS_SUCCESS) continue;
     const Candidate c{static_cast<int>(p.algo), std::max(bytes, p.memory), math};
-    (p.determinism == CUDNN_DETERMINISTIC ? deterministic : others).push_back(c);
+    const bool keep_first = p.determinism == CUDNN_DETERMINISTIC || !deterministic;
+    (keep_first ? first : others).push_back(c);
   }
-  deterministic.insert(deterministic.end(), others.begin(), others.end());
-  return deterministic;
+  first.insert(first.end(), others.begin(), others.end());
+  return first;
 }
 
 std::vector<Candidate> rank_algorithms(Direction direction, cudnnHandle_t handle,
-                                       ConvDescriptors& d, bool fma_only, int device) {
+                                       ConvDescriptors& d, bool fma_only, bool deterministic,
+                                       int device) {
   int max_count = 0, count = 0;
   std::vector<Candidate> result;
   switch (direction) {
@@ -311,10 +317,11 @@ std::vector<Candidate> rank_algorithms(Direction direction, cudnnHandle_t handle
       check_cudnn(cudnnGetConvolutionForwardAlgorithm_v7(handle, d.x(), d.w(), d.conv(), d.y(),
                                                          max_count, &count, perf.data()),
                   device, "cudnnGetConvolutionForwardAlgorithm_v7");
-      result = usable(perf, count, fma_only, d, [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
-        return cudnnGetConvolutionForwardWorkspaceSize(handle, d.x(), d.w(), d.conv(), d.y(), algo,
-                                                       bytes);
-      });
+      result = usable(perf, count, fma_only, deterministic, d,
+                      [&](cudnnConvolutionFwdAlgo_t algo, size_t* bytes) {
+                        return cudnnGetConvolutionForwardWorkspaceSize(
+                            handle, d.x(), d.w(), d.conv(), d.y(), algo, bytes);
+                      });
       break;
     }
     case Direction::kBackwardData: {
@@ -324,11 +331,11 @@ std::vector<Candidate> rank_algorithms(Direction direction, cudnnHandle_t handle
       check_cudnn(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, d.w(), d.y(), d.conv(), d.x(),
                                                               max_count, &count, perf.data()),
                   device, "cudnnGetConvolutionBackwardDataAlgorithm_v7");
-      result =
-          usable(perf, count, fma_only, d, [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
-            return cudnnGetConvolutionBackwardDataWorkspaceSize(handle, d.w(), d.y(), d.conv(),
-                                                                d.x(), algo, bytes);
-          });
+      result = usable(perf, count, fma_only, deterministic, d,
+                      [&](cudnnConvolutionBwdDataAlgo_t algo, size_t* bytes) {
+                        return cudnnGetConvolutionBackwardDataWorkspaceSize(
+                            handle, d.w(), d.y(), d.conv(), d.x(), algo, bytes);
+                      });
       break;
     }
     case Direction::kBackwardFilter: {
@@ -338,7 +345,7 @@ std::vector<Candidate> rank_algorithms(Direction direction, cudnnHandle_t handle
       check_cudnn(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
                       handle, d.x(), d.y(), d.conv(), d.w(), max_count, &count, perf.data()),
                   device, "cudnnGetConvolutionBackwardFilterAlgorithm_v7");
-      result = usable(perf, count, fma_only, d,
+      result = usable(perf, count, fma_only, deterministic, d,
                       [&](cudnnConvolutionBwdFilterAlgo_t algo, size_t* bytes) {
                         return cudnnGetConvolutionBackwardFilterWorkspaceSize(
                             handle, d.x(), d.y(), d.conv(), d.w(), algo, bytes);
@@ -352,13 +359,15 @@ std::vector<Candidate> rank_algorithms(Direction direction, cudnnHandle_t handle
 // The cached candidates of a key, ranked on first use. Two threads meeting an unknown key may
 // both rank it; the answers are the same.
 std::vector<Candidate> candidates(const AlgoKey& key, Direction direction, cudnnHandle_t handle,
-                                  ConvDescriptors& d, bool fma_only, int device) {
+                                  ConvDescriptors& d, bool fma_only, bool deterministic,
+                                  int device) {
   {
     std::lock_guard<std::mutex> lock(cache_mutex());
     auto it = algo_cache().find(key);
     if (it != algo_cache().end()) return it->second;
   }
-  std::vector<Candidate> ranked = rank_algorithms(direction, handle, d, fma_only, device);
+  std::vector<Candidate> ranked =
+      rank_algorithms(direction, handle, d, fma_only, deterministic, device);
   std::lock_guard<std::mutex> lock(cache_mutex());
   return algo_cache().emplace(key, std::move(ranked)).first->second;
 }
@@ -376,13 +385,16 @@ class ConvRunner {
         op_(op),
         math_(requested_math(dtype)),
         fma_only_(math_ == CUDNN_FMA_MATH),
+        deterministic_(cudnn_deterministic()),
         chunk_(chunk_size(g, op)),
         handle_(cudnn_handle(device)) {}
 
   // Whether cuDNN offers any algorithm for `direction` (checked on the first chunk's shape).
   bool supported(Direction direction) {
     ConvDescriptors d(device_, g_, chunk_, dtype_, layout_, math_);
-    return !candidates(key(direction, chunk_), direction, handle_, d, fma_only_, device_).empty();
+    return !candidates(key(direction, chunk_), direction, handle_, d, fma_only_, deterministic_,
+                       device_)
+                .empty();
   }
 
   template <typename Launch>
@@ -390,8 +402,8 @@ class ConvRunner {
     for (int64_t n0 = 0; n0 < g_.n; n0 += chunk_) {
       const int64_t count = std::min(chunk_, g_.n - n0);
       ConvDescriptors d(device_, g_, count, dtype_, layout_, math_);
-      const std::vector<Candidate> list =
-          candidates(key(direction, count), direction, handle_, d, fma_only_, device_);
+      const std::vector<Candidate> list = candidates(key(direction, count), direction, handle_, d,
+                                                     fma_only_, deterministic_, device_);
       LOOM_CHECK(!list.empty(), DeviceError, op_, ": cuDNN has no algorithm for ",
                  direction_name(direction), " on x=[", g_.n, ", ", g_.c, ", ", g_.h, ", ", g_.w,
                  "] weight=[", g_.o, ", ", g_.cg, ", ", g_.kh, ", ", g_.kw, "] (", dtype_, ", ",
@@ -422,7 +434,7 @@ class ConvRunner {
 
  private:
   AlgoKey key(Direction direction, int64_t n) const {
-    return algo_key(device_, direction, dtype_, layout_, math_, g_, n);
+    return algo_key(device_, direction, dtype_, layout_, math_, deterministic_, g_, n);
   }
 
   const ConvGeometry& g_;
@@ -432,6 +444,7 @@ class ConvRunner {
   const char* op_;
   cudnnMathType_t math_;
   bool fma_only_;
+  bool deterministic_;  // read once per call: both directions of a call rank alike
   int64_t chunk_;
   cudnnHandle_t handle_;
 };
