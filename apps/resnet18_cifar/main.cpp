@@ -74,7 +74,9 @@ int main(int argc, char** argv) {
                  "forward, backward, each bucket's allreduce, optimizer");
   app.add_option("--amp", o.amp,
                  "mixed precision: convolutions and the classifier in fp16 (with dynamic loss "
-                 "scaling) or bf16, everything else in float32; off by default")
+                 "scaling) or bf16; on GPUs batch norm, ReLU and the residual adds keep the 16-bit "
+                 "activations, on CPUs they run in float32; losses and weights stay float32; off "
+                 "by default")
       ->check(CLI::IsMember({"off", "fp16", "bf16"}));
   app.add_option("--comm-dtype", o.comm_dtype,
                  "the dtype gradients travel in between ranks (summed in float32): fp32, fp16, "
