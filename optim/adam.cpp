@@ -189,8 +189,9 @@ void AdamBase::step() {
   // step count (the bias corrections depend on the step).
   std::vector<std::pair<int64_t, cuda::AdamTensors>> on_gpu;
   std::vector<std::pair<size_t, Tensor>> to_finish;
+  const std::vector<Tensor> grads = update_grads();
   for (size_t i = 0; i < params().size(); ++i) {
-    const Tensor grad = update_grad(i);
+    const Tensor& grad = grads[i];
     if (!grad.defined()) continue;  // no gradient this step: skipped, as PyTorch does
     ParamState& state = state_for(i);
     const int64_t t = ++state.steps;

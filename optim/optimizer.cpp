@@ -89,6 +89,13 @@ Tensor Optimizer::update_grad(size_t i) const {
   return k::contiguous(g);
 }
 
+std::vector<Tensor> Optimizer::update_grads() const {
+  std::vector<Tensor> grads;
+  grads.reserve(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) grads.push_back(update_grad(i));
+  return grads;
+}
+
 Tensor Optimizer::update_target(size_t i) const {
   const Tensor& p = params_[i];
   return p.is_contiguous() ? p : k::contiguous(p);

@@ -74,6 +74,10 @@ class Optimizer {
   // The gradient of parameter i for an update: undefined when it has none; checked against the
   // parameter (shape, dtype, device) and made contiguous.
   Tensor update_grad(size_t i) const;
+  // update_grad of every parameter, all checked before a step changes any state: the CUDA
+  // parameters are updated after the loop that creates their state (Note [Tensor lists]), so a
+  // bad gradient found later in that loop would leave them counted as stepped but not updated.
+  std::vector<Tensor> update_grads() const;
   // The storage an update of parameter i writes: the parameter itself when contiguous, a
   // contiguous copy otherwise, which finish_update copies back. finish_update also bumps the
   // parameter's version (autograd sees the in-place change).

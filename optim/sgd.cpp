@@ -89,8 +89,9 @@ void SGD::step() {
   // CUDA parameters are updated together after the loop, a few launches for all of them.
   std::vector<cuda::SgdTensors> on_gpu;
   std::vector<std::pair<size_t, Tensor>> to_finish;
+  const std::vector<Tensor> grads = update_grads();
   for (size_t i = 0; i < params().size(); ++i) {
-    const Tensor grad = update_grad(i);
+    const Tensor& grad = grads[i];
     if (!grad.defined()) continue;  // no gradient this step: skipped, as PyTorch does
     const bool first = !state_[i].initialized;
     ParamState& state = state_for(i);

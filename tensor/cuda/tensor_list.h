@@ -14,8 +14,9 @@
 //   arguments may take 4 KiB on every architecture and CUDA release), and a table that gives
 //   each of up to kMaxBlocks blocks one chunk (`chunk` elements) of one tensor. pack() fills
 //   launches in order; a tensor whose chunks do not all fit continues in the next launch. So a
-//   list takes as many launches as its chunks need blocks or its tensors need slots, whichever
-//   is more: ResNet-18's 62 parameters (11.2 M elements) take 2 for SGD.
+//   list takes at least as many launches as its chunks need blocks or its tensors need slots,
+//   whichever is more (one more where a launch fills up early): ResNet-18's 62 parameters
+//   (11.2 M elements, 220 chunks) take 2 for SGD and 1 for the unscale.
 //   block_span() is the device's side: block b's [begin, end) within its tensor.
 #pragma once
 

@@ -184,7 +184,7 @@ TEST(GradScalerCuda, UnscalesManyGradientsAndFindsAnInfInAnyOfThem) {
   EXPECT_TRUE(scaler.step(opt));
   scaler.update();
   Tensor bad = grads[140].clone();
-  bad.narrow(0, 70, 1).fill_(NAN);
+  bad.narrow(0, 70, 1).fill_(INFINITY);
   params[140].set_grad(bad.to(kCuda0));
   EXPECT_FALSE(scaler.step(opt));
 }

@@ -52,7 +52,7 @@ void expect_same_steps(Make make, std::vector<Tensor> cpu, int steps = 4,
   }
 }
 
-// Three parameters of one dtype, one of them larger than a launch's blocks cover.
+// Three parameters of one dtype, one of them 16 chunks long.
 std::vector<Tensor> three_params(DType dtype) {
   manual_seed(3);
   return {randn({7, 5}, dtype), randn({1000003}, dtype), randn({3}, dtype)};
@@ -84,6 +84,22 @@ TEST(CudaOptim, ManyParametersOfTwoDtypesMatchTheCpu) {
                                              optim::AdamOptions{.lr = 1e-2, .amsgrad = true});
       },
       many_params(), 4, 5);
+}
+
+// The CUDA parameters are updated after the loop that makes their state, so every gradient is
+// checked first: one on the wrong device fails the step before any parameter moves or counts a
+// step.
+TEST(CudaOptim, ABadGradientFailsTheStepBeforeAnythingChanges) {
+  LOOM_SKIP_WITHOUT_GPU();
+  Tensor a = randn({5}).to(kCuda0).requires_grad_(true);
+  Tensor b = randn({3}).to(kCuda0).requires_grad_(true);
+  const Tensor before = a.detach().to(kCPU);
+  optim::SGD sgd({a, b}, {.lr = 0.1, .momentum = 0.9, .dampening = 0.5});
+  a.set_grad(ones({5}).to(kCuda0));
+  b.set_grad(ones({3}));  // on the CPU
+  EXPECT_THROW(sgd.step(), DeviceError);
+  EXPECT_EQ(sgd.param_steps(0), 0);
+  EXPECT_TRUE(tensors_close(a.detach().to(kCPU), before, 0, 0));
 }
 
 TEST(CudaOptim, SgdVariantsMatchTheCpu) {
