@@ -459,6 +459,7 @@ double run(const Options& o) {
   for (int64_t epoch = progress.epoch; epoch < o.epochs && !stopped; ++epoch) {
     if (o.max_steps >= 0 && progress.step >= o.max_steps) break;
     const auto epoch_start = Clock::now();
+    reset_peak_memory(job.device);  // the epoch's peak: weights, state, activations, batches
     const int64_t skip = progress.batch;
     train_loader.start_epoch(epoch, skip);
     net.train();
@@ -553,6 +554,7 @@ double run(const Options& o) {
     evaluated = true;
     const double images_per_s = local_ips * job.world;
     const double seconds = seconds_since(epoch_start);
+    const int64_t peak_bytes = memory_stats(job.device).peak_bytes;
     std::string extra;
     if (ddp && trained > 0) {
       char buf[64];
@@ -566,11 +568,11 @@ double run(const Options& o) {
       extra += buf;
     }
     say("epoch %lld/%d  train loss %.4f  acc %.2f%%  test loss %.4f  acc %.2f%%  %.0f img/s  "
-        "data wait %.1f s%s  %.1f s%s\n",
+        "data wait %.1f s  peak memory %.1f MiB%s  %.1f s%s\n",
         static_cast<long long>(epoch + 1), o.epochs, train_all.mean_loss(),
         100 * train_all.accuracy(), test.mean_loss(), 100 * test.accuracy(), images_per_s,
-        train_loader.wait_seconds(), extra.c_str(), seconds,
-        stopped ? "  (stopped by --max-steps)" : "");
+        train_loader.wait_seconds(), static_cast<double>(peak_bytes) / (1 << 20), extra.c_str(),
+        seconds, stopped ? "  (stopped by --max-steps)" : "");
     log_line({{"epoch", epoch + 1},
               {"train_loss", train_all.mean_loss()},
               {"train_acc", train_all.accuracy()},
@@ -578,6 +580,7 @@ double run(const Options& o) {
               {"test_acc", test.accuracy()},
               {"images_per_s", images_per_s},
               {"seconds", seconds},
+              {"peak_memory_bytes", peak_bytes},
               {"steps", progress.step},
               {"world_size", job.world},
               {"amp", o.amp},

@@ -98,6 +98,8 @@ TEST_F(App, AResumedRunMatchesTheUninterruptedOne) {
        {"epoch", "train_loss", "train_acc", "test_loss", "test_acc", "images_per_s", "seconds"})
     EXPECT_TRUE(a[1].contains(key)) << key;
   EXPECT_GT(a[1]["images_per_s"].get<double>(), 0.0);
+  // The epoch's peak of tensor memory holds at least one batch of 32 float32 images.
+  EXPECT_GT(a[1]["peak_memory_bytes"].get<int64_t>(), 32 * 3 * 32 * 32 * 4);
 }
 
 // --amp fp16: the loss scale is logged and checkpointed, so a resumed run continues with the
