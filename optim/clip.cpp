@@ -68,21 +68,30 @@ double gradient_power_sum(const T* g, int64_t n, double p) {
   return total;
 }
 
-// The norm of one gradient.
-double gradient_norm(const Tensor& grad, NormKind kind, double p) {
-  if (grad.is_cuda()) {  // through the device's reductions; one number comes back
-    const Tensor a = k::abs(grad);
-    switch (kind) {
-      case NormKind::L1:
-        return k::sum(a).item();
-      case NormKind::L2:
-        return std::sqrt(k::sum(k::mul(a, a)).item());
-      case NormKind::Inf:
-        return k::amax(a).item();
-      case NormKind::Power:
-        return std::pow(k::sum(k::pow_scalar(a, p)).item(), 1.0 / p);
-    }
+// A CUDA gradient's share of the total, by the device's reductions, as a float64 [] tensor on
+// its device (no wait for the device): sum |g| (L1), sum g^2 (L2), sum |g|^p, or max |g|.
+Tensor device_share(const Tensor& grad, NormKind kind, double p) {
+  const Tensor a = k::abs(grad);
+  Tensor share;
+  switch (kind) {
+    case NormKind::L1:
+      share = k::sum(a);
+      break;
+    case NormKind::L2:
+      share = k::sum(k::mul(a, a));
+      break;
+    case NormKind::Inf:
+      share = k::amax(a);
+      break;
+    case NormKind::Power:
+      share = k::sum(k::pow_scalar(a, p));
+      break;
   }
+  return k::to_dtype(share, kFloat64);
+}
+
+// The norm of one CPU gradient.
+double gradient_norm(const Tensor& grad, NormKind kind, double p) {
   const Tensor g = k::contiguous(grad);
   return dispatch_floating(g.dtype(), "clip_grad_norm_", [&]<typename T>() {
     const T* data = g.data_ptr<T>();
@@ -122,25 +131,43 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
   }
   if (grads.empty()) return 0.0;
 
-  // As PyTorch: the norm of the per-gradient norms.
+  // As PyTorch: the norm of the per-gradient norms, accumulated as power sums (the max for
+  // infinity). A CUDA gradient's share is added on its device, so a call waits for each device
+  // once, not once per gradient.
+  const auto add_share = [&](double total, double share) {
+    return kind == NormKind::Inf ? nan_max(total, share) : total + share;
+  };
   double total = 0;
+  std::vector<std::pair<Device, Tensor>> device_totals;  // float64 [] on each CUDA device
   for (const Tensor& g : grads) {
+    if (g.is_cuda()) {
+      autograd::NoGradGuard no_grad;
+      const Tensor share = device_share(g, kind, norm_type);
+      auto it = device_totals.begin();
+      while (it != device_totals.end() && !(it->first == g.device())) ++it;
+      if (it == device_totals.end())
+        device_totals.emplace_back(g.device(), share);
+      else
+        it->second =
+            kind == NormKind::Inf ? k::maximum(it->second, share) : k::add(it->second, share);
+      continue;
+    }
     const double norm = gradient_norm(g, kind, norm_type);
     switch (kind) {
       case NormKind::L1:
-        total += norm;
+      case NormKind::Inf:
+        total = add_share(total, norm);
         break;
       case NormKind::L2:
         total += norm * norm;
-        break;
-      case NormKind::Inf:
-        total = nan_max(total, norm);
         break;
       case NormKind::Power:
         total += std::pow(norm, norm_type);
         break;
     }
   }
+  for (const auto& [device, device_total] : device_totals)
+    total = add_share(total, device_total.item());
   if (kind == NormKind::L2) total = std::sqrt(total);
   if (kind == NormKind::Power) total = std::pow(total, 1.0 / norm_type);
 
