@@ -1,9 +1,9 @@
 // autograd/autocast.h — automatic mixed precision: inside an autocast region the matrix
 // products run in float16 or bfloat16, the elementwise ops and batch norm keep their inputs'
 // dtype (on GPUs; the CPU widens them), and sums, losses and normalisations over many
-// elements run in float32, while the parameters stay float32 (the master weights). The ops of autograd/ops/ ask this header how to cast their
-// inputs; the casts are recorded like any op, so gradients flow back through them in the
-// parameter's dtype.
+// elements run in float32, while the parameters stay float32 (the master weights). The ops of
+// autograd/ops/ ask this header how to cast their inputs; the casts are recorded like any op,
+// so gradients flow back through them in the parameter's dtype.
 //
 //   {
 //     loom::autocast::Guard amp(loom::kBFloat16);
