@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "autograd/graph.h"
+#include "optim/optimizer.h"  // for_each_group
 #include "tensor/checks.h"
 #include "tensor/copy.h"
 #include "tensor/dispatch.h"
@@ -71,14 +72,14 @@ double gradient_power_sum(const T* g, int64_t n, double p) {
 // A CUDA gradient's share of the total, by the device's reductions, as a float64 [] tensor on
 // its device (no wait for the device): sum |g| (L1), sum g^2 (L2), sum |g|^p, or max |g|.
 Tensor device_share(const Tensor& grad, NormKind kind, double p) {
-  const Tensor a = k::abs(grad);
+  const Tensor a = kind == NormKind::L2 ? Tensor() : k::abs(grad);
   Tensor share;
   switch (kind) {
     case NormKind::L1:
       share = k::sum(a);
       break;
     case NormKind::L2:
-      share = k::sum(k::mul(a, a));
+      share = k::sum(k::mul(grad, grad));  // g^2 needs no |g|
       break;
     case NormKind::Inf:
       share = k::amax(a);
@@ -138,18 +139,10 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
     return kind == NormKind::Inf ? nan_max(total, share) : total + share;
   };
   double total = 0;
-  std::vector<std::pair<Device, Tensor>> device_totals;  // float64 [] on each CUDA device
+  std::vector<Tensor> on_gpu;
   for (const Tensor& g : grads) {
     if (g.is_cuda()) {
-      autograd::NoGradGuard no_grad;
-      const Tensor share = device_share(g, kind, norm_type);
-      auto it = device_totals.begin();
-      while (it != device_totals.end() && !(it->first == g.device())) ++it;
-      if (it == device_totals.end())
-        device_totals.emplace_back(g.device(), share);
-      else
-        it->second =
-            kind == NormKind::Inf ? k::maximum(it->second, share) : k::add(it->second, share);
+      on_gpu.push_back(g);
       continue;
     }
     const double norm = gradient_norm(g, kind, norm_type);
@@ -166,8 +159,19 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
         break;
     }
   }
-  for (const auto& [device, device_total] : device_totals)
-    total = add_share(total, device_total.item());
+  for_each_group(
+      on_gpu, [](const Tensor& g) { return g.device().index; },
+      [&](std::span<const Tensor> on_device) {
+        autograd::NoGradGuard no_grad;
+        Tensor device_total;  // float64 [] on the device
+        for (const Tensor& g : on_device) {
+          const Tensor share = device_share(g, kind, norm_type);
+          device_total = !device_total.defined() ? share
+                         : kind == NormKind::Inf ? k::maximum(device_total, share)
+                                                 : k::add(device_total, share);
+        }
+        total = add_share(total, device_total.item());
+      });
   if (kind == NormKind::L2) total = std::sqrt(total);
   if (kind == NormKind::Power) total = std::pow(total, 1.0 / norm_type);
 

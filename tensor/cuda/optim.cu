@@ -102,12 +102,6 @@ void check_member(const char* op, const Tensor& first, const Tensor& t) {
              "shape=", t.sizes(), " strides=", t.strides());
 }
 
-// Packs `entries` and launches `launch(list)` per tensor list, on the device's current stream.
-template <int Depth, typename Launch>
-void launch_lists(const std::vector<TensorListEntry<Depth>>& entries, Launch&& launch) {
-  pack<Depth>(std::span<const TensorListEntry<Depth>>(entries), kChunk, launch);
-}
-
 }  // namespace
 
 void sgd_update(std::span<const SgdTensors> list, const SgdStep& s) {
@@ -125,7 +119,7 @@ void sgd_update(std::span<const SgdTensors> list, const SgdStep& s) {
   }
   const cudaStream_t stream = current_stream(device);
   dispatch_floating(first.dtype(), "SGD", [&]<typename T>() {
-    launch_lists<3>(entries, [&](const TensorListLaunch<3>& l) {
+    pack<3>(entries, kChunk, [&](const TensorListLaunch<3>& l) {
       sgd_kernel<T><<<l.blocks, kListThreads, 0, stream>>>(
           l, static_cast<T>(s.weight_decay), static_cast<T>(s.momentum),
           static_cast<T>(1.0 - s.dampening), static_cast<T>(-s.lr), s.weight_decay != 0,
@@ -152,7 +146,7 @@ void adam_update(std::span<const AdamTensors> list, const AdamStep& s) {
   }
   const cudaStream_t stream = current_stream(device);
   dispatch_floating(first.dtype(), "Adam", [&]<typename T>() {
-    launch_lists<5>(entries, [&](const TensorListLaunch<5>& l) {
+    pack<5>(entries, kChunk, [&](const TensorListLaunch<5>& l) {
       adam_kernel<T><<<l.blocks, kListThreads, 0, stream>>>(
           l, static_cast<T>(s.beta1), static_cast<T>(s.beta2), static_cast<T>(1.0 - s.beta1),
           static_cast<T>(1.0 - s.beta2), static_cast<T>(s.eps), static_cast<T>(s.l2),
@@ -176,7 +170,7 @@ void unscale_and_check_(std::span<const Tensor> grads, double inv_scale, const T
   }
   const cudaStream_t stream = current_stream(device);
   dispatch_floating(first.dtype(), "GradScaler: unscale_", [&]<typename T>() {
-    launch_lists<1>(entries, [&](const TensorListLaunch<1>& l) {
+    pack<1>(entries, kChunk, [&](const TensorListLaunch<1>& l) {
       unscale_check_kernel<T><<<l.blocks, kListThreads, 0, stream>>>(
           l, static_cast<T>(inv_scale), static_cast<int*>(found_inf.data()));
       check_launch("unscale_check_kernel", device);
