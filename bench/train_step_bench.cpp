@@ -14,10 +14,12 @@
 // On a GPU loom also takes each step a second time with cuDNN's first-ranked algorithms whether
 // deterministic or not (cuda::set_cudnn_deterministic(false), PyTorch's default; loom's default
 // keeps to deterministic ones): the row "loom, any cuDNN algorithm".
+// loom's ResNet applies each ReLU and residual add inside the batch norm before it (Note [Batch
+// norm with ReLU]); --no-fusion runs them one by one, as torchvision and PyTorch eager do.
 //
 //   train_step_bench [--threads N (2)] [--batch B (64)] [--width W (64)] [--repeats R (7)]
-//                    [--device cpu|cuda] [--amp off|bf16|fp16] [--channels-last] [--no-torch]
-//                    [--python PATH] [--script PATH]
+//                    [--device cpu|cuda] [--amp off|bf16|fp16] [--channels-last] [--no-fusion]
+//                    [--no-torch] [--python PATH] [--script PATH]
 
 #include <algorithm>
 #include <chrono>
@@ -47,7 +49,7 @@ using Clock = std::chrono::steady_clock;
 int main(int argc, char** argv) {
   int threads = 2, repeats = 7;
   int64_t batch = 64, width = 64;
-  bool with_torch = true, channels_last = false;
+  bool with_torch = true, channels_last = false, fuse = true;
   std::string device_name = "cpu", amp = "off";
   std::string python = LOOM_TORCH_PYTHON;
   std::string script =
@@ -69,6 +71,8 @@ int main(int argc, char** argv) {
       amp = next();
     else if (arg == "--channels-last")
       channels_last = true;
+    else if (arg == "--no-fusion")
+      fuse = false;
     else if (arg == "--no-torch")
       with_torch = false;
     else if (arg == "--python")
@@ -78,8 +82,8 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: %s [--threads N] [--batch B] [--width W] [--repeats R] "
-                   "[--device cpu|cuda] [--amp off|bf16|fp16] [--channels-last] [--no-torch] "
-                   "[--python PATH] [--script PATH]\n",
+                   "[--device cpu|cuda] [--amp off|bf16|fp16] [--channels-last] [--no-fusion] "
+                   "[--no-torch] [--python PATH] [--script PATH]\n",
                    argv[0]);
       return 2;
     }
@@ -126,8 +130,9 @@ int main(int argc, char** argv) {
   };
   auto make_trainer = [&](bool scaled) {
     loom::manual_seed(0);
-    Trainer t{loom::nn::resnet18({.width = width, .in_channels = 3, .num_classes = 10}), nullptr,
-              loom::optim::GradScaler({.enabled = scaled})};
+    Trainer t{loom::nn::resnet18(
+                  {.width = width, .in_channels = 3, .num_classes = 10, .fuse_bn_relu = fuse}),
+              nullptr, loom::optim::GradScaler({.enabled = scaled})};
     t.model->to(device);
     t.model->train();
     t.opt = std::make_unique<loom::optim::SGD>(
@@ -190,11 +195,11 @@ int main(int argc, char** argv) {
 
   const double loom_ips = batch / (median(loom_ms) / 1e3);
   std::printf(
-      "ResNet-18 (CIFAR stem, width %lld) training step, batch %lld, %s, float32%s; median of "
-      "%d\n",
+      "ResNet-18 (CIFAR stem, width %lld) training step, batch %lld, %s, float32%s%s; median "
+      "of %d\n",
       static_cast<long long>(width), static_cast<long long>(batch),
       on_gpu ? "cuda:0" : (std::to_string(threads) + " threads").c_str(),
-      channels_last ? ", channels-last" : "", repeats);
+      channels_last ? ", channels-last" : "", fuse ? "" : ", loom unfused (--no-fusion)", repeats);
   std::printf("| | step ms | images/s |\n|---|---|---|\n");
   std::printf("| loom | %.0f | %.1f |\n", median(loom_ms), loom_ips);
   if (on_gpu)

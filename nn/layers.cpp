@@ -99,7 +99,13 @@ BatchNorm2d::BatchNorm2d(int64_t c, BatchNormOptions opt)
   }
 }
 
-Tensor BatchNorm2d::forward(const Tensor& x) {
+Tensor BatchNorm2d::forward(const Tensor& x) { return normalise(x, false, Tensor()); }
+
+Tensor BatchNorm2d::forward_relu(const Tensor& x, const Tensor& residual) {
+  return normalise(x, true, residual);
+}
+
+Tensor BatchNorm2d::normalise(const Tensor& x, bool relu, const Tensor& residual) {
   LOOM_CHECK(x.dim() == 4, ShapeError,
              "BatchNorm2d: expected a 4-D input [N, C, H, W]; got x=", x.sizes());
   const bool use_batch_stats = is_training() || !options.track_running_stats;
@@ -107,9 +113,16 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
     autograd::NoGradGuard no_grad;
     kernels::add_scalar_(num_batches_tracked, 1.0);
   }
-  if (sync_ && is_training()) return sync_->forward(*this, x);
-  return batch_norm(x, running_mean, running_var, weight, bias, use_batch_stats, options.momentum,
-                    options.eps);
+  if (sync_ && is_training()) {
+    const Tensor y = sync_->forward(*this, x);
+    if (!relu) return y;
+    return loom::relu(residual.defined() ? y + residual : y);
+  }
+  if (!relu)
+    return batch_norm(x, running_mean, running_var, weight, bias, use_batch_stats, options.momentum,
+                      options.eps);
+  return batch_norm_relu(x, running_mean, running_var, weight, bias, use_batch_stats,
+                         options.momentum, options.eps, residual);
 }
 
 void BatchNorm2d::set_sync(std::shared_ptr<BatchNormSync> sync) {

@@ -73,6 +73,9 @@ class BatchNorm2d : public Module {
  public:
   explicit BatchNorm2d(int64_t num_features, BatchNormOptions options = {});
   Tensor forward(const Tensor& x) override;
+  // relu(forward(x) + residual) (residual optional) in one op, batch_norm_relu; a
+  // SyncBatchNorm runs its forward, the add and the ReLU one by one.
+  Tensor forward_relu(const Tensor& x, const Tensor& residual = Tensor());
   std::string extra_repr() const override;
   void set_sync(std::shared_ptr<BatchNormSync> sync);
   bool is_sync() const { return sync_ != nullptr; }
@@ -83,6 +86,7 @@ class BatchNorm2d : public Module {
   Tensor running_mean, running_var, num_batches_tracked;  // when track_running_stats
 
  private:
+  Tensor normalise(const Tensor& x, bool relu, const Tensor& residual);
   std::shared_ptr<BatchNormSync> sync_;
 };
 

@@ -20,7 +20,8 @@ Conv2dOptions conv_options(int64_t stride, int64_t padding) {
 }
 }  // namespace
 
-BasicBlock::BasicBlock(int64_t in, int64_t channels, int64_t stride) : Module("BasicBlock") {
+BasicBlock::BasicBlock(int64_t in, int64_t channels, int64_t stride, bool fuse)
+    : Module("BasicBlock"), fuse_bn_relu(fuse) {
   conv1 = register_module("conv1", make<Conv2d>(in, channels, 3, conv_options(stride, 1)));
   bn1 = register_module("bn1", make<BatchNorm2d>(channels));
   relu = register_module("relu", make<ReLU>());
@@ -34,6 +35,12 @@ BasicBlock::BasicBlock(int64_t in, int64_t channels, int64_t stride) : Module("B
 }
 
 Tensor BasicBlock::forward(const Tensor& x) {
+  // torchvision's order: the main branch up to conv2, then the shortcut.
+  if (fuse_bn_relu) {
+    const Tensor out = conv2->forward(bn1->forward_relu(conv1->forward(x)));
+    const Tensor identity = downsample ? downsample->forward(x) : x;
+    return bn2->forward_relu(out, identity);
+  }
   Tensor out = relu->forward(bn1->forward(conv1->forward(x)));
   out = bn2->forward(conv2->forward(out));
   const Tensor identity = downsample ? downsample->forward(x) : x;
@@ -64,7 +71,7 @@ ResNet::ResNet(ResNetOptions opt) : Module("ResNet"), options(opt) {
     const int64_t channels = w << s;
     auto stage = std::make_shared<Sequential>();
     for (int b = 0; b < blocks[s]; ++b) {
-      stage->push_back(make<BasicBlock>(in, channels, (b == 0 && s > 0) ? 2 : 1));
+      stage->push_back(make<BasicBlock>(in, channels, (b == 0 && s > 0) ? 2 : 1, opt.fuse_bn_relu));
       in = channels;
     }
     *stages[s] = register_module("layer" + std::to_string(s + 1), stage);
@@ -90,7 +97,9 @@ ResNet::ResNet(ResNetOptions opt) : Module("ResNet"), options(opt) {
 Tensor ResNet::forward(const Tensor& x) {
   LOOM_CHECK(x.dim() == 4 && x.size(1) == options.in_channels, ShapeError, name(),
              ": expected input [N, ", options.in_channels, ", H, W]; got x=", x.sizes());
-  Tensor y = maxpool->forward(relu->forward(bn1->forward(conv1->forward(x))));
+  const Tensor stem = options.fuse_bn_relu ? bn1->forward_relu(conv1->forward(x))
+                                           : relu->forward(bn1->forward(conv1->forward(x)));
+  Tensor y = maxpool->forward(stem);
   y = layer4->forward(layer3->forward(layer2->forward(layer1->forward(y))));
   return fc->forward(avgpool->forward(y).flatten(1));
 }

@@ -16,12 +16,15 @@
 namespace loom::nn {
 
 // conv3x3 - bn - relu - conv3x3 - bn, plus the input (through a 1x1 conv and bn where the shape
-// changes), then relu.
+// changes), then relu. With fuse_bn_relu each batch norm applies the ReLU (and the add) that
+// follows it as it writes its output (BatchNorm2d::forward_relu); the `relu` child stays, unused
+// then, so the module tree and its keys are the same either way.
 class BasicBlock : public Module {
  public:
-  BasicBlock(int64_t in_channels, int64_t channels, int64_t stride);
+  BasicBlock(int64_t in_channels, int64_t channels, int64_t stride, bool fuse_bn_relu = true);
   Tensor forward(const Tensor& x) override;
 
+  const bool fuse_bn_relu;
   std::shared_ptr<Conv2d> conv1, conv2;
   std::shared_ptr<BatchNorm2d> bn1, bn2;
   std::shared_ptr<ReLU> relu;
@@ -35,6 +38,9 @@ struct ResNetOptions {
   int64_t num_classes = 10;
   bool cifar_stem = true;           // false: the ImageNet stem
   bool zero_init_residual = false;  // each block's last bn starts at weight 0 (torchvision's flag)
+  // Batch norms apply the ReLU (and residual add) after them in one op, Note [Batch norm with
+  // ReLU] in tensor/norm.h. false: the ops one by one, as torchvision's forward.
+  bool fuse_bn_relu = true;
 };
 
 class ResNet : public Module {

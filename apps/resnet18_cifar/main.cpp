@@ -85,8 +85,13 @@ int main(int argc, char** argv) {
   app.add_flag("--channels-last", o.channels_last,
                "store batches and activations channels-last (NHWC), the layout cuDNN's "
                "tensor-core convolutions prefer; results match NCHW up to rounding");
+  bool no_fusion = false;
+  app.add_flag("--no-fusion", no_fusion,
+               "run each batch norm, residual add and ReLU as separate ops, as torchvision does "
+               "(by default a batch norm applies the add and ReLU after it as it writes)");
   try {
     app.parse(argc, argv);
+    o.fuse_bn_relu = !no_fusion;
     if (o.eval_only && o.resume.empty())
       throw CLI::ValidationError("--eval-only", "needs --resume CHECKPOINT");
     if (o.gpus > 0 && o.nproc > 1)

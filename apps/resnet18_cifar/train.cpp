@@ -311,7 +311,9 @@ double run(const Options& o) {
   const Shape image = data.train.transforms.output_shape(data.train.dataset->image_shape());
   auto model = nn::resnet18({.width = o.width,
                              .in_channels = image[0],
-                             .num_classes = data.train.dataset->num_classes()});
+                             .num_classes = data.train.dataset->num_classes(),
+                             .fuse_bn_relu = o.fuse_bn_relu});
+  if (!o.fuse_bn_relu) say("batch norm, add and ReLU run one by one (--no-fusion)\n");
   model->to(job.device);
 
   data::LoaderOptions train_options{

@@ -47,6 +47,9 @@ struct Options {
   std::string comm_dtype = "fp32";  // the dtype DDP's gradients travel in: fp32 | fp16 | bf16
   // Batches (and so every activation) stored channels-last, NHWC (Note [Memory formats]).
   bool channels_last = false;
+  // Each block's batch norms apply the ReLU and the residual add after them in one op (Note
+  // [Batch norm with ReLU]); false runs them one by one, as torchvision does.
+  bool fuse_bn_relu = true;
 };
 
 // A dataset split with the transforms the recipe uses for it and its normalisation constants.

@@ -5,6 +5,7 @@
 
 #include "autograd/autocast.h"
 #include "autograd/function.h"
+#include "autograd/ops/elementwise.h"
 #include "tensor/copy.h"
 #include "tensor/norm.h"
 #include "tensor/view.h"
@@ -29,22 +30,23 @@ void check_param(const char* op, const char* name, const Tensor& param, const Sh
              ")");
 }
 
-}  // namespace
-
 // d batch_norm (training, through the batch statistics; Note [Batch norm pieces]):
 //   dx = weight invstd (dy - mean(dy) - x_hat mean(dy x_hat)); eval: dx = weight invstd dy;
 //   dweight = sum(dy x_hat) ; dbias = sum(dy)
+// With the epilogue of batch_norm_relu, dy is first masked where y is 0 (relu_backward), and the
+// residual's gradient is that masked dy (Note [Batch norm with ReLU], tensor/norm.h).
 // A 16-bit x keeps its dtype (y and dx too) with float32 parameters and statistics (Note
 // [Autocast policy]: in a region, on the CPU, or with 16-bit parameters, x is widened instead).
-Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
-                  const Tensor& weight, const Tensor& bias, bool training, double momentum,
-                  double eps) {
+Tensor batch_norm_with(const char* op, const Tensor& x, const Tensor& running_mean,
+                       const Tensor& running_var, const Tensor& weight, const Tensor& bias,
+                       bool training, double momentum, double eps,
+                       const k::BatchNormEpilogue& epilogue) {
   if (autocast::needs_float32({running_mean, running_var, weight, bias}) ||
       autocast::widens_on_cpu({x}))
-    return batch_norm(autocast::to_float32(x), autocast::to_float32(running_mean),
-                      autocast::to_float32(running_var), autocast::to_float32(weight),
-                      autocast::to_float32(bias), training, momentum, eps);
-  const char* op = "batch_norm";
+    return batch_norm_with(op, autocast::to_float32(x), autocast::to_float32(running_mean),
+                           autocast::to_float32(running_var), autocast::to_float32(weight),
+                           autocast::to_float32(bias), training, momentum, eps,
+                           {autocast::to_float32(epilogue.residual), epilogue.relu});
   LOOM_CHECK(x.dim() >= 2, ShapeError, op, ": expected x of shape [N, C, ...]; got x=", x.sizes());
   const Shape channels{x.size(1)};
   const DType pd = k::batch_norm_param_dtype(x.dtype());
@@ -59,7 +61,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   if (training) {
     LOOM_CHECK(x.numel() / std::max<int64_t>(x.size(1), 1) > 1, ValueError, op,
                ": expected more than 1 value per channel when training; got x=", x.sizes());
-    auto [out, stats] = k::batch_norm_forward_train(x, weight, bias, eps);
+    auto [out, stats] = k::batch_norm_forward_train(x, weight, bias, eps, epilogue);
     if (running_mean.defined()) {
       NoGradGuard no_grad;
       k::batch_norm_update_running_stats_(running_mean, running_var, stats, momentum);
@@ -74,17 +76,43 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
     // Copies: the backward must see the statistics used here, whatever later updates do.
     mean = k::clone(running_mean);
     invstd = k::batch_norm_invstd(running_var, eps);
-    y = k::batch_norm_elemt(x, mean, invstd, weight, bias);
+    y = k::batch_norm_elemt(x, mean, invstd, weight, bias, epilogue);
   }
-  return record(op, y, {x, weight, bias}, {x, weight, mean, invstd},
-                [training](const Grads& dout, Saved& s, Grads& g) {
-                  k::NormGrads r =
-                      k::batch_norm_backward(dout[0], s[0], s[2], s[3], s[1], training,
-                                             {s.needs_grad(0), s.needs_grad(1), s.needs_grad(2)});
-                  g[0] = r.dx;
-                  g[1] = r.dweight;
-                  g[2] = r.dbias;
-                });
+  // The output saved for the ReLU's mask is y itself: the next layer keeps it anyway.
+  const bool relu = epilogue.relu;
+  return record(
+      op, y, {x, weight, bias, epilogue.residual}, {x, weight, mean, invstd, relu ? y : Tensor()},
+      [training, relu](const Grads& dout, Saved& s, Grads& g) {
+        k::NormGrads r = k::batch_norm_backward(dout[0], s[0], s[2], s[3], s[1], training,
+                                                {s.needs_grad(0), s.needs_grad(1), s.needs_grad(2)},
+                                                relu ? s[4] : Tensor(), s.needs_grad(3));
+        g[0] = r.dx;
+        g[1] = r.dweight;
+        g[2] = r.dbias;
+        g[3] = r.dresidual;
+      });
+}
+
+}  // namespace
+
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight, const Tensor& bias, bool training, double momentum,
+                  double eps) {
+  return batch_norm_with("batch_norm", x, running_mean, running_var, weight, bias, training,
+                         momentum, eps, {});
+}
+
+Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                       const Tensor& weight, const Tensor& bias, bool training, double momentum,
+                       double eps, const Tensor& residual) {
+  // A residual the fused kernels cannot read element for element with x (broadcast, another
+  // dtype or device): the same result from the ops one by one.
+  if (residual.defined() && (residual.sizes() != x.sizes() || residual.dtype() != x.dtype() ||
+                             residual.device() != x.device()))
+    return relu(add(batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps),
+                    residual));
+  return batch_norm_with("batch_norm_relu", x, running_mean, running_var, weight, bias, training,
+                         momentum, eps, {residual, true});
 }
 
 // d layer_norm: dx = rstd (dx_hat - mean(dx_hat) - x_hat mean(dx_hat x_hat)), dx_hat = dy weight;

@@ -53,6 +53,15 @@ void check_grad_shape(const char* op, const Tensor& dy, const Tensor& x) {
              " x=", x.sizes());
 }
 
+// A tensor read element for element with x (a residual, a ReLU's output): x's shape and dtype.
+void check_like_x(const char* op, const char* name, const Tensor& t, const Tensor& x) {
+  if (!t.defined()) return;
+  LOOM_CHECK(t.sizes() == x.sizes(), ShapeError, op, ": ", name, " and x differ; got ", name, "=",
+             t.sizes(), " x=", x.sizes());
+  LOOM_CHECK(t.dtype() == x.dtype(), DTypeError, op, ": expected ", name, " of x's dtype ",
+             x.dtype(), "; got ", t.dtype(), " (", name, "=", t.sizes(), ")");
+}
+
 // The DTypeError the kernels' dispatch_floating raises for x's dtype, raised with the checks.
 void require_floating(const char* op, DType dtype) {
   dispatch_floating(dtype, op, []<typename T>() {});
@@ -101,42 +110,80 @@ std::pair<double, double> channel_moments(const T* x, const ChannelLayout& l, in
   return {mean, var};
 }
 
-// y = x scale + shift over one channel.
+// The epilogue of a batch norm forward as the loops see it (Note [Batch norm with ReLU]).
 template <typename T>
-void channel_affine(const T* x, T* y, const ChannelLayout& l, int64_t c, T scale, T shift) {
+struct Epilogue {
+  const T* residual;  // null: none; laid out as x
+  bool relu;
+};
+
+// y[i] = x[i] scale(i) + shift(i), plus residual[i], then the ReLU, for i < n; the pointers
+// start at the run. One loop per form, so each vectorises; scale and shift are constants
+// (a channel's row) or per value (an interleaved row).
+template <typename T, typename Scale, typename Shift>
+void affine_run(const T* x, const T* residual, bool relu, T* y, int64_t n, Scale scale,
+                Shift shift) {
+  auto positive = [](T v) { return v > 0 ? v : T(0); };  // relu's test, tensor/cpu/elementwise.cpp
+  if (residual && relu)
+    for (int64_t i = 0; i < n; ++i) y[i] = positive(x[i] * scale(i) + shift(i) + residual[i]);
+  else if (residual)
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale(i) + shift(i) + residual[i];
+  else if (relu)
+    for (int64_t i = 0; i < n; ++i) y[i] = positive(x[i] * scale(i) + shift(i));
+  else
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] * scale(i) + shift(i);
+}
+
+// y = x scale + shift, then the epilogue, over one channel.
+template <typename T>
+void channel_affine(const T* x, T* y, const ChannelLayout& l, int64_t c, T scale, T shift,
+                    Epilogue<T> e) {
   for (int64_t b = 0; b < l.n; ++b) {
-    const T* in = x + l.row(b, c);
-    T* out = y + l.row(b, c);
-    for (int64_t i = 0; i < l.s; ++i) out[i] = in[i] * scale + shift;
+    const int64_t row = l.row(b, c);
+    affine_run(
+        x + row, e.residual ? e.residual + row : nullptr, e.relu, y + row, l.s,
+        [scale](int64_t) { return scale; }, [shift](int64_t) { return shift; });
   }
 }
 
+// The gradient a batch norm's backward reads: dy, or with a fused ReLU dy where its output y
+// is positive and 0 elsewhere (relu_backward's test; Note [Batch norm with ReLU]).
+template <typename T>
+struct Grad {
+  const T* dy;
+  const T* relu_y;  // null: no ReLU
+  T operator()(int64_t i) const { return relu_y && !(relu_y[i] > 0) ? T(0) : dy[i]; }
+};
+
 // sum(dy) and sum(dy (x - mean)) over one channel.
 template <typename T>
-std::pair<double, double> channel_grad_sums(const T* dy, const T* x, const ChannelLayout& l,
+std::pair<double, double> channel_grad_sums(Grad<T> dy, const T* x, const ChannelLayout& l,
                                             int64_t c, double mean) {
   double sum_dy = 0, sum_dy_xmu = 0;
   for (int64_t b = 0; b < l.n; ++b) {
-    const T* g = dy + l.row(b, c);
-    const T* in = x + l.row(b, c);
-    sum_dy += accumulate(l.s, [&](int64_t i) { return static_cast<double>(g[i]); });
+    const int64_t row = l.row(b, c);
+    const T* in = x + row;
+    sum_dy += accumulate(l.s, [&](int64_t i) { return static_cast<double>(dy(row + i)); });
     sum_dy_xmu += accumulate(l.s, [&](int64_t i) {
-      return static_cast<double>(g[i]) * (static_cast<double>(in[i]) - mean);
+      return static_cast<double>(dy(row + i)) * (static_cast<double>(in[i]) - mean);
     });
   }
   return {sum_dy, sum_dy_xmu};
 }
 
-// dx = a dy + b x + k over one channel (every batch-norm dx is of that form).
+// dx = a dy + b x + k over one channel (every batch-norm dx is of that form); with dres, the
+// (masked) dy it read too.
 template <typename T>
-void channel_dx(const T* dy, const T* x, T* dx, const ChannelLayout& l, int64_t c, double a,
+void channel_dx(Grad<T> dy, const T* x, T* dx, T* dres, const ChannelLayout& l, int64_t c, double a,
                 double b, double k) {
   const T ta = static_cast<T>(a), tb = static_cast<T>(b), tk = static_cast<T>(k);
   for (int64_t n = 0; n < l.n; ++n) {
-    const T* g = dy + l.row(n, c);
-    const T* in = x + l.row(n, c);
-    T* out = dx + l.row(n, c);
-    for (int64_t i = 0; i < l.s; ++i) out[i] = ta * g[i] + tb * in[i] + tk;
+    const int64_t row = l.row(n, c);
+    const T* in = x + row;
+    if (dx)
+      for (int64_t i = 0; i < l.s; ++i) dx[row + i] = ta * dy(row + i) + tb * in[i] + tk;
+    if (dres)
+      for (int64_t i = 0; i < l.s; ++i) dres[row + i] = dy(row + i);
   }
 }
 
@@ -199,11 +246,11 @@ std::pair<std::vector<double>, std::vector<double>> interleaved_moments(const T*
 
 // sum(dy) and sum(dy (x - mean)) of every channel of an interleaved x, as [2][C].
 template <typename T>
-std::vector<double> interleaved_grad_sums(const T* dy, const T* x, const ChannelLayout& l,
+std::vector<double> interleaved_grad_sums(Grad<T> dy, const T* x, const ChannelLayout& l,
                                           const T* mean) {
   return column_sums<2>(l, [&](int64_t row, double* acc) {
     for (int64_t c = 0; c < l.c; ++c) {
-      const double g = static_cast<double>(dy[row + c]);
+      const double g = static_cast<double>(dy(row + c));
       acc[c] += g;
       acc[l.c + c] += g * (static_cast<double>(x[row + c]) - static_cast<double>(mean[c]));
     }
@@ -218,20 +265,27 @@ void for_rows(const ChannelLayout& l, MapRow&& map_row) {
   });
 }
 
-// y = x scale_c + shift_c over an interleaved x.
+// y = x scale_c + shift_c, then the epilogue, over an interleaved x.
 template <typename T>
-void interleaved_affine(const T* x, T* y, const ChannelLayout& l, const T* scale, const T* shift) {
+void interleaved_affine(const T* x, T* y, const ChannelLayout& l, const T* scale, const T* shift,
+                        Epilogue<T> e) {
   for_rows(l, [&](int64_t row) {
-    for (int64_t c = 0; c < l.c; ++c) y[row + c] = x[row + c] * scale[c] + shift[c];
+    affine_run(
+        x + row, e.residual ? e.residual + row : nullptr, e.relu, y + row, l.c,
+        [scale](int64_t c) { return scale[c]; }, [shift](int64_t c) { return shift[c]; });
   });
 }
 
-// dx = a_c dy + b_c x + k_c over an interleaved x; coef is [3][C]: a, then b, then k.
+// dx = a_c dy + b_c x + k_c over an interleaved x; coef is [3][C]: a, then b, then k. With dres,
+// the (masked) dy it read too. dx may be null.
 template <typename T>
-void interleaved_dx(const T* dy, const T* x, T* dx, const ChannelLayout& l, const T* coef) {
+void interleaved_dx(Grad<T> dy, const T* x, T* dx, T* dres, const ChannelLayout& l, const T* coef) {
   const T *a = coef, *b = coef + l.c, *k = coef + 2 * l.c;
   for_rows(l, [&](int64_t row) {
-    for (int64_t c = 0; c < l.c; ++c) dx[row + c] = a[c] * dy[row + c] + b[c] * x[row + c] + k[c];
+    if (dx)
+      for (int64_t c = 0; c < l.c; ++c) dx[row + c] = a[c] * dy(row + c) + b[c] * x[row + c] + k[c];
+    if (dres)
+      for (int64_t c = 0; c < l.c; ++c) dres[row + c] = dy(row + c);
   });
 }
 
@@ -260,6 +314,16 @@ std::vector<T> dx_table(int64_t channels, Of&& of) {
     table[2 * channels + c] = static_cast<T>(k.k);
   }
   return table;
+}
+
+// A checked epilogue's residual in x's memory format (read in the same order as x).
+Tensor residual_like(const BatchNormEpilogue& e, MemoryFormat format) {
+  return e.residual.defined() ? contiguous(e.residual, format) : Tensor();
+}
+
+// The epilogue with its residual widened, for a 16-bit x computed in float32.
+BatchNormEpilogue widened(const BatchNormEpilogue& e) {
+  return {e.residual.defined() ? kernels::widened(e.residual) : Tensor(), e.relu};
 }
 
 }  // namespace
@@ -423,20 +487,24 @@ void batch_norm_update_running_stats_(const Tensor& running_mean, const Tensor& 
 // ---------------------------------------------------------------- batch norm forward
 
 Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invstd,
-                        const Tensor& weight, const Tensor& bias) {
+                        const Tensor& weight, const Tensor& bias,
+                        const BatchNormEpilogue& epilogue) {
   const char* op = "batch_norm_elemt";
-  const Device device = common_device(op, {x, mean, invstd, weight, bias});
+  const Device device = common_device(op, {x, mean, invstd, weight, bias, epilogue.residual});
   const ChannelLayout l = channel_layout(op, x);
   check_vector(op, "mean", mean, l.c);
   check_vector(op, "invstd", invstd, l.c);
   check_vector(op, "weight", weight, l.c);
   check_vector(op, "bias", bias, l.c);
+  check_like_x(op, "residual", epilogue.residual, x);
   require_batch_norm_dtype(op, x.dtype());
-  if (device.is_cuda()) return cuda::batch_norm_elemt(x, mean, invstd, weight, bias);
+  if (device.is_cuda()) return cuda::batch_norm_elemt(x, mean, invstd, weight, bias, epilogue);
   if (is_16bit_float(x.dtype()))
-    return to_dtype(batch_norm_elemt(widened(x), mean, invstd, weight, bias), x.dtype());
+    return to_dtype(batch_norm_elemt(widened(x), mean, invstd, weight, bias, widened(epilogue)),
+                    x.dtype());
   const MemoryFormat format = suggest_memory_format(x);
   const Tensor xc = contiguous(x, format);
+  const Tensor rc = residual_like(epilogue, format);
   const ChannelLayout mem = l.stored(format);  // the loops walk x's memory
   const Tensor m = channel_vector(mean, x.dtype());
   const Tensor is = channel_vector(invstd, x.dtype());
@@ -448,15 +516,16 @@ Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invst
     const T *mp = m.data_ptr<T>(), *ip = is.data_ptr<T>();
     const T *wp = ptr_or_null<T>(w), *bp = ptr_or_null<T>(b);
     T* yp = y.data_ptr<T>();
+    const Epilogue<T> e{ptr_or_null<T>(rc), epilogue.relu};
     std::vector<T> scale(l.c), shift(l.c);
     for (int64_t c = 0; c < l.c; ++c) {
       const double sc = double(ip[c]) * (wp ? double(wp[c]) : 1.0);
       scale[c] = static_cast<T>(sc);
       shift[c] = static_cast<T>((bp ? double(bp[c]) : 0.0) - double(mp[c]) * sc);
     }
-    if (mem.s == 1) return interleaved_affine(xp, yp, mem, scale.data(), shift.data());
+    if (mem.s == 1) return interleaved_affine(xp, yp, mem, scale.data(), shift.data(), e);
     parallel_for(0, l.c, grain_for(l.count()), [&](int64_t lo, int64_t hi) {
-      for (int64_t c = lo; c < hi; ++c) channel_affine(xp, yp, mem, c, scale[c], shift[c]);
+      for (int64_t c = lo; c < hi; ++c) channel_affine(xp, yp, mem, c, scale[c], shift[c], e);
     });
   });
   return y;
@@ -465,20 +534,24 @@ Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invst
 // One thread per channel: mean and variance in two passes, then y, while the channel's values
 // are still in cache.
 std::pair<Tensor, BatchNormStats> batch_norm_forward_train(const Tensor& x, const Tensor& weight,
-                                                           const Tensor& bias, double eps) {
+                                                           const Tensor& bias, double eps,
+                                                           const BatchNormEpilogue& epilogue) {
   const char* op = "batch_norm";
-  const Device device = common_device("batch_norm_forward_train", {x, weight, bias});
+  const Device device =
+      common_device("batch_norm_forward_train", {x, weight, bias, epilogue.residual});
   const ChannelLayout l = channel_layout(op, x);
   check_vector(op, "weight", weight, l.c);
   check_vector(op, "bias", bias, l.c);
+  check_like_x(op, "residual", epilogue.residual, x);
   require_batch_norm_dtype(op, x.dtype());
-  if (device.is_cuda()) return cuda::batch_norm_forward_train(x, weight, bias, eps);
+  if (device.is_cuda()) return cuda::batch_norm_forward_train(x, weight, bias, eps, epilogue);
   if (is_16bit_float(x.dtype())) {
-    auto [y, stats] = batch_norm_forward_train(widened(x), weight, bias, eps);
+    auto [y, stats] = batch_norm_forward_train(widened(x), weight, bias, eps, widened(epilogue));
     return {to_dtype(y, x.dtype()), stats};
   }
   const MemoryFormat format = suggest_memory_format(x);
   const Tensor xc = contiguous(x, format);
+  const Tensor rc = residual_like(epilogue, format);
   const ChannelLayout mem = l.stored(format);  // the loops walk x's memory
   const Tensor w = channel_vector(weight, x.dtype());
   const Tensor b = channel_vector(bias, x.dtype());
@@ -491,6 +564,7 @@ std::pair<Tensor, BatchNormStats> batch_norm_forward_train(const Tensor& x, cons
     T* yp = y.data_ptr<T>();
     T *mean = stats.mean.data_ptr<T>(), *invstd = stats.invstd.data_ptr<T>();
     T* var = stats.var.data_ptr<T>();
+    const Epilogue<T> e{ptr_or_null<T>(rc), epilogue.relu};
     if (mem.s == 1) {  // Note [Batch norm over interleaved channels]
       const auto [m, v] = interleaved_moments(xp, mem);
       std::vector<T> scale(l.c), shift(l.c);
@@ -503,7 +577,7 @@ std::pair<Tensor, BatchNormStats> batch_norm_forward_train(const Tensor& x, cons
         scale[c] = static_cast<T>(sc);
         shift[c] = static_cast<T>((bp ? double(bp[c]) : 0.0) - m[c] * sc);
       }
-      return interleaved_affine(xp, yp, mem, scale.data(), shift.data());
+      return interleaved_affine(xp, yp, mem, scale.data(), shift.data(), e);
     }
     parallel_for(0, l.c, grain_for(l.count()), [&](int64_t lo, int64_t hi) {
       for (int64_t c = lo; c < hi; ++c) {
@@ -514,7 +588,7 @@ std::pair<Tensor, BatchNormStats> batch_norm_forward_train(const Tensor& x, cons
         invstd[c] = static_cast<T>(is);
         const double scale = is * (wp ? double(wp[c]) : 1.0);
         const double shift = (bp ? double(bp[c]) : 0.0) - m * scale;
-        channel_affine(xp, yp, mem, c, static_cast<T>(scale), static_cast<T>(shift));
+        channel_affine(xp, yp, mem, c, static_cast<T>(scale), static_cast<T>(shift), e);
       }
     });
   });
@@ -546,7 +620,7 @@ std::pair<Tensor, Tensor> batch_norm_backward_reduce(const Tensor& dy, const Ten
     const T *mp = m.data_ptr<T>(), *ip = is.data_ptr<T>();
     T *sd = sum_dy.data_ptr<T>(), *sdx = sum_dy_xhat.data_ptr<T>();
     if (mem.s == 1) {  // Note [Batch norm over interleaved channels]
-      const std::vector<double> t = interleaved_grad_sums(gp, xp, mem, mp);
+      const std::vector<double> t = interleaved_grad_sums(Grad<T>{gp, nullptr}, xp, mem, mp);
       for (int64_t c = 0; c < l.c; ++c) {
         sd[c] = static_cast<T>(t[c]);
         sdx[c] = static_cast<T>(t[l.c + c] * double(ip[c]));
@@ -555,7 +629,8 @@ std::pair<Tensor, Tensor> batch_norm_backward_reduce(const Tensor& dy, const Ten
     }
     parallel_for(0, l.c, grain_for(l.count()), [&](int64_t lo, int64_t hi) {
       for (int64_t c = lo; c < hi; ++c) {
-        const auto [s_dy, s_dy_xmu] = channel_grad_sums(gp, xp, mem, c, double(mp[c]));
+        const auto [s_dy, s_dy_xmu] =
+            channel_grad_sums(Grad<T>{gp, nullptr}, xp, mem, c, double(mp[c]));
         sd[c] = static_cast<T>(s_dy);
         sdx[c] = static_cast<T>(s_dy_xmu * double(ip[c]));
       }
@@ -606,12 +681,14 @@ Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor
                              training ? sdp[c] : 0.0, training ? sdxp[c] : 0.0,
                              static_cast<double>(count));
     };
+    const Grad<T> g{gp, nullptr};
     if (mem.s == 1)  // Note [Batch norm over interleaved channels]
-      return interleaved_dx(gp, xp, out, mem, dx_table<T>(l.c, coefficients).data());
+      return interleaved_dx(g, xp, out, static_cast<T*>(nullptr), mem,
+                            dx_table<T>(l.c, coefficients).data());
     parallel_for(0, l.c, grain_for(l.count()), [&](int64_t lo, int64_t hi) {
       for (int64_t c = lo; c < hi; ++c) {
         const DxCoefficients k = coefficients(c);
-        channel_dx(gp, xp, out, mem, c, k.a, k.b, k.k);
+        channel_dx(g, xp, out, static_cast<T*>(nullptr), mem, c, k.a, k.b, k.k);
       }
     });
   });
@@ -621,25 +698,32 @@ Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor
 // One thread per channel: the two sums, then dx, while the channel is in cache.
 NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& mean,
                               const Tensor& invstd, const Tensor& weight, bool training,
-                              std::array<bool, 3> need) {
+                              std::array<bool, 3> need, const Tensor& relu_y, bool need_dresidual) {
   const char* op = "batch_norm_backward";
-  const Device device = common_device(op, {dy, x, mean, invstd, weight});
+  const Device device = common_device(op, {dy, x, mean, invstd, weight, relu_y});
   const ChannelLayout l = channel_layout(op, x);
   check_grad_shape(op, dy, x);
   check_vector(op, "mean", mean, l.c);
   check_vector(op, "invstd", invstd, l.c);
   check_vector(op, "weight", weight, l.c);
+  check_like_x(op, "relu_y", relu_y, x);
+  LOOM_CHECK(!need_dresidual || relu_y.defined(), ValueError, op,
+             ": dresidual is the ReLU's gradient; give relu_y (x=", x.sizes(), ")");
   require_batch_norm_dtype(op, x.dtype());
   if (device.is_cuda())
-    return cuda::batch_norm_backward(dy, x, mean, invstd, weight, training, need);
+    return cuda::batch_norm_backward(dy, x, mean, invstd, weight, training, need, relu_y,
+                                     need_dresidual);
   if (is_16bit_float(x.dtype())) {
-    NormGrads g = batch_norm_backward(widened(to_dtype(dy, x.dtype())), widened(x), mean, invstd,
-                                      weight, training, need);
+    NormGrads g = batch_norm_backward(
+        widened(to_dtype(dy, x.dtype())), widened(x), mean, invstd, weight, training, need,
+        relu_y.defined() ? widened(relu_y) : Tensor(), need_dresidual);
     if (g.dx.defined()) g.dx = to_dtype(g.dx, x.dtype());
+    if (g.dresidual.defined()) g.dresidual = to_dtype(g.dresidual, x.dtype());
     return g;
   }
   const MemoryFormat format = suggest_memory_format(x);
   const Tensor xc = contiguous(x, format), dyc = contiguous(to_dtype(dy, x.dtype()), format);
+  const Tensor yc = relu_y.defined() ? contiguous(relu_y, format) : Tensor();
   const ChannelLayout mem = l.stored(format);  // the loops walk x's memory
   const Tensor m = channel_vector(mean, x.dtype());
   const Tensor is = channel_vector(invstd, x.dtype());
@@ -648,11 +732,14 @@ NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& m
   if (need[0]) g.dx = empty(x.sizes(), x.dtype(), x.device(), format);
   if (need[1]) g.dweight = empty({l.c}, x.dtype(), x.device());
   if (need[2]) g.dbias = empty({l.c}, x.dtype(), x.device());
+  if (need_dresidual) g.dresidual = empty(x.sizes(), x.dtype(), x.device(), format);
   const bool reduce = (need[0] && training) || need[1] || need[2];
   dispatch_floating(x.dtype(), op, [&]<typename T>() {
-    const T *xp = xc.data_ptr<T>(), *gp = dyc.data_ptr<T>();
+    const T* xp = xc.data_ptr<T>();
+    const Grad<T> gp{dyc.data_ptr<T>(), ptr_or_null<T>(yc)};
     const T *mp = m.data_ptr<T>(), *ip = is.data_ptr<T>(), *wp = ptr_or_null<T>(w);
     T *dxp = ptr_or_null<T>(g.dx), *dwp = ptr_or_null<T>(g.dweight), *dbp = ptr_or_null<T>(g.dbias);
+    T* drp = ptr_or_null<T>(g.dresidual);
     if (mem.s == 1) {  // Note [Batch norm over interleaved channels]
       const std::vector<double> t =
           reduce ? interleaved_grad_sums(gp, xp, mem, mp) : std::vector<double>(2 * l.c, 0.0);
@@ -661,12 +748,12 @@ NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& m
         if (dwp) dwp[c] = static_cast<T>(sum_dy_xhat(c));
         if (dbp) dbp[c] = static_cast<T>(t[c]);
       }
-      if (!dxp) return;
+      if (!dxp && !drp) return;
       const std::vector<T> table = dx_table<T>(l.c, [&](int64_t c) {
         return dx_coefficients(wp ? double(wp[c]) : 1.0, double(mp[c]), double(ip[c]), training,
                                t[c], sum_dy_xhat(c), static_cast<double>(l.count()));
       });
-      return interleaved_dx(gp, xp, dxp, mem, table.data());
+      return interleaved_dx(gp, xp, dxp, drp, mem, table.data());
     }
     parallel_for(0, l.c, grain_for(l.count()), [&](int64_t lo, int64_t hi) {
       for (int64_t c = lo; c < hi; ++c) {
@@ -679,11 +766,11 @@ NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& m
         }
         if (dwp) dwp[c] = static_cast<T>(sum_dy_xhat);
         if (dbp) dbp[c] = static_cast<T>(sum_dy);
-        if (dxp) {
+        if (dxp || drp) {
           const DxCoefficients k =
               dx_coefficients(wp ? double(wp[c]) : 1.0, mc, ic, training, sum_dy, sum_dy_xhat,
                               static_cast<double>(l.count()));
-          channel_dx(gp, xp, dxp, mem, c, k.a, k.b, k.k);
+          channel_dx(gp, xp, dxp, drp, mem, c, k.a, k.b, k.k);
         }
       }
     });

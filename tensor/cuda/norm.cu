@@ -229,12 +229,24 @@ struct SquaredDeviations {  // sum (x - mean_c)^2, mean in double
   }
 };
 
+// dy, or with a fused ReLU dy where its output y is positive and 0 elsewhere (relu_backward's
+// test; Note [Batch norm with ReLU] in tensor/norm.h).
+template <typename T>
+struct Grad {
+  const T* dy;
+  const T* relu_y;  // null: no ReLU
+  __device__ math_t<T> operator()(int64_t i) const {
+    return relu_y && !(to_math(relu_y[i]) > 0) ? math_t<T>(0) : to_math(dy[i]);
+  }
+};
+
 template <typename T>
 struct GradSums {  // sum dy, sum dy (x - mean_c)
-  const T *dy, *x;
+  Grad<T> dy;
+  const T* x;
   const math_t<T>* mean;
   __device__ void operator()(int64_t c, int64_t, int64_t i, Sums<2>& acc) const {
-    const double g = static_cast<double>(to_math(dy[i]));
+    const double g = static_cast<double>(dy(i));
     acc.v[0] += g;
     acc.v[1] += g * (static_cast<double>(to_math(x[i])) - static_cast<double>(mean[c]));
   }
@@ -318,13 +330,18 @@ struct BackwardEpilogue {
 // ---------------------------------------------------------------- element maps
 
 template <typename T>
-struct Affine {  // y = x scale_c + shift_c
+struct Affine {  // y = x scale_c + shift_c, plus a residual, then a ReLU (each optional)
   const T* x;
   const math_t<T>* scale;
   const math_t<T>* shift;
+  const T* residual;  // null: none
+  bool relu;
   T* y;
   __device__ void operator()(int64_t c, int64_t i) const {
-    y[i] = from_math<T>(to_math(x[i]) * scale[c] + shift[c]);
+    math_t<T> v = to_math(x[i]) * scale[c] + shift[c];
+    if (residual) v += to_math(residual[i]);
+    if (relu) v = v > 0 ? v : math_t<T>(0);  // relu's test, elementwise_unary.cu
+    y[i] = from_math<T>(v);
   }
 };
 
@@ -343,13 +360,16 @@ struct ScaleShift {
 };
 
 template <typename T>
-struct LinearDx {  // dx = a_c dy + b_c x + k_c
-  const T *dy, *x;
+struct LinearDx {  // dx = a_c dy + b_c x + k_c; dres = the (masked) dy (each may be null)
+  Grad<T> dy;
+  const T* x;
   const math_t<T>* coef;
-  T* dx;
+  T *dx, *dres;
   __device__ void operator()(int64_t c, int64_t i) const {
-    dx[i] = from_math<T>(coef[3 * c] * to_math(dy[i]) + coef[3 * c + 1] * to_math(x[i]) +
-                         coef[3 * c + 2]);
+    const math_t<T> g = dy(i);
+    if (dx)
+      dx[i] = from_math<T>(coef[3 * c] * g + coef[3 * c + 1] * to_math(x[i]) + coef[3 * c + 2]);
+    if (dres) dres[i] = from_math<T>(g);
   }
 };
 
@@ -639,8 +659,14 @@ void batch_norm_update_running_stats_(const Tensor& running_mean, const Tensor& 
 
 // ---------------------------------------------------------------- batch norm forward
 
+// A checked epilogue's residual in x's dtype and memory format (read in x's order).
+Tensor residual_like(const kernels::BatchNormEpilogue& e, const Tensor& x, MemoryFormat format) {
+  return e.residual.defined() ? contiguous_as(e.residual, x.dtype(), format) : Tensor();
+}
+
 Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invstd,
-                        const Tensor& weight, const Tensor& bias) {
+                        const Tensor& weight, const Tensor& bias,
+                        const kernels::BatchNormEpilogue& epilogue) {
   const char* op = "batch_norm_elemt";
   const ChannelShape l = kernels::channel_layout(op, x);
   const MemoryFormat format = suggest_memory_format(x);
@@ -655,22 +681,23 @@ Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invst
   dispatch_floating_and_16bit(x.dtype(), op, [&]<typename T>() {
     using P = math_t<T>;
     const Tensor xc = contiguous_as(x, x.dtype(), format);
+    const Tensor rc = residual_like(epilogue, x, format);
     const Tensor coef = empty({2, l.c}, pd, x.device());
     P* scale = coef.data_ptr<P>();
     P* shift = scale + l.c;
     run_each(ScaleShift<P>{m.data_ptr<P>(), is.data_ptr<P>(), ptr_or_null<P>(w), ptr_or_null<P>(b),
                            scale, shift},
              l.c, x, "batch_norm_elemt_kernel");
-    channel_map(Affine<T>{xc.data_ptr<T>(), scale, shift, y.data_ptr<T>()}, mem, x,
-                "batch_norm_elemt_kernel");
+    channel_map(Affine<T>{xc.data_ptr<T>(), scale, shift, ptr_or_null<T>(rc), epilogue.relu,
+                          y.data_ptr<T>()},
+                mem, x, "batch_norm_elemt_kernel");
   });
   return y;
 }
 
-std::pair<Tensor, kernels::BatchNormStats> batch_norm_forward_train(const Tensor& x,
-                                                                    const Tensor& weight,
-                                                                    const Tensor& bias,
-                                                                    double eps) {
+std::pair<Tensor, kernels::BatchNormStats> batch_norm_forward_train(
+    const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+    const kernels::BatchNormEpilogue& epilogue) {
   const char* op = "batch_norm";
   const ChannelShape l = kernels::channel_layout(op, x);
   const MemoryFormat format = suggest_memory_format(x);
@@ -685,13 +712,15 @@ std::pair<Tensor, kernels::BatchNormStats> batch_norm_forward_train(const Tensor
   dispatch_floating_and_16bit(x.dtype(), op, [&]<typename T>() {
     using P = math_t<T>;
     const Tensor xc = contiguous_as(x, x.dtype(), format);
+    const Tensor rc = residual_like(epilogue, x, format);
     const Tensor coef = empty({2, l.c}, pd, x.device());
     P* scale = coef.data_ptr<P>();
     P* shift = scale + l.c;
     channel_moments<T>(xc, mem, eps, stats, ptr_or_null<P>(w), ptr_or_null<P>(b), scale, shift,
                        "batch_norm_kernel");
-    channel_map(Affine<T>{xc.data_ptr<T>(), scale, shift, y.data_ptr<T>()}, mem, x,
-                "batch_norm_kernel");
+    channel_map(Affine<T>{xc.data_ptr<T>(), scale, shift, ptr_or_null<T>(rc), epilogue.relu,
+                          y.data_ptr<T>()},
+                mem, x, "batch_norm_kernel");
   });
   return {y, stats};
 }
@@ -716,7 +745,7 @@ std::pair<Tensor, Tensor> batch_norm_backward_reduce(const Tensor& dy, const Ten
                  dyc = contiguous_as(dy, x.dtype(), format);
     // sum_dy_xhat = invstd sum dy (x - mean): the dweight of BackwardEpilogue, dbias = sum_dy.
     channel_sums<2>(
-        GradSums<T>{dyc.data_ptr<T>(), xc.data_ptr<T>(), m.data_ptr<P>()},
+        GradSums<T>{{dyc.data_ptr<T>(), nullptr}, xc.data_ptr<T>(), m.data_ptr<P>()},
         BackwardEpilogue<P>{m.data_ptr<P>(), is.data_ptr<P>(), nullptr, sum_dy_xhat.data_ptr<P>(),
                             sum_dy.data_ptr<P>(), nullptr, true, static_cast<double>(l.count())},
         mem, x, "batch_norm_backward_reduce_kernel");
@@ -748,16 +777,20 @@ Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor
                                   ptr_or_null<double>(sd), ptr_or_null<double>(sdx),
                                   static_cast<double>(count), coef.data_ptr<P>()},
              l.c, x, "batch_norm_backward_elemt_kernel");
-    channel_map(
-        LinearDx<T>{dyc.data_ptr<T>(), xc.data_ptr<T>(), coef.data_ptr<P>(), dx.data_ptr<T>()}, mem,
-        x, "batch_norm_backward_elemt_kernel");
+    channel_map(LinearDx<T>{{dyc.data_ptr<T>(), nullptr},
+                            xc.data_ptr<T>(),
+                            coef.data_ptr<P>(),
+                            dx.data_ptr<T>(),
+                            nullptr},
+                mem, x, "batch_norm_backward_elemt_kernel");
   });
   return dx;
 }
 
 kernels::NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& mean,
                                        const Tensor& invstd, const Tensor& weight, bool training,
-                                       std::array<bool, 3> need) {
+                                       std::array<bool, 3> need, const Tensor& relu_y,
+                                       bool need_dresidual) {
   const char* op = "batch_norm_backward";
   const ChannelShape l = kernels::channel_layout(op, x);
   const MemoryFormat format = suggest_memory_format(x);
@@ -771,11 +804,14 @@ kernels::NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const 
   if (need[0]) g.dx = empty(x.sizes(), x.dtype(), x.device(), format);
   if (need[1]) g.dweight = empty({l.c}, pd, x.device());
   if (need[2]) g.dbias = empty({l.c}, pd, x.device());
+  if (need_dresidual) g.dresidual = empty(x.sizes(), x.dtype(), x.device(), format);
   const bool reduce = (need[0] && training) || need[1] || need[2];
   dispatch_floating_and_16bit(x.dtype(), op, [&]<typename T>() {
     using P = math_t<T>;
     const Tensor xc = contiguous_as(x, x.dtype(), format),
                  dyc = contiguous_as(dy, x.dtype(), format);
+    const Tensor yc = relu_y.defined() ? contiguous_as(relu_y, x.dtype(), format) : Tensor();
+    const Grad<T> grad{dyc.data_ptr<T>(), ptr_or_null<T>(yc)};
     const Tensor coef = need[0] ? empty({l.c, 3}, pd, x.device()) : Tensor();
     const BackwardEpilogue<P> epilogue{m.data_ptr<P>(),
                                        is.data_ptr<P>(),
@@ -786,17 +822,17 @@ kernels::NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const 
                                        training,
                                        static_cast<double>(l.count())};
     if (reduce) {
-      channel_sums<2>(GradSums<T>{dyc.data_ptr<T>(), xc.data_ptr<T>(), m.data_ptr<P>()}, epilogue,
-                      mem, x, "batch_norm_backward_kernel");
+      channel_sums<2>(GradSums<T>{grad, xc.data_ptr<T>(), m.data_ptr<P>()}, epilogue, mem, x,
+                      "batch_norm_backward_kernel");
     } else if (need[0]) {  // eval: constant statistics, no sums
       run_each(ElemtCoefficients<P>{m.data_ptr<P>(), is.data_ptr<P>(), ptr_or_null<P>(w), nullptr,
                                     nullptr, static_cast<double>(l.count()), coef.data_ptr<P>()},
                l.c, x, "batch_norm_backward_kernel");
     }
-    if (need[0])
-      channel_map(
-          LinearDx<T>{dyc.data_ptr<T>(), xc.data_ptr<T>(), coef.data_ptr<P>(), g.dx.data_ptr<T>()},
-          mem, x, "batch_norm_backward_kernel");
+    if (need[0] || need_dresidual)
+      channel_map(LinearDx<T>{grad, xc.data_ptr<T>(), ptr_or_null<P>(coef), ptr_or_null<T>(g.dx),
+                              ptr_or_null<T>(g.dresidual)},
+                  mem, x, "batch_norm_backward_kernel");
   });
   return g;
 }

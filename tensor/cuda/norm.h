@@ -21,10 +21,11 @@ Tensor batch_norm_invstd(const Tensor& var, double eps);
 void batch_norm_update_running_stats_(const Tensor& running_mean, const Tensor& running_var,
                                       const kernels::BatchNormStats& stats, double momentum);
 Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invstd,
-                        const Tensor& weight, const Tensor& bias);
-std::pair<Tensor, kernels::BatchNormStats> batch_norm_forward_train(const Tensor& x,
-                                                                    const Tensor& weight,
-                                                                    const Tensor& bias, double eps);
+                        const Tensor& weight, const Tensor& bias,
+                        const kernels::BatchNormEpilogue& epilogue = {});
+std::pair<Tensor, kernels::BatchNormStats> batch_norm_forward_train(
+    const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+    const kernels::BatchNormEpilogue& epilogue = {});
 std::pair<Tensor, Tensor> batch_norm_backward_reduce(const Tensor& dy, const Tensor& x,
                                                      const Tensor& mean, const Tensor& invstd);
 Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor& mean,
@@ -32,7 +33,8 @@ Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor
                                  const Tensor& sum_dy_xhat, int64_t count);
 kernels::NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& mean,
                                        const Tensor& invstd, const Tensor& weight, bool training,
-                                       std::array<bool, 3> need);
+                                       std::array<bool, 3> need, const Tensor& relu_y = Tensor(),
+                                       bool need_dresidual = false);
 
 kernels::LayerNormForward layer_norm_forward(const Tensor& x, int64_t normalized_numel,
                                              const Tensor& weight, const Tensor& bias, double eps);

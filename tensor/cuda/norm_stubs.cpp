@@ -19,11 +19,12 @@ void batch_norm_update_running_stats_(const Tensor&, const Tensor&, const kernel
                                       double) {
   built_without_cuda("batch_norm_update_running_stats_");
 }
-Tensor batch_norm_elemt(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+Tensor batch_norm_elemt(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                        const kernels::BatchNormEpilogue&) {
   built_without_cuda("batch_norm_elemt");
 }
-std::pair<Tensor, kernels::BatchNormStats> batch_norm_forward_train(const Tensor&, const Tensor&,
-                                                                    const Tensor&, double) {
+std::pair<Tensor, kernels::BatchNormStats> batch_norm_forward_train(
+    const Tensor&, const Tensor&, const Tensor&, double, const kernels::BatchNormEpilogue&) {
   built_without_cuda("batch_norm");
 }
 std::pair<Tensor, Tensor> batch_norm_backward_reduce(const Tensor&, const Tensor&, const Tensor&,
@@ -35,7 +36,8 @@ Tensor batch_norm_backward_elemt(const Tensor&, const Tensor&, const Tensor&, co
   built_without_cuda("batch_norm_backward_elemt");
 }
 kernels::NormGrads batch_norm_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                       const Tensor&, bool, std::array<bool, 3>) {
+                                       const Tensor&, bool, std::array<bool, 3>, const Tensor&,
+                                       bool) {
   built_without_cuda("batch_norm_backward");
 }
 kernels::LayerNormForward layer_norm_forward(const Tensor&, int64_t, const Tensor&, const Tensor&,
