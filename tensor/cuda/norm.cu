@@ -2,7 +2,8 @@
 // channel of x [N, C, S] (layer norm: its rows as channels of [1, M, D], its weight gradient
 // over the columns of [M, D, 1]) taken by one kernel, Note [CUDA channel sums]; normalising and
 // the input gradients are then one thread per element with per-channel coefficients. Sums in
-// double, as tensor/cpu/norm.cpp, whose semantics these follow. Batch norm takes float16 and
+// double, as tensor/cpu/norm.cpp, whose semantics these follow; a mean and variance take one
+// pass over x (Note [One-pass moments]) where the CPU takes two. Batch norm takes float16 and
 // bfloat16 x (Note [16-bit arithmetic], tensor/cuda/float16.h): elements are widened as they are
 // read and rounded as they are written; statistics, parameters and coefficients are float
 // (P = math_t<T> below).
@@ -211,23 +212,40 @@ struct SumAndSquares {  // sum x, sum x^2
   }
 };
 
+// Note [One-pass moments]
+// A channel's mean and variance come from one read of its values: the sums of d = x - K and
+// d^2 in double, with K the channel's first value. Then mean = K + sum(d) / M and
+// var = sum(d^2) / M - (sum(d) / M)^2.
+// Shifting by one of the channel's own values keeps the subtraction from cancelling much. With
+// K at z standard deviations from the mean, sum(d^2) / M is (1 + z^2) var, so about
+// log2(1 + z^2) of double's 53 bits are lost: 5 bits at z = 5, 20 at z = 1000. Float
+// statistics need 24. The CPU (tensor/cpu/norm.cpp) takes two passes instead (the mean, then
+// the squared deviations) while the channel is in its cache; on a GPU a second pass is a second
+// read of x from memory.
+
 template <typename T>
-struct Values {  // sum x
+struct ShiftedSums {  // sum d, sum d^2 with d = x - x[c S], Note [One-pass moments]
   const T* x;
-  __device__ void operator()(int64_t, int64_t, int64_t i, Sums<1>& acc) const {
-    acc.v[0] += static_cast<double>(to_math(x[i]));
+  int64_t s;  // the layout's S: channel c's first value is x[c S]
+  __device__ void operator()(int64_t c, int64_t, int64_t i, Sums<2>& acc) const {
+    const double d = static_cast<double>(to_math(x[i])) - static_cast<double>(to_math(x[c * s]));
+    acc.v[0] += d;
+    acc.v[1] += d * d;
   }
 };
 
-template <typename T>
-struct SquaredDeviations {  // sum (x - mean_c)^2, mean in double
-  const T* x;
-  const double* mean;
-  __device__ void operator()(int64_t c, int64_t, int64_t i, Sums<1>& acc) const {
-    const double d = static_cast<double>(to_math(x[i])) - mean[c];
-    acc.v[0] += d * d;
-  }
+struct Moments {
+  double mean, var;  // var biased
 };
+
+// The mean and variance of channel c from its ShiftedSums over `count` values (NaN for none).
+template <typename T>
+__device__ Moments shifted_moments(const T* x, int64_t s, int64_t c, double count,
+                                   const Sums<2>& t) {
+  const double shift = count > 0 ? static_cast<double>(to_math(x[c * s])) : 0.0;
+  const double d = t.v[0] / count, e = t.v[1] / count - d * d;
+  return {shift + d, e < 0.0 ? 0.0 : e};  // rounding can take e a hair below 0; NaN stays
+}
 
 // dy, or with a fused ReLU dy where its output y is positive and 0 elsewhere (relu_backward's
 // test; Note [Batch norm with ReLU] in tensor/norm.h).
@@ -262,24 +280,20 @@ struct WriteSums {
   }
 };
 
-struct WriteMean {
-  double* mean;
-  double count;
-  __device__ void operator()(int64_t c, const Sums<1>& t) const { mean[c] = t.v[0] / count; }
-};
-
-// Batch statistics from the mean and the sum of squared deviations; with scale/shift set, also
-// the affine y = x scale + shift of the training forward:
+// Batch statistics from the shifted sums of x (laid out with S values per row); with
+// scale/shift set, also the affine y = x scale + shift of the training forward:
 //   scale = invstd weight, shift = bias - mean scale.
-template <typename T>
+template <typename X, typename T>
 struct WriteStats {
-  const double* mean_d;
+  const X* x;
+  int64_t s;
   double count, eps;
   T *mean, *var, *invstd;
   const T *weight, *bias;  // may be null
   T *scale, *shift;        // null: statistics only
-  __device__ void operator()(int64_t c, const Sums<1>& t) const {
-    const double m = mean_d[c], v = t.v[0] / count, is = 1.0 / ::sqrt(v + eps);
+  __device__ void operator()(int64_t c, const Sums<2>& t) const {
+    const Moments mo = shifted_moments(x, s, c, count, t);
+    const double m = mo.mean, v = mo.var, is = 1.0 / ::sqrt(v + eps);
     mean[c] = static_cast<T>(m);
     var[c] = static_cast<T>(v);
     invstd[c] = static_cast<T>(is);
@@ -440,13 +454,15 @@ struct RunningUpdate {
 // ---------------------------------------------------------------- layer norm pieces
 
 template <typename T>
-struct LayerNormStats {  // mean and rstd per row from the mean and the squared deviations
-  const double* mean_d;
-  double cols, eps;
+struct LayerNormStats {  // mean and rstd per row of x [M, D] from its shifted sums
+  const T* x;
+  int64_t cols;
+  double eps;
   T *mean, *rstd;
-  __device__ void operator()(int64_t r, const Sums<1>& t) const {
-    mean[r] = static_cast<T>(mean_d[r]);
-    rstd[r] = static_cast<T>(1.0 / ::sqrt(t.v[0] / cols + eps));
+  __device__ void operator()(int64_t r, const Sums<2>& t) const {
+    const Moments mo = shifted_moments(x, cols, r, static_cast<double>(cols), t);
+    mean[r] = static_cast<T>(mo.mean);
+    rstd[r] = static_cast<T>(1.0 / ::sqrt(mo.var + eps));
   }
 };
 
@@ -524,20 +540,18 @@ struct WriteParamGrads {
   }
 };
 
-// The batch statistics of xc (contiguous, T) in two passes; with scale/shift, the affine too.
+// The batch statistics of xc (contiguous, T) in one pass, Note [One-pass moments]; with
+// scale/shift, the affine too.
 template <typename T>
 void channel_moments(const Tensor& xc, const ChannelShape& l, double eps,
                      const kernels::BatchNormStats& stats, const math_t<T>* weight,
                      const math_t<T>* bias, math_t<T>* scale, math_t<T>* shift, const char* name) {
   using P = math_t<T>;
-  const Tensor mean_d = empty({l.c}, kFloat64, xc.device());
-  const double count = static_cast<double>(l.count());
-  channel_sums<1>(Values<T>{xc.data_ptr<T>()}, WriteMean{mean_d.data_ptr<double>(), count}, l, xc,
-                  name);
-  channel_sums<1>(SquaredDeviations<T>{xc.data_ptr<T>(), mean_d.data_ptr<double>()},
-                  WriteStats<P>{mean_d.data_ptr<double>(), count, eps, stats.mean.data_ptr<P>(),
-                                stats.var.data_ptr<P>(), stats.invstd.data_ptr<P>(), weight, bias,
-                                scale, shift},
+  const T* x = xc.data_ptr<T>();
+  channel_sums<2>(ShiftedSums<T>{x, l.s},
+                  WriteStats<T, P>{x, l.s, static_cast<double>(l.count()), eps,
+                                   stats.mean.data_ptr<P>(), stats.var.data_ptr<P>(),
+                                   stats.invstd.data_ptr<P>(), weight, bias, scale, shift},
                   l, xc, name);
 }
 
@@ -853,15 +867,12 @@ kernels::LayerNormForward layer_norm_forward(const Tensor& x, int64_t normalized
   const ChannelShape by_row{1, rows, cols};  // rows as the channels of [1, M, D]
   dispatch_floating(x.dtype(), op, [&]<typename T>() {
     const Tensor xc = contiguous_as(x, x.dtype());
-    const Tensor mean_d = empty({rows}, kFloat64, x.device());
-    // Two passes in double per row: the mean, then the squared deviations.
-    channel_sums<1>(Values<T>{xc.data_ptr<T>()},
-                    WriteMean{mean_d.data_ptr<double>(), static_cast<double>(cols)}, by_row, x,
-                    "layer_norm_kernel");
-    channel_sums<1>(SquaredDeviations<T>{xc.data_ptr<T>(), mean_d.data_ptr<double>()},
-                    LayerNormStats<T>{mean_d.data_ptr<double>(), static_cast<double>(cols), eps,
-                                      out.mean.data_ptr<T>(), out.rstd.data_ptr<T>()},
-                    by_row, x, "layer_norm_kernel");
+    const T* xp = xc.data_ptr<T>();
+    // One pass in double per row, Note [One-pass moments].
+    channel_sums<2>(
+        ShiftedSums<T>{xp, cols},
+        LayerNormStats<T>{xp, cols, eps, out.mean.data_ptr<T>(), out.rstd.data_ptr<T>()}, by_row, x,
+        "layer_norm_kernel");
     channel_map(
         LayerNormAffine<T>{xc.data_ptr<T>(), out.mean.data_ptr<T>(), out.rstd.data_ptr<T>(),
                            ptr_or_null<T>(w), ptr_or_null<T>(b), cols, out.out.data_ptr<T>()},

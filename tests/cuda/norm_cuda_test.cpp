@@ -86,6 +86,31 @@ TEST(CudaNorm, BatchNormStatistics) {
                     ValueError, {"batch_norm_stats_from_sums", "count"});
 }
 
+// Note [One-pass moments]: a mean far from 0 against a small spread (z up to about 1e4 / 1 for
+// the shift) still gives the CPU's two-pass statistics, in float32 and in layer norm's rows.
+TEST(CudaNorm, OnePassMomentsOfAnOffsetBatch) {
+  LOOM_SKIP_WITHOUT_GPU();
+  manual_seed(3);
+  for (const Shape& shape : {Shape{16, 8, 6, 6}, Shape{512, 4}}) {
+    SCOPED_TRACE(detail::str("x=", shape));
+    const Tensor x = k::add_scalar(randn(shape), 1e4);
+    const k::BatchNormStats c = k::batch_norm_stats(x, 1e-5);
+    const k::BatchNormStats g = kc::batch_norm_stats(gpu(x), 1e-5);
+    EXPECT_TRUE(cuda_matches_cpu(g.mean, c.mean, 1e-6, 0));
+    EXPECT_TRUE(cuda_matches_cpu(g.var, c.var, 1e-4, 0));
+    const auto [cy, cs] = k::batch_norm_forward_train(x, Tensor(), Tensor(), 1e-5);
+    const auto [gy, gs] = kc::batch_norm_forward_train(gpu(x), Tensor(), Tensor(), 1e-5);
+    EXPECT_TRUE(cuda_matches_cpu(gs.invstd, cs.invstd, 1e-4, 0));
+    EXPECT_TRUE(cuda_matches_cpu(gy, cy, 1e-3, 1e-3));
+  }
+  const Tensor rows = k::add_scalar(randn({64, 300}), -3e3);
+  const k::LayerNormForward c = k::layer_norm_forward(rows, 300, Tensor(), Tensor(), 1e-5);
+  const k::LayerNormForward g = kc::layer_norm_forward(gpu(rows), 300, Tensor(), Tensor(), 1e-5);
+  EXPECT_TRUE(cuda_matches_cpu(g.mean, c.mean, 1e-6, 0));
+  EXPECT_TRUE(cuda_matches_cpu(g.rstd, c.rstd, 1e-4, 0));
+  EXPECT_TRUE(cuda_matches_cpu(g.out, c.out, 1e-3, 1e-3));
+}
+
 TEST(CudaNorm, RunningStatistics) {
   LOOM_SKIP_WITHOUT_GPU();
   manual_seed(2);
