@@ -254,7 +254,8 @@ struct Grad {
   const T* dy;
   const T* relu_y;  // null: no ReLU
   __device__ math_t<T> operator()(int64_t i) const {
-    return relu_y && !(to_math(relu_y[i]) > 0) ? math_t<T>(0) : to_math(dy[i]);
+    const math_t<T> g = to_math(dy[i]);  // read either way: a select, not a divergent branch
+    return relu_y && !(to_math(relu_y[i]) > 0) ? math_t<T>(0) : g;
   }
 };
 
