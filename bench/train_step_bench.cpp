@@ -15,7 +15,9 @@
 // deterministic or not (cuda::set_cudnn_deterministic(false), PyTorch's default; loom's default
 // keeps to deterministic ones): the row "loom, any cuDNN algorithm".
 // loom's ResNet applies each ReLU and residual add inside the batch norm before it (Note [Batch
-// norm with ReLU]); --no-fusion runs them one by one, as torchvision and PyTorch eager do.
+// norm with ReLU]); --no-fusion runs them one by one, as torchvision and PyTorch eager do. On a
+// GPU a second model of the same weights that runs them one by one takes each step too: the
+// row "loom, ops one by one".
 //
 //   train_step_bench [--threads N (2)] [--batch B (64)] [--width W (64)] [--repeats R (7)]
 //                    [--device cpu|cuda] [--amp off|bf16|fp16] [--channels-last] [--no-fusion]
@@ -128,10 +130,10 @@ int main(int argc, char** argv) {
     std::unique_ptr<loom::optim::SGD> opt;
     loom::optim::GradScaler scaler;
   };
-  auto make_trainer = [&](bool scaled) {
+  auto make_trainer = [&](bool scaled, bool fused) {
     loom::manual_seed(0);
     Trainer t{loom::nn::resnet18(
-                  {.width = width, .in_channels = 3, .num_classes = 10, .fuse_bn_relu = fuse}),
+                  {.width = width, .in_channels = 3, .num_classes = 10, .fuse_bn_relu = fused}),
               nullptr, loom::optim::GradScaler({.enabled = scaled})};
     t.model->to(device);
     t.model->train();
@@ -141,9 +143,13 @@ int main(int argc, char** argv) {
             .lr = 0.05, .momentum = 0.9, .weight_decay = 5e-4, .nesterov = true});
     return t;
   };
-  Trainer fp32 = make_trainer(false);
+  Trainer fp32 = make_trainer(false, fuse);
   std::optional<Trainer> low;
-  if (mixed) low.emplace(make_trainer(amp == "fp16"));
+  if (mixed) low.emplace(make_trainer(amp == "fp16", fuse));
+  const bool with_unfused = on_gpu && fuse;
+  std::optional<Trainer> fp32_ops, low_ops;  // the ops one by one
+  if (with_unfused) fp32_ops.emplace(make_trainer(false, false));
+  if (with_unfused && mixed) low_ops.emplace(make_trainer(amp == "fp16", false));
   const loom::Tensor x = loom::randn({batch, 3, 32, 32})
                              .to(device)
                              .contiguous(channels_last ? loom::MemoryFormat::kChannelsLast
@@ -180,15 +186,20 @@ int main(int argc, char** argv) {
     if (mixed) loom_step(*low, true);
     if (on_gpu) loom_any_step(fp32, false);
     if (on_gpu && mixed) loom_any_step(*low, true);
+    if (fp32_ops) loom_step(*fp32_ops, false);
+    if (low_ops) loom_step(*low_ops, true);
     if (have_torch) torch_step(false);
     if (have_torch && mixed) torch_step(true);
   }
-  std::vector<double> loom_ms, loom_amp_ms, any_ms, any_amp_ms, torch_ms, torch_amp_ms;
+  std::vector<double> loom_ms, loom_amp_ms, any_ms, any_amp_ms, ops_ms, ops_amp_ms, torch_ms,
+      torch_amp_ms;
   for (int r = 0; r < repeats; ++r) {
     loom_ms.push_back(loom_step(fp32, false));
     if (mixed) loom_amp_ms.push_back(loom_step(*low, true));
     if (on_gpu) any_ms.push_back(loom_any_step(fp32, false));
     if (on_gpu && mixed) any_amp_ms.push_back(loom_any_step(*low, true));
+    if (fp32_ops) ops_ms.push_back(loom_step(*fp32_ops, false));
+    if (low_ops) ops_amp_ms.push_back(loom_step(*low_ops, true));
     if (have_torch) torch_ms.push_back(torch_step(false));
     if (have_torch && mixed) torch_amp_ms.push_back(torch_step(true));
   }
@@ -205,6 +216,9 @@ int main(int argc, char** argv) {
   if (on_gpu)
     std::printf("| loom, any cuDNN algorithm | %.0f | %.1f |\n", median(any_ms),
                 batch / (median(any_ms) / 1e3));
+  if (fp32_ops)
+    std::printf("| loom, ops one by one | %.0f | %.1f |\n", median(ops_ms),
+                batch / (median(ops_ms) / 1e3));
   if (have_torch) {
     const double torch_ips = batch / (median(torch_ms) / 1e3);
     std::printf("| PyTorch %s | %.0f | %.1f |\n", torch.header().value("torch", "?").c_str(),
@@ -223,6 +237,9 @@ int main(int argc, char** argv) {
     if (on_gpu)
       std::printf("| loom, any cuDNN algorithm | %.1f | %.1f | %.2f |\n", median(any_ms),
                   median(any_amp_ms), median(any_ms) / median(any_amp_ms));
+    if (low_ops)
+      std::printf("| loom, ops one by one | %.1f | %.1f | %.2f |\n", median(ops_ms),
+                  median(ops_amp_ms), median(ops_ms) / median(ops_amp_ms));
     if (torch_amp)
       std::printf("| PyTorch | %.1f | %.1f | %.2f |\n", median(torch_ms), median(torch_amp_ms),
                   median(torch_ms) / median(torch_amp_ms));

@@ -56,8 +56,9 @@ cap() {  # cap N: N seconds, or what is left of the budget less 20 s for the tab
   if ((left < $1)); then echo $((left > 0 ? left : 0)); else echo "$1"; fi
 }
 build_status="not started" summary="" failed="" skipped=""
-declare -A loom_ips torch_ips any_ips
-loom_fp16="" torch_fp16="" loom_fp16_ips="" torch_fp16_ips="" any_fp16_ips="" busbw=""
+declare -A loom_ips torch_ips any_ips ops_ips
+loom_fp16="" torch_fp16="" loom_fp16_ips="" torch_fp16_ips="" any_fp16_ips="" ops_fp16_ips=""
+busbw=""
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 print_table() {
@@ -73,11 +74,13 @@ print_table() {
       echo "| same, PyTorch img/s | ${torch_ips[$batch]:-n/a} |"
       echo "| same, loom / PyTorch | $(ratio "${loom_ips[$batch]:-0}" "${torch_ips[$batch]:-0}") |"
       echo "| same, loom with any cuDNN algorithm (PyTorch's default) / PyTorch | $(ratio "${any_ips[$batch]:-0}" "${torch_ips[$batch]:-0}") |"
+      echo "| same, loom fused / loom ops one by one (batch norm, add, ReLU) | $(ratio "${loom_ips[$batch]:-0}" "${ops_ips[$batch]:-0}") |"
     done
     echo "| ResNet-18 CIFAR train step, batch 256, --amp fp16, channels-last: loom img/s | ${loom_fp16_ips:-n/a} |"
     echo "| same, PyTorch (autocast + GradScaler, channels_last model) img/s | ${torch_fp16_ips:-n/a} |"
     echo "| same, loom / PyTorch | $(ratio "${loom_fp16_ips:-0}" "${torch_fp16_ips:-0}") |"
     echo "| same, loom with any cuDNN algorithm (PyTorch's default) / PyTorch | $(ratio "${any_fp16_ips:-0}" "${torch_fp16_ips:-0}") |"
+    echo "| same, loom fused / loom ops one by one (batch norm, add, ReLU) | $(ratio "${loom_fp16_ips:-0}" "${ops_fp16_ips:-0}") |"
     echo "| fp16 / float32 img/s, both channels-last: loom, PyTorch | ${loom_fp16:-n/a}, ${torch_fp16:-n/a} |"
     echo "| allreduce busbw | ${busbw:-n/a} |"
     echo
@@ -144,6 +147,7 @@ for batch in 256 512; do
   loom_ips[$batch]="$(awk -F'|' '/^\| loom /{gsub(/ /,"",$4); print $4}' "$out/train_step_$batch.log")"
   torch_ips[$batch]="$(awk -F'|' '/^\| PyTorch /{gsub(/ /,"",$4); print $4}' "$out/train_step_$batch.log")"
   any_ips[$batch]="$(awk -F'|' '/^\| loom, any cuDNN algorithm /{gsub(/ /,"",$4); print $4}' "$out/train_step_$batch.log")"
+  ops_ips[$batch]="$(awk -F'|' '/^\| loom, ops one by one /{gsub(/ /,"",$4); print $4}' "$out/train_step_$batch.log")"
   cat "$out/train_step_$batch.log" >>"$log"
 done
 
@@ -162,6 +166,7 @@ if [ -x "$bench" ] && (($(cap 120) >= 60)); then
   loom_fp16_ips="$(ips_of "$(amp_row loom 4)")"
   torch_fp16_ips="$(ips_of "$(amp_row PyTorch 4)")"
   any_fp16_ips="$(ips_of "$(amp_row "loom, any cuDNN algorithm" 4)")"
+  ops_fp16_ips="$(ips_of "$(amp_row "loom, ops one by one" 4)")"
   cat "$out/train_step_fp16.log" >>"$log"
 fi
 
