@@ -16,12 +16,12 @@
 // keeps to deterministic ones): the row "loom, any cuDNN algorithm".
 // loom's ResNet applies each ReLU and residual add inside the batch norm before it (Note [Batch
 // norm with ReLU]); --no-fusion runs them one by one, as torchvision and PyTorch eager do. On a
-// GPU a second model of the same weights that runs them one by one takes each step too: the
-// row "loom, ops one by one".
+// GPU (on a CPU with --unfused-row) a second model of the same weights that runs them one by
+// one takes each step too: the row "loom, ops one by one".
 //
 //   train_step_bench [--threads N (2)] [--batch B (64)] [--width W (64)] [--repeats R (7)]
 //                    [--device cpu|cuda] [--amp off|bf16|fp16] [--channels-last] [--no-fusion]
-//                    [--no-torch] [--python PATH] [--script PATH]
+//                    [--unfused-row] [--no-torch] [--python PATH] [--script PATH]
 
 #include <algorithm>
 #include <chrono>
@@ -51,7 +51,7 @@ using Clock = std::chrono::steady_clock;
 int main(int argc, char** argv) {
   int threads = 2, repeats = 7;
   int64_t batch = 64, width = 64;
-  bool with_torch = true, channels_last = false, fuse = true;
+  bool with_torch = true, channels_last = false, fuse = true, unfused_row = false;
   std::string device_name = "cpu", amp = "off";
   std::string python = LOOM_TORCH_PYTHON;
   std::string script =
@@ -75,6 +75,8 @@ int main(int argc, char** argv) {
       channels_last = true;
     else if (arg == "--no-fusion")
       fuse = false;
+    else if (arg == "--unfused-row")
+      unfused_row = true;
     else if (arg == "--no-torch")
       with_torch = false;
     else if (arg == "--python")
@@ -85,7 +87,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: %s [--threads N] [--batch B] [--width W] [--repeats R] "
                    "[--device cpu|cuda] [--amp off|bf16|fp16] [--channels-last] [--no-fusion] "
-                   "[--no-torch] [--python PATH] [--script PATH]\n",
+                   "[--unfused-row] [--no-torch] [--python PATH] [--script PATH]\n",
                    argv[0]);
       return 2;
     }
@@ -146,7 +148,7 @@ int main(int argc, char** argv) {
   Trainer fp32 = make_trainer(false, fuse);
   std::optional<Trainer> low;
   if (mixed) low.emplace(make_trainer(amp == "fp16", fuse));
-  const bool with_unfused = on_gpu && fuse;
+  const bool with_unfused = (on_gpu || unfused_row) && fuse;
   std::optional<Trainer> fp32_ops, low_ops;  // the ops one by one
   if (with_unfused) fp32_ops.emplace(make_trainer(false, false));
   if (with_unfused && mixed) low_ops.emplace(make_trainer(amp == "fp16", false));
