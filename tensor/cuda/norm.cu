@@ -81,9 +81,11 @@ __global__ void __launch_bounds__(kBlock)
     const int64_t c = first + x;
     Sums<K> acc = {};
     if (c < cs.c && start + y < end) {
-      // k = b S + s, stepped by ty without a division per value.
+      // k = b S + s, stepped by ty without a division per value. Unrolled so that a thread
+      // has 4 loads in flight (the adds stay in order: the same bits).
       int64_t k = start + y, b = k / cs.s, s = k - b * cs.s;
       const int64_t step_b = ty / cs.s, step_s = ty - step_b * cs.s;
+#pragma unroll 4
       for (; k < end; k += ty) {
         f(c, b, (b * cs.c + c) * cs.s + s, acc);
         s += step_s;
@@ -154,9 +156,9 @@ void channel_sums(const F& f, const E& epilogue, const ChannelShape& cs, const T
   check_launch(name, device);
 }
 
-// One thread per element of x [N, C, S], grid-stride: f(c, i). Below 2^31 elements the
-// channel (i / S) % C comes from two multiply-high divisions (FastDivider, loops.cuh), not two
-// 64-bit divisions: this map writes every y and dx of a ResNet's batch norms.
+// One thread per element of x [N, C, S], grid-stride: f(c, i), for layer norm's element passes
+// (batch norm's take bn_map below). Below 2^31 elements the channel (i / S) % C comes from two
+// multiply-high divisions (FastDivider, loops.cuh), not two 64-bit divisions.
 template <typename F>
 __global__ void channel_map_kernel(F f, int64_t total, ChannelShape cs) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
@@ -182,6 +184,114 @@ void channel_map(const F& f, const ChannelShape& cs, const Tensor& like, const c
         FastDivider(static_cast<uint32_t>(cs.c)));
   else
     channel_map_kernel<<<blocks_for(total), kThreads, 0, stream>>>(f, total, cs);
+  check_launch(name, like.device().index);
+}
+
+// Note [Batch norm element passes]
+// Batch norm's element passes, y from x and dx from dy and x, run through bn_map. Each pass takes
+// up to In operands shaped like x (null: absent, never read), reads element i of each as its math
+// type, and hands them with i's channel to op(c, in, out). Up to Out results are rounded back to
+// T and stored (null: not written). When every pointer is aligned to 4 elements, a thread takes
+// elements 4v..4v+3: one Vec4 load per operand (a float4 for float, 8 bytes for a 16-bit type)
+// and one store per result, as the elementwise loops do (Note [CUDA elementwise loops]). With
+// one 2- or 4-byte element per thread, an SM has only a few KB of loads in flight, and by
+// Little's law an H200 needs tens of KB per SM to reach its bandwidth (reasoned, not yet
+// measured). The four elements may straddle channels, so each finds its own channel by two
+// multiply-high divisions. The last total % 4 elements go one to a thread. Above 2^31 elements, or
+// with an unaligned pointer, one element per thread.
+
+template <typename T, int In, int Out>
+struct BnOperands {
+  const T* in[In];
+  T* out[Out];
+};
+
+// Element i of every operand: op(c, in, out) on the math values, results stored.
+template <typename T, int In, int Out, typename Op>
+__device__ __forceinline__ void bn_element(const Op& op, const BnOperands<T, In, Out>& p, int64_t c,
+                                           int64_t i) {
+  math_t<T> in[In] = {}, out[Out] = {};
+#pragma unroll
+  for (int k = 0; k < In; ++k)
+    if (p.in[k]) in[k] = to_math(p.in[k][i]);
+  op(c, in, out);
+#pragma unroll
+  for (int k = 0; k < Out; ++k)
+    if (p.out[k]) p.out[k][i] = from_math<T>(out[k]);
+}
+
+// Note [Batch norm element passes], below 2^31 elements: vectors of 4 when `vectorized`.
+template <typename T, int In, int Out, typename Op>
+__global__ void bn_map_kernel32(Op op, BnOperands<T, In, Out> p, uint32_t total, bool vectorized,
+                                FastDivider s, FastDivider c) {
+  using map_detail::Vec4;
+  auto channel = [&](uint32_t i) {  // (i / S) % C; i < 2^31: no wrap-around
+    const uint32_t q = s.quotient(i);
+    return static_cast<int64_t>(q - c.quotient(q) * c.divisor);
+  };
+  const uint32_t first = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
+  if (!vectorized) {
+    for (uint32_t i = first; i < total; i += step) bn_element(op, p, channel(i), i);
+    return;
+  }
+  const uint32_t vectors = total / 4;
+  for (uint32_t v = first; v < vectors; v += step) {
+    math_t<T> in[In][4] = {}, out[Out][4] = {};
+#pragma unroll
+    for (int k = 0; k < In; ++k) {
+      if (!p.in[k]) continue;
+      const Vec4<T> loaded = reinterpret_cast<const Vec4<T>*>(p.in[k])[v];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) in[k][j] = to_math(loaded.v[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      math_t<T> a[In], b[Out] = {};
+#pragma unroll
+      for (int k = 0; k < In; ++k) a[k] = in[k][j];
+      op(channel(4 * v + j), a, b);
+#pragma unroll
+      for (int k = 0; k < Out; ++k) out[k][j] = b[k];
+    }
+#pragma unroll
+    for (int k = 0; k < Out; ++k) {
+      if (!p.out[k]) continue;
+      Vec4<T> result;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) result.v[j] = from_math<T>(out[k][j]);
+      reinterpret_cast<Vec4<T>*>(p.out[k])[v] = result;
+    }
+  }
+  if (first < total - 4 * vectors) {
+    const uint32_t i = 4 * vectors + first;
+    bn_element(op, p, channel(i), i);
+  }
+}
+
+template <typename T, int In, int Out, typename Op>
+__global__ void bn_map_kernel(Op op, BnOperands<T, In, Out> p, int64_t total, ChannelShape cs) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x)
+    bn_element(op, p, (i / cs.s) % cs.c, i);
+}
+
+template <typename T, int In, int Out, typename Op>
+void bn_map(const Op& op, const BnOperands<T, In, Out>& p, const ChannelShape& cs,
+            const Tensor& like, const char* name) {
+  const int64_t total = cs.n * cs.c * cs.s;
+  if (total == 0) return;
+  const cudaStream_t stream = stream_of(like);
+  if (total <= std::numeric_limits<int32_t>::max()) {
+    bool vectorized = true;
+    for (const T* q : p.in) vectorized = vectorized && map_detail::aligned4<T>(q);
+    for (const T* q : p.out) vectorized = vectorized && map_detail::aligned4<T>(q);
+    bn_map_kernel32<<<blocks_for(vectorized ? std::max<int64_t>(total / 4, total % 4) : total),
+                      kThreads, 0, stream>>>(op, p, static_cast<uint32_t>(total), vectorized,
+                                             FastDivider(static_cast<uint32_t>(cs.s)),
+                                             FastDivider(static_cast<uint32_t>(cs.c)));
+  } else {
+    bn_map_kernel<<<blocks_for(total), kThreads, 0, stream>>>(op, p, total, cs);
+  }
   check_launch(name, like.device().index);
 }
 
@@ -344,19 +454,18 @@ struct BackwardEpilogue {
 
 // ---------------------------------------------------------------- element maps
 
-template <typename T>
-struct Affine {  // y = x scale_c + shift_c, plus a residual, then a ReLU (each optional)
-  const T* x;
-  const math_t<T>* scale;
-  const math_t<T>* shift;
-  const T* residual;  // null: none
-  bool relu;
-  T* y;
-  __device__ void operator()(int64_t c, int64_t i) const {
-    math_t<T> v = to_math(x[i]) * scale[c] + shift[c];
-    if (residual) v += to_math(residual[i]);
-    if (relu) v = v > 0 ? v : math_t<T>(0);  // relu's test, elementwise_unary.cu
-    y[i] = from_math<T>(v);
+// y = x scale_c + shift_c, plus a residual, then a ReLU (each optional). bn_map operands:
+// in {x, residual}, out {y}.
+template <typename P>
+struct Affine {
+  const P* scale;
+  const P* shift;
+  bool residual, relu;
+  __device__ void operator()(int64_t c, const P (&in)[2], P (&out)[1]) const {
+    P v = in[0] * scale[c] + shift[c];
+    if (residual) v += in[1];
+    if (relu) v = v > 0 ? v : P(0);  // relu's test, elementwise_unary.cu
+    out[0] = v;
   }
 };
 
@@ -374,17 +483,17 @@ struct ScaleShift {
   }
 };
 
-template <typename T>
-struct LinearDx {  // dx = a_c dy + b_c x + k_c; dres = the (masked) dy (each may be null)
-  Grad<T> dy;
-  const T* x;
-  const math_t<T>* coef;
-  T *dx, *dres;
-  __device__ void operator()(int64_t c, int64_t i) const {
-    const math_t<T> g = dy(i);
-    if (dx)
-      dx[i] = from_math<T>(coef[3 * c] * g + coef[3 * c + 1] * to_math(x[i]) + coef[3 * c + 2]);
-    if (dres) dres[i] = from_math<T>(g);
+// dx = a_c g + b_c x + k_c and dres = g, with g = dy, or with a fused ReLU dy where its output
+// y is positive and 0 elsewhere (as Grad). bn_map operands: in {dy, x, relu_y}, out {dx, dres};
+// coef may be null when dx is not written.
+template <typename P>
+struct LinearDx {
+  const P* coef;
+  bool masked;
+  __device__ void operator()(int64_t c, const P (&in)[3], P (&out)[2]) const {
+    const P g = masked && !(in[2] > 0) ? P(0) : in[0];
+    if (coef) out[0] = coef[3 * c] * g + coef[3 * c + 1] * in[1] + coef[3 * c + 2];
+    out[1] = g;
   }
 };
 
@@ -703,9 +812,9 @@ Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invst
     run_each(ScaleShift<P>{m.data_ptr<P>(), is.data_ptr<P>(), ptr_or_null<P>(w), ptr_or_null<P>(b),
                            scale, shift},
              l.c, x, "batch_norm_elemt_kernel");
-    channel_map(Affine<T>{xc.data_ptr<T>(), scale, shift, ptr_or_null<T>(rc), epilogue.relu,
-                          y.data_ptr<T>()},
-                mem, x, "batch_norm_elemt_kernel");
+    bn_map(Affine<P>{scale, shift, rc.defined(), epilogue.relu},
+           BnOperands<T, 2, 1>{{xc.data_ptr<T>(), ptr_or_null<T>(rc)}, {y.data_ptr<T>()}}, mem, x,
+           "batch_norm_elemt_kernel");
   });
   return y;
 }
@@ -733,9 +842,9 @@ std::pair<Tensor, kernels::BatchNormStats> batch_norm_forward_train(
     P* shift = scale + l.c;
     channel_moments<T>(xc, mem, eps, stats, ptr_or_null<P>(w), ptr_or_null<P>(b), scale, shift,
                        "batch_norm_kernel");
-    channel_map(Affine<T>{xc.data_ptr<T>(), scale, shift, ptr_or_null<T>(rc), epilogue.relu,
-                          y.data_ptr<T>()},
-                mem, x, "batch_norm_kernel");
+    bn_map(Affine<P>{scale, shift, rc.defined(), epilogue.relu},
+           BnOperands<T, 2, 1>{{xc.data_ptr<T>(), ptr_or_null<T>(rc)}, {y.data_ptr<T>()}}, mem, x,
+           "batch_norm_kernel");
   });
   return {y, stats};
 }
@@ -792,12 +901,10 @@ Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor
                                   ptr_or_null<double>(sd), ptr_or_null<double>(sdx),
                                   static_cast<double>(count), coef.data_ptr<P>()},
              l.c, x, "batch_norm_backward_elemt_kernel");
-    channel_map(LinearDx<T>{{dyc.data_ptr<T>(), nullptr},
-                            xc.data_ptr<T>(),
-                            coef.data_ptr<P>(),
-                            dx.data_ptr<T>(),
-                            nullptr},
-                mem, x, "batch_norm_backward_elemt_kernel");
+    bn_map(LinearDx<P>{coef.data_ptr<P>(), false},
+           BnOperands<T, 3, 2>{{dyc.data_ptr<T>(), xc.data_ptr<T>(), nullptr},
+                               {dx.data_ptr<T>(), nullptr}},
+           mem, x, "batch_norm_backward_elemt_kernel");
   });
   return dx;
 }
@@ -845,9 +952,12 @@ kernels::NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const 
                l.c, x, "batch_norm_backward_kernel");
     }
     if (need[0] || need_dresidual)
-      channel_map(LinearDx<T>{grad, xc.data_ptr<T>(), ptr_or_null<P>(coef), ptr_or_null<T>(g.dx),
-                              ptr_or_null<T>(g.dresidual)},
-                  mem, x, "batch_norm_backward_kernel");
+      bn_map(LinearDx<P>{ptr_or_null<P>(coef), yc.defined()},
+             // x is read only for dx.
+             BnOperands<T, 3, 2>{
+                 {dyc.data_ptr<T>(), need[0] ? xc.data_ptr<T>() : nullptr, ptr_or_null<T>(yc)},
+                 {ptr_or_null<T>(g.dx), ptr_or_null<T>(g.dresidual)}},
+             mem, x, "batch_norm_backward_kernel");
   });
   return g;
 }
