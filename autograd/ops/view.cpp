@@ -119,10 +119,18 @@ Tensor to(const Tensor& x, DType dtype) {
                 [](const Grads& dout, Saved&, Grads& g) { g[0] = dout[0]; });
 }
 
+// The gradient goes back in x's dtype and memory format in one conversion: autocast casts a
+// weight into the layout of a channels-last input (Note [Autocast policy]), and the
+// convolution's gradient of that cast comes back in the same layout. Converted here into the
+// weight's own format, it reaches AccumulateGrad as .grad needs it, with no second copy.
 Tensor to(const Tensor& x, DType dtype, MemoryFormat format) {
   if (x.dtype() == dtype && x.is_contiguous(format)) return x;
+  const DType x_dtype = x.dtype();
+  const MemoryFormat x_format = suggest_memory_format(x);
   return record("to", k::to_dtype(x, dtype, format), {x}, {},
-                [](const Grads& dout, Saved&, Grads& g) { g[0] = dout[0]; });
+                [x_dtype, x_format](const Grads& dout, Saved&, Grads& g) {
+                  g[0] = k::to_dtype(dout[0], x_dtype, x_format);
+                });
 }
 
 Tensor to(const Tensor& x, Device device) {
