@@ -329,9 +329,11 @@ struct SumAndSquares {  // sum x, sum x^2
 // Shifting by one of the channel's own values keeps the subtraction from cancelling much. With
 // K at z standard deviations from the mean, sum(d^2) / M is (1 + z^2) var, so about
 // log2(1 + z^2) of double's 53 bits are lost: 5 bits at z = 5, 20 at z = 1000. Float
-// statistics need 24. The CPU (tensor/cpu/norm.cpp) takes two passes instead (the mean, then
-// the squared deviations) while the channel is in its cache; on a GPU a second pass is a second
-// read of x from memory.
+// statistics need 24. Float64 statistics fall short of the CPU's only when that first value is
+// far out (33 bits left at z = 1000). An infinite first value makes the mean NaN where the CPU
+// gives the infinity (the variance is NaN on both). The CPU (tensor/cpu/norm.cpp) takes two
+// passes instead (the mean, then the squared deviations) while the channel is in its cache; on
+// a GPU a second pass is a second read of x from memory.
 
 template <typename T>
 struct ShiftedSums {  // sum d, sum d^2 with d = x - x[c S], Note [One-pass moments]

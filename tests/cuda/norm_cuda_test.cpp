@@ -86,11 +86,20 @@ TEST(CudaNorm, BatchNormStatistics) {
                     ValueError, {"batch_norm_stats_from_sums", "count"});
 }
 
-// Note [One-pass moments]: a mean far from 0 against a small spread (z up to about 1e4 / 1 for
-// the shift) still gives the CPU's two-pass statistics, in float32 and in layer norm's rows.
+// Note [One-pass moments]: a mean far from 0 against a small spread still gives the CPU's
+// two-pass statistics, in float32 and in layer norm's rows. In float64 at 1e9 against 1, sums of
+// x and x^2 without the shift would lose every bit of the variance (E[x^2] ~ 1e18, whose ulp is
+// 128): this case fails unless the shift works.
 TEST(CudaNorm, OnePassMomentsOfAnOffsetBatch) {
   LOOM_SKIP_WITHOUT_GPU();
   manual_seed(3);
+  {
+    const Tensor x = k::add_scalar(randn({64, 3, 5, 5}, kFloat64), 1e9);
+    const k::BatchNormStats c = k::batch_norm_stats(x, 0.0);
+    const k::BatchNormStats g = kc::batch_norm_stats(gpu(x), 0.0);
+    EXPECT_TRUE(cuda_matches_cpu(g.mean, c.mean, 1e-15, 0));
+    EXPECT_TRUE(cuda_matches_cpu(g.var, c.var, 1e-6, 0));
+  }
   for (const Shape& shape : {Shape{16, 8, 6, 6}, Shape{512, 4}}) {
     SCOPED_TRACE(detail::str("x=", shape));
     const Tensor x = k::add_scalar(randn(shape), 1e4);
