@@ -72,14 +72,17 @@ double gradient_power_sum(const T* g, int64_t n, double p) {
 // A CUDA gradient's share of the total, by the device's reductions, as a float64 [] tensor on
 // its device (no wait for the device): sum |g| (L1), sum g^2 (L2), sum |g|^p, or max |g|.
 Tensor device_share(const Tensor& grad, NormKind kind, double p) {
-  const Tensor a = kind == NormKind::L2 ? Tensor() : k::abs(grad);
+  // A 16-bit gradient is widened first: g^2 overflows float16 from |g| = 256 on. (The CPU
+  // refuses 16-bit gradients; its sums run in double.)
+  const Tensor g = is_16bit_float(grad.dtype()) ? k::to_dtype(grad, kFloat32) : grad;
+  const Tensor a = kind == NormKind::L2 ? Tensor() : k::abs(g);
   Tensor share;
   switch (kind) {
     case NormKind::L1:
       share = k::sum(a);
       break;
     case NormKind::L2:
-      share = k::sum(k::mul(grad, grad));  // g^2 needs no |g|
+      share = k::sum(k::mul(g, g));  // g^2 needs no |g|
       break;
     case NormKind::Inf:
       share = k::amax(a);

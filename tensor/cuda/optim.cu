@@ -160,6 +160,10 @@ void adam_update(std::span<const AdamTensors> list, const AdamStep& s) {
 void unscale_and_check_(std::span<const Tensor> grads, double inv_scale, const Tensor& found_inf) {
   if (grads.empty()) return;
   const Tensor& first = grads.front();
+  LOOM_CHECK(
+      found_inf.dtype() == kInt32 && found_inf.numel() >= 1 && found_inf.device() == first.device(),
+      ValueError, "GradScaler: unscale_: found_inf must be an int32 tensor on ", first.device(),
+      "; got ", found_inf.dtype(), " ", found_inf.sizes(), " on ", found_inf.device());
   const int device = first.device().index;
   DeviceGuard guard(device);
   std::vector<TensorListEntry<1>> entries;

@@ -44,6 +44,9 @@ CachingAllocator& device_allocator() {
         if (cudaGetDevice(&previous) != cudaSuccess) return;
         if (cudaSetDevice(device) == cudaSuccess) cudaFree(ptr);
         cudaSetDevice(previous);
+        // A failure here has no one to tell (this runs from destructors); clear it so that the
+        // next check_launch does not report it against an unrelated kernel.
+        cudaGetLastError();
       },
       "cudaMalloc"});
   return *allocator;
@@ -95,13 +98,18 @@ const char* kind_name(CopyKind kind) {
 
 bool is_built() { return true; }
 
+// Asked once: CUDA_VISIBLE_DEVICES is read when CUDA starts, and every launch and allocation
+// checks its device against this count.
 int device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {  // no driver or no device: zero GPUs
-    cudaGetLastError();
-    return 0;
-  }
-  return n;
+  static const int count = [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {  // no driver or no device: zero GPUs
+      cudaGetLastError();
+      return 0;
+    }
+    return n;
+  }();
+  return count;
 }
 
 int current_device() {

@@ -13,6 +13,15 @@ Uploader::Uploader(int ring_size) : ring_(static_cast<size_t>(ring_size)) {
              ring_size);
 }
 
+Uploader::~Uploader() {
+  for (const Slot& slot : ring_) {
+    try {
+      slot.copied.synchronize();
+    } catch (const std::exception&) {  // a failed device: nothing left to wait for
+    }
+  }
+}
+
 Tensor Uploader::operator()(const Tensor& t, Device device, MemoryFormat format) {
   LOOM_CHECK(t.is_cpu(), DeviceError, "Uploader: expected a CPU tensor; got one on ", t.device(),
              " of shape=", t.sizes());

@@ -22,6 +22,9 @@ namespace loom::cuda {
 class Uploader {
  public:
   explicit Uploader(int ring_size = 4);
+  ~Uploader();  // waits for the copies still reading its buffers
+  Uploader(const Uploader&) = delete;
+  Uploader& operator=(const Uploader&) = delete;
 
   // `t` (a CPU tensor) on `device` stored in `format`, as t.to(device).contiguous(format)
   // returns it (the reordering is done by the host's copy into pinned memory). A CPU device
