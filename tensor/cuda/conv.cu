@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "tensor/copy.h"
@@ -372,6 +373,17 @@ std::vector<Candidate> candidates(const AlgoKey& key, Direction direction, cudnn
   return algo_cache().emplace(key, std::move(ranked)).first->second;
 }
 
+// Moves a candidate whose workspace could not be had to the end of its key's list, so later calls
+// try the leaner ones first instead of emptying the allocator's cache again on every call.
+void demote(const AlgoKey& key, const Candidate& c) {
+  std::lock_guard<std::mutex> lock(cache_mutex());
+  auto it = algo_cache().find(key);
+  if (it == algo_cache().end()) return;
+  std::stable_partition(it->second.begin(), it->second.end(), [&](const Candidate& other) {
+    return other.algo != c.algo || other.math != c.math;
+  });
+}
+
 // One direction of the convolution over the batch, chunk by chunk (Note [conv2d on cuDNN]).
 // launch(descriptors, n0, algo, workspace, bytes, first_chunk) queues the cuDNN call of the
 // chunk that starts at sample n0 and returns its status.
@@ -389,12 +401,17 @@ class ConvRunner {
         chunk_(chunk_size(g, op)),
         handle_(cudnn_handle(device)) {}
 
-  // Whether cuDNN offers any algorithm for `direction` (checked on the first chunk's shape).
+  // Whether cuDNN offers any algorithm for `direction` (checked on the first chunk's shape). A
+  // heuristics call that fails for this layout counts as none: the caller then runs NCHW.
   bool supported(Direction direction) {
-    ConvDescriptors d(device_, g_, chunk_, dtype_, layout_, math_);
-    return !candidates(key(direction, chunk_), direction, handle_, d, fma_only_, deterministic_,
-                       device_)
-                .empty();
+    try {
+      ConvDescriptors d(device_, g_, chunk_, dtype_, layout_, math_);
+      return !candidates(key(direction, chunk_), direction, handle_, d, fma_only_, deterministic_,
+                         device_)
+                  .empty();
+    } catch (const DeviceError&) {
+      return false;
+    }
   }
 
   template <typename Launch>
@@ -408,6 +425,7 @@ class ConvRunner {
                  direction_name(direction), " on x=[", g_.n, ", ", g_.c, ", ", g_.h, ", ", g_.w,
                  "] weight=[", g_.o, ", ", g_.cg, ", ", g_.kh, ", ", g_.kw, "] (", dtype_, ", ",
                  layout_ == Layout::kNHWC ? "NHWC" : "NCHW", ") on cuda:", device_);
+      std::string failed;  // the candidates that did not run, for the error
       for (size_t i = 0; i < list.size(); ++i) {
         const bool last = i + 1 == list.size();
         const Candidate& c = list[i];
@@ -416,15 +434,21 @@ class ConvRunner {
           workspace = std::make_unique<Scratch>(c.workspace, device_);
         } catch (const DeviceError&) {  // out of memory: a leaner algorithm may fit
           if (last) throw;
+          demote(key(direction, count), c);
           continue;
         }
         d.set_math(c.math);
         const cudnnStatus_t status = launch(d, n0, c.algo, workspace->get(), c.workspace, n0 == 0);
-        // cuDNN 9 reports "not supported" as a category with detailed codes (_SHAPE, _LAYOUT,
-        // ...): any of them moves on to the next candidate.
-        if (CUDNN_STATUS_CATEGORY(status) == CUDNN_STATUS_NOT_SUPPORTED && !last) continue;
+        // Any failure moves on to the next candidate, as PyTorch's algorithm loop does: cuDNN 9
+        // reports "not supported" as a category of detailed codes (_SHAPE, _LAYOUT, ...), and
+        // some algorithms refuse a shape only when run.
+        if (status != CUDNN_STATUS_SUCCESS && !last) {
+          failed += detail::str(" algo ", c.algo, ": ", cudnnGetErrorString(status), ";");
+          continue;
+        }
         check_cudnn(status, device_, op_, ": ", direction_name(direction), "(algo ", c.algo,
-                    ", workspace ", c.workspace, " bytes, ", dtype_, ")");
+                    ", workspace ", c.workspace, " bytes, ", dtype_, ")",
+                    failed.empty() ? "" : "; before it,", failed);
         break;
       }
     }
