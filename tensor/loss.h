@@ -39,7 +39,10 @@ Tensor log_softmax_backward(const Tensor& dy, const Tensor& y, int64_t dim);
 struct CrossEntropyForward {
   Tensor loss;  // [N, *] for None, 0-d otherwise
   Tensor lse;   // [N, S] float64, logsumexp per position (saved for the backward)
-  int64_t count = 0;
+  // [] int64 on the logits' device. On CUDA it is counted there and never read back, and the
+  // targets' range check is deferred (Note [Deferred device checks], tensor/cuda/runtime.h),
+  // so the forward does not wait for the device.
+  Tensor count;
 };
 CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& target,
                                           Reduction reduction, int64_t ignore_index,
@@ -48,7 +51,7 @@ CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& ta
 // g = dloss per position (None), dloss (Sum) or dloss / count (Mean).
 Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const Tensor& target,
                               const Tensor& lse, Reduction reduction, int64_t ignore_index,
-                              double label_smoothing, int64_t count);
+                              double label_smoothing, const Tensor& count);
 
 // nll of log_probs [N, C, *]: loss = -w[target] log_probs[target] per position (w = 1 without
 // weight), zero where ignored; Mean divides by total_weight = sum of w[target] not ignored.

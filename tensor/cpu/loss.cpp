@@ -291,7 +291,7 @@ CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& ta
       contiguous(l.s == 1 ? logits : transpose(reshape(logits, {l.n, l.c, l.s}), 1, 2));
   const Tensor tc = contiguous(target);
   CrossEntropyForward out;
-  out.count = count;
+  out.count = scalar_tensor(static_cast<double>(count), kInt64);
   out.lse = empty({l.n, l.s}, kFloat64, logits.device());
   const bool per_position = reduction == Reduction::None;
   out.loss = per_position ? empty(target.sizes(), logits.dtype(), logits.device())
@@ -345,9 +345,10 @@ CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& ta
 
 Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const Tensor& target,
                               const Tensor& lse, Reduction reduction, int64_t ignore_index,
-                              double label_smoothing, int64_t count) {
+                              double label_smoothing, const Tensor& count) {
   const char* op = "cross_entropy_backward";
-  const Device device = common_device(op, {dloss, logits, target, lse});
+  const Device device = common_device(op, {dloss, logits, target, lse, count});
+  LOOM_CHECK(count.numel() == 1, ShapeError, op, ": expected one count; got count=", count.sizes());
   const ClassLayout l = class_layout(logits.sizes());
   LOOM_CHECK(lse.numel() == l.positions() && target.numel() == l.positions(), ShapeError, op,
              ": lse and target need one value per position; got logits=", logits.sizes(),
@@ -359,7 +360,7 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const T
   const Tensor rows =
       contiguous(l.s == 1 ? logits : transpose(reshape(logits, {l.n, l.c, l.s}), 1, 2));
   const Tensor tc = contiguous(target), lsec = contiguous(to_dtype(lse, kFloat64));
-  const GradScale g = grad_scale(dloss, reduction, static_cast<double>(count), logits.dtype());
+  const GradScale g = grad_scale(dloss, reduction, count.item<double>(), logits.dtype());
   Tensor drows = empty(rows.sizes(), logits.dtype(), logits.device());
   const double ls = label_smoothing;
   dispatch_floating(logits.dtype(), op, [&]<typename T>() {

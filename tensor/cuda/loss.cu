@@ -14,6 +14,7 @@
 #include "tensor/cuda/loss.h"
 #include "tensor/cuda/reduce.h"
 #include "tensor/dispatch.h"
+#include "tensor/view.h"
 
 namespace loom::cuda {
 
@@ -406,10 +407,12 @@ struct WriteReduced {
   T* out;
   bool mean;
   double divisor;
+  const int64_t* count = nullptr;  // set: the divisor, counted on the device
   __device__ void operator()(Sum2 total) const {
-    out[0] = static_cast<T>(!mean            ? total.a
-                            : divisor == 0.0 ? std::numeric_limits<double>::quiet_NaN()
-                                             : total.a / divisor);
+    const double d = count ? static_cast<double>(*count) : divisor;
+    out[0] = static_cast<T>(!mean      ? total.a
+                            : d == 0.0 ? std::numeric_limits<double>::quiet_NaN()
+                                       : total.a / d);
   }
 };
 
@@ -427,7 +430,7 @@ struct CrossEntropyGrad {
   LineShape s;
   int64_t ignore_index;
   bool mean;
-  double count;
+  const int64_t* count;  // Mean's divisor, on the device
   T uniform, on_target;
   __device__ void operator()(int64_t idx) const {
     const int64_t q = idx / s.inner, si = idx - q * s.inner;
@@ -438,8 +441,9 @@ struct CrossEntropyGrad {
       dx[idx] = T(0);
       return;
     }
-    const T scale =
-        g_per_position ? g_per_position[p] : static_cast<T>(reduced_scale(g_value, mean, count));
+    const T scale = g_per_position
+                        ? g_per_position[p]
+                        : static_cast<T>(reduced_scale(g_value, mean, static_cast<double>(*count)));
     const T hi = static_cast<T>(lse[p]), lo = static_cast<T>(lse[p] - static_cast<double>(hi));
     T d = scale * (dev_exp(static_cast<T>(static_cast<T>(x[idx] - hi) - lo)) - uniform);
     if (c == t) d -= scale * on_target;
@@ -593,12 +597,59 @@ int64_t check_class_target(const char* op, const Tensor& input, const Tensor& ta
   return static_cast<int64_t>(host[0]);
 }
 
+namespace {
+
+// counts[2] = the first bad target's value, next to its position counts[1] (none: ~0).
+template <typename I>
+__global__ void bad_target_kernel(const I* target, unsigned long long* counts) {
+  if (counts[1] != ~0ull)
+    counts[2] = static_cast<unsigned long long>(static_cast<int64_t>(target[counts[1]]));
+}
+
+// The targets != ignore_index of `target` as a [] int64 tensor on its device, counted there; the
+// check that every other target is in [0, classes) is deferred (Note [Deferred device checks]):
+// its IndexError comes at this thread's next wait for the device.
+Tensor count_class_targets(const char* op, const Tensor& input, const Tensor& target,
+                           int64_t ignore_index) {
+  const int device = target.device().index;
+  DeviceGuard guard(device);
+  const int64_t classes = input.size(1), n = target.numel();
+  const Tensor counts = empty({3}, kInt64, target.device());  // count, first bad, its value
+  auto* cp = reinterpret_cast<unsigned long long*>(counts.data_ptr<int64_t>());
+  const cudaStream_t stream = stream_of(target);
+  LOOM_CUDA_CHECK(cudaMemsetAsync(cp, 0, sizeof(unsigned long long), stream), device);
+  LOOM_CUDA_CHECK(cudaMemsetAsync(cp + 1, 0xff, sizeof(unsigned long long), stream), device);
+  if (n > 0) {
+    const Tensor tc = contiguous_as(target, target.dtype());
+    dispatch_index(target.dtype(), op, [&]<typename I>() {
+      check_targets_kernel<<<blocks_for(n), kThreads, 0, stream>>>(tc.data_ptr<I>(), n, classes,
+                                                                   ignore_index, cp);
+      check_launch("check_targets_kernel", device);
+      bad_target_kernel<<<1, 1, 0, stream>>>(tc.data_ptr<I>(), cp);
+      check_launch("bad_target_kernel", device);
+    });
+    defer_check(
+        cp + 1, 2 * sizeof(unsigned long long), Stream::current(device),
+        [op, classes, ignore_index, in = input.sizes(), t = target.sizes()](const void* bytes) {
+          const auto* found = static_cast<const unsigned long long*>(bytes);
+          if (found[0] == ~0ull) return;
+          throw IndexError(
+              detail::str(op, ": target ", static_cast<int64_t>(found[1]), " is out of range [0, ",
+                          classes, ") (ignore_index=", ignore_index, "); got input=", in,
+                          " target=", t, " (found on the device after the op returned)"));
+        });
+  }
+  return kernels::reshape(kernels::narrow(counts, 0, 0, 1), {});
+}
+
+}  // namespace
+
 kernels::CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& target,
                                                    Reduction reduction, int64_t ignore_index,
                                                    double label_smoothing) {
   const char* op = "cross_entropy";
   DeviceGuard guard(logits.device().index);
-  const int64_t count = check_class_target(op, logits, target, ignore_index);
+  const Tensor count = count_class_targets(op, logits, target, ignore_index);
   const LineShape s = class_shape(logits.sizes());
   const int64_t positions = s.outer * s.inner;
   kernels::CrossEntropyForward out;
@@ -630,8 +681,8 @@ kernels::CrossEntropyForward cross_entropy_forward(const Tensor& logits, const T
       }
       if (per_position) return;
       blocked_sum(ReadLoss{loss_sum},
-                  WriteReduced<T>{out.loss.data_ptr<T>(), reduction == Reduction::Mean,
-                                  static_cast<double>(count)},
+                  WriteReduced<T>{out.loss.data_ptr<T>(), reduction == Reduction::Mean, 0.0,
+                                  count.data_ptr<int64_t>()},
                   positions, logits, "cross_entropy_sum_kernel");
     });
   });
@@ -640,7 +691,7 @@ kernels::CrossEntropyForward cross_entropy_forward(const Tensor& logits, const T
 
 Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const Tensor& target,
                               const Tensor& lse, Reduction reduction, int64_t ignore_index,
-                              double label_smoothing, int64_t count) {
+                              double label_smoothing, const Tensor& count) {
   const char* op = "cross_entropy_backward";
   const LineShape s = class_shape(logits.sizes());
   DeviceGuard guard(logits.device().index);
@@ -650,6 +701,7 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const T
       const Tensor xc = contiguous_as(logits, logits.dtype());
       const Tensor tc = contiguous_as(target, target.dtype());
       const Tensor lsec = contiguous_as(lse, kFloat64);
+      const Tensor cc = contiguous_as(count, kInt64);
       const GradInput g = grad_input(dloss, reduction, logits.dtype());
       const double ls = label_smoothing;
       const CrossEntropyGrad<T, I> f{
@@ -662,7 +714,7 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const T
           s,
           ignore_index,
           reduction == Reduction::Mean,
-          static_cast<double>(count),
+          cc.data_ptr<int64_t>(),
           static_cast<T>(ls / static_cast<double>(s.n)),
           static_cast<T>(1.0 - ls)};
       run_map(f, logits.numel(), logits, "cross_entropy_backward_kernel");

@@ -20,14 +20,15 @@ Tensor log_softmax_backward(const Tensor& dy, const Tensor& y, int64_t dim);
 int64_t check_class_target(const char* op, const Tensor& input, const Tensor& target,
                            int64_t ignore_index);
 
-// cross_entropy_forward and nll_loss_forward return host numbers (count, total_weight): both
-// wait for the stream once.
+// cross_entropy_forward keeps its count on the device and defers its range check (Note
+// [Deferred device checks]): it does not wait for the stream. nll_loss_forward returns a host
+// number (total_weight) and waits once.
 kernels::CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& target,
                                                    Reduction reduction, int64_t ignore_index,
                                                    double label_smoothing);
 Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const Tensor& target,
                               const Tensor& lse, Reduction reduction, int64_t ignore_index,
-                              double label_smoothing, int64_t count);
+                              double label_smoothing, const Tensor& count);
 
 kernels::NllLossForward nll_loss_forward(const Tensor& log_probs, const Tensor& target,
                                          const Tensor& weight, Reduction reduction,

@@ -22,7 +22,7 @@ kernels::CrossEntropyForward cross_entropy_forward(const Tensor&, const Tensor&,
   built_without_cuda("cross_entropy");
 }
 Tensor cross_entropy_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, Reduction,
-                              int64_t, double, int64_t) {
+                              int64_t, double, const Tensor&) {
   built_without_cuda("cross_entropy_backward");
 }
 kernels::NllLossForward nll_loss_forward(const Tensor&, const Tensor&, const Tensor&, Reduction,

@@ -5,7 +5,11 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <deque>
+#include <functional>
+#include <memory>
 #include <unordered_map>
+#include <vector>
 
 #include "tensor/cuda/check.h"
 #include "tensor/cuda/runtime.h"
@@ -126,6 +130,7 @@ void set_device(int device) {
 void synchronize(int device) {
   DeviceGuard guard(device);
   check_cuda(cudaDeviceSynchronize(), device, "cudaDeviceSynchronize");
+  settle_checks(false);  // this device's checks have all arrived
 }
 
 DeviceGuard::DeviceGuard(int device) : previous_(current_device()), device_(device) {
@@ -298,6 +303,7 @@ void copy_bytes(void* dst, const void* src, size_t nbytes, CopyKind kind, int de
   Stream stream = Stream::current(device);
   copy_bytes_async(dst, src, nbytes, kind, stream);
   stream.synchronize();
+  if (kind == CopyKind::DeviceToHost) settle_checks(false);  // the host waited: settle what came
 }
 
 void copy_bytes_async(void* dst, const void* src, size_t nbytes, CopyKind kind,
@@ -307,5 +313,71 @@ void copy_bytes_async(void* dst, const void* src, size_t nbytes, CopyKind kind,
   check_cuda(cudaMemcpyAsync(dst, src, nbytes, memcpy_kind(kind), raw_stream(stream)),
              stream.device(), "cudaMemcpyAsync(", nbytes, " bytes, ", kind_name(kind), ")");
 }
+
+// ---------------------------------------------------------------- deferred checks
+
+namespace {
+
+constexpr size_t kCheckBytes = 32;
+
+// A check's landing place: pinned bytes and the event behind the copy into them. Reused.
+struct CheckSlot {
+  PinnedBuffer bytes{kCheckBytes};
+  Event arrived;
+};
+
+struct PendingCheck {
+  std::unique_ptr<CheckSlot> slot;
+  std::function<void(const void*)> verdict;
+};
+
+// Per thread (Note [Deferred device checks]): a check is settled by the thread that queued it,
+// never by another one's wait (a process group's worker, say).
+struct ThreadChecks {
+  std::deque<PendingCheck> pending;
+  std::vector<std::unique_ptr<CheckSlot>> free;
+};
+ThreadChecks& thread_checks() {
+  thread_local ThreadChecks checks;
+  return checks;
+}
+
+}  // namespace
+
+void defer_check(const void* device_bytes, size_t nbytes, const Stream& stream,
+                 std::function<void(const void* host_bytes)> verdict) {
+  LOOM_CHECK(nbytes <= kCheckBytes, ValueError, "defer_check: at most ", kCheckBytes,
+             " bytes; got ", nbytes);
+  settle_checks(false);
+  ThreadChecks& checks = thread_checks();
+  std::unique_ptr<CheckSlot> slot;
+  if (checks.free.empty()) {
+    slot = std::make_unique<CheckSlot>();
+  } else {
+    slot = std::move(checks.free.back());
+    checks.free.pop_back();
+  }
+  copy_bytes_async(slot->bytes.data(), device_bytes, nbytes, CopyKind::DeviceToHost, stream);
+  slot->arrived.record(stream);
+  checks.pending.push_back({std::move(slot), std::move(verdict)});
+}
+
+void settle_checks(bool wait) {
+  ThreadChecks& checks = thread_checks();
+  while (!checks.pending.empty()) {
+    PendingCheck& front = checks.pending.front();
+    if (wait)
+      front.slot->arrived.synchronize();
+    else if (!front.slot->arrived.query())
+      return;
+    PendingCheck check = std::move(front);
+    checks.pending.pop_front();
+    const void* bytes = check.slot->bytes.data();
+    checks.free.push_back(std::move(check.slot));  // the bytes stay readable until reused
+    check.verdict(bytes);
+  }
+}
+
+size_t pending_checks() { return thread_checks().pending.size(); }
 
 }  // namespace loom::cuda

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <utility>
 
@@ -151,5 +152,28 @@ void copy_bytes(void* dst, const void* src, size_t nbytes, CopyKind kind, int de
 // memory; the host buffer must stay alive until the stream has passed the copy.
 void copy_bytes_async(void* dst, const void* src, size_t nbytes, CopyKind kind,
                       const Stream& stream);
+
+// Note [Deferred device checks]
+// Some checks need a kernel's answer, such as whether every class target is in range. Reading
+// that answer at once would make the host wait for the device in the middle of a step: the
+// queue of work drains, and the GPU idles while the host queues the next ops. So such an op
+// defers its check instead. The kernel writes its finding to device memory, and a copy to
+// pinned host memory and an event follow on the same stream. `verdict` (host code that throws
+// the op's error, naming the op and its shapes) runs on the host once that copy has arrived.
+// Each thread settles its own checks, in the order it queued them:
+//   - at each copy to the host through copy_bytes (item(), to_vector(), .to(kCPU)) and at
+//     synchronize(), where the host waits for the device anyway;
+//   - without waiting, whenever it defers a new check.
+// A bad target thus raises its IndexError at the latest at the next item() or synchronize().
+// There the exception is the same typed error, and the process goes on: where PyTorch's
+// device-side assert leaves the CUDA context unusable. Until then the op's outputs at the bad
+// positions are NaN. `nbytes` is at most 32.
+void defer_check(const void* device_bytes, size_t nbytes, const Stream& stream,
+                 std::function<void(const void* host_bytes)> verdict);
+// Runs the verdicts of this thread's deferred checks whose copies have arrived (wait: of all,
+// waiting for them). The first verdict that throws ends the call with its exception; the
+// checks before it, and it, are settled.
+void settle_checks(bool wait);
+size_t pending_checks();  // this thread's
 
 }  // namespace loom::cuda

@@ -1,5 +1,5 @@
-// tensor/cuda/runtime_stubs.cpp — linked when loom is built without CUDA (LOOM_CUDA=OFF): every entry
-// point of tensor/cuda/runtime.h raises DeviceError, so CUDA requests fail clearly, never
+// tensor/cuda/runtime_stubs.cpp — linked when loom is built without CUDA (LOOM_CUDA=OFF): every
+// entry point of tensor/cuda/runtime.h raises DeviceError, so CUDA requests fail clearly, never
 // silently. What runs in destructors (deallocate, free_pinned, ~Event) does nothing instead.
 
 #include "tensor/cuda/runtime.h"
@@ -69,5 +69,11 @@ void copy_bytes(void*, const void*, size_t, CopyKind, int) { unavailable("cuda c
 void copy_bytes_async(void*, const void*, size_t, CopyKind, const Stream&) {
   unavailable("cuda copy_bytes_async");
 }
+
+void defer_check(const void*, size_t, const Stream&, std::function<void(const void*)>) {
+  unavailable("cuda defer_check");
+}
+void settle_checks(bool) {}  // nothing can be pending without CUDA
+size_t pending_checks() { return 0; }
 
 }  // namespace loom::cuda

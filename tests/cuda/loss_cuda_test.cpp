@@ -5,11 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "cuda/cuda_test_util.h"
 #include "tensor/cuda/loss.h"
+#include "tensor/cuda/runtime.h"
 #include "tensor/elementwise.h"
 #include "tensor/loss.h"
 
@@ -139,7 +141,7 @@ TEST(CudaLoss, CrossEntropyForwardAndBackward) {
               k::cross_entropy_forward(logits, target, r, ignore, ls);
           const k::CrossEntropyForward cuda =
               kc::cross_entropy_forward(glogits, gtarget, r, ignore, ls);
-          EXPECT_EQ(cuda.count, cpu.count);
+          EXPECT_EQ(cuda.count.item<int64_t>(), cpu.count.item<int64_t>());
           EXPECT_TRUE(cuda_matches_cpu(cuda.loss, cpu.loss, rtol, atol));
           EXPECT_TRUE(cuda_matches_cpu(cuda.lse, cpu.lse, rtol, atol));
           const Tensor dloss =
@@ -163,7 +165,7 @@ TEST(CudaLoss, CrossEntropyEdgeCases) {
   const Tensor ignored = full({6}, -1, kInt64);
   const auto cpu = k::cross_entropy_forward(logits, ignored, Reduction::Mean, -1, 0.0);
   const auto cuda = kc::cross_entropy_forward(gpu(logits), gpu(ignored), Reduction::Mean, -1, 0.0);
-  EXPECT_EQ(cuda.count, 0);
+  EXPECT_EQ(cuda.count.item<int64_t>(), 0);
   EXPECT_TRUE(cuda_matches_cpu(cuda.loss, cpu.loss));
   // A strided logits view.
   const Tensor wide = randn({10, 64}, kFloat32);
@@ -171,10 +173,26 @@ TEST(CudaLoss, CrossEntropyEdgeCases) {
   EXPECT_TRUE(cuda_matches_cpu(
       kc::cross_entropy_forward(gpu(wide).t(), gpu(target), Reduction::Sum, -100, 0.0).loss,
       k::cross_entropy_forward(wide.t(), target, Reduction::Sum, -100, 0.0).loss, 1e-5, 1e-5));
-  // A target outside [0, C) raises IndexError naming it, as on the CPU.
+  // A target outside [0, C) raises IndexError naming it, as on the CPU, but at the next wait for
+  // the device (Note [Deferred device checks]): the forward itself does not wait.
+  cuda::synchronize(0);
+  ASSERT_EQ(cuda::pending_checks(), 0u);
   const Tensor bad = tensor<int64_t>({1, 2, 10, 0, 11, 3});
-  EXPECT_LOOM_ERROR(kc::cross_entropy_forward(gpu(logits), gpu(bad), Reduction::Mean, -100, 0.0),
-                    IndexError, {"cross_entropy", "target 10", "[6, 4]", "[6]"});
+  const auto queued = kc::cross_entropy_forward(gpu(logits), gpu(bad), Reduction::Mean, -100, 0.0);
+  EXPECT_EQ(cuda::pending_checks(), 1u);
+  EXPECT_LOOM_ERROR(queued.loss.item(), IndexError,
+                    {"cross_entropy", "target 10", "[6, 4]", "[6]", "after the op returned"});
+  EXPECT_EQ(cuda::pending_checks(), 0u);  // raised once, then gone
+  EXPECT_TRUE(std::isnan(queued.loss.item()));
+  // synchronize() settles too; a good target's check passes silently.
+  const auto good = kc::cross_entropy_forward(gpu(logits), gpu(tensor<int64_t>({1, 2, 3, 0, 1, 3})),
+                                              Reduction::Mean, -100, 0.0);
+  const auto bad_again =
+      kc::cross_entropy_forward(gpu(logits), gpu(bad), Reduction::Sum, -100, 0.0);
+  EXPECT_GE(cuda::pending_checks(), 1u);  // good's may have been settled when bad_again's came
+  EXPECT_LOOM_ERROR(cuda::synchronize(0), IndexError, {"cross_entropy", "target 10"});
+  EXPECT_EQ(cuda::pending_checks(), 0u);
+  EXPECT_FALSE(std::isnan(good.loss.item()));
   EXPECT_LOOM_ERROR(
       k::check_class_target("nll_loss", gpu(logits), gpu(tensor<int32_t>({-2})), -100), ShapeError,
       {"nll_loss", "[6, 4]", "[1]"});
