@@ -26,9 +26,11 @@ namespace loom::cuda {
 //   The weight, and dout in the backward, are brought to the same layout (for NHWC the weight
 //   is KRSC: [O, kh, kw, C/g] in memory), copied only when they are not already. The output and
 //   dx come back in x's format, as PyTorch does, even where the call ran NCHW for a
-//   channels-last x (float64, or a shape without NHWC algorithms: one extra copy); dweight and
-//   dbias are always contiguous. An operand that is not 16-byte aligned (a view at an odd
-//   offset) is copied too.
+//   channels-last x (float64, or a shape without NHWC algorithms: one extra copy). dweight takes
+//   the weight's format: a channels-last weight (autocast's cast of a weight for a channels-last
+//   x) gets cuDNN's KRSC gradient as written, a contiguous one gets it copied out of KRSC (a
+//   1x1 kernel's two orders are the same bytes: no copy). dbias is contiguous. An operand that
+//   is not 16-byte aligned (a view at an odd offset) is copied too.
 //   Algorithms: per key (device, direction, dtype, layout, math, chunk shape, options) cuDNN's
 //   heuristics (cudnnGet*Algorithm_v7) rank the algorithms once; the usable ones (status
 //   success, exact workspace known, no tensor-op math for float32 when TF32 is off) are cached
@@ -611,7 +613,8 @@ kernels::Conv2dGrads conv2d_backward(const Tensor& dout, const Tensor& x, const 
     return grads;
   };
   if (needs[0]) grads.dx = empty_in(x.sizes(), dtype, x.device(), layout);
-  if (needs[1]) grads.dweight = empty(weight.sizes(), dtype, x.device());
+  if (needs[1])
+    grads.dweight = empty(weight.sizes(), dtype, x.device(), suggest_memory_format(weight));
   if (needs[2]) grads.dbias = empty({weight.size(0)}, dtype, x.device());
   if (dout.numel() == 0) {  // an empty batch: zero gradients, as the CPU
     zero(grads.dx);
@@ -643,8 +646,9 @@ kernels::Conv2dGrads conv2d_backward(const Tensor& dout, const Tensor& x, const 
   if (needs[1]) {  // dweight = sum over the batch of dout correlated with x
     const Tensor xin = in_layout(x, layout);
     // cuDNN writes the filter gradient in the layout's filter format (KRSC for NHWC).
-    Tensor dw = layout == Layout::kNCHW ? grads.dweight
-                                        : empty_in(weight.sizes(), dtype, x.device(), layout);
+    Tensor dw = grads.dweight.is_contiguous(format_of(layout))
+                    ? grads.dweight
+                    : empty_in(weight.sizes(), dtype, x.device(), layout);
     runner.run(Direction::kBackwardFilter, [&](ConvDescriptors& d, int64_t n0, int algo,
                                                void* workspace, size_t bytes, bool first) {
       return cudnnConvolutionBackwardFilter(
@@ -652,7 +656,7 @@ kernels::Conv2dGrads conv2d_backward(const Tensor& dout, const Tensor& x, const 
           d.conv(), static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), workspace, bytes,
           scalar(dtype, first ? 0 : 1), d.w(), dw.data());
     });
-    if (layout == Layout::kNHWC) kernels::copy_(grads.dweight, dw);
+    if (!dw.is_same(grads.dweight)) kernels::copy_(grads.dweight, dw);
   }
   return in_x_format();
 }

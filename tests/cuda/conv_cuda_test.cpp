@@ -142,6 +142,30 @@ TEST(CudaConv, ChannelsLastInput) {
   EXPECT_TRUE(cuda_matches_cpu(out, k::conv2d(x, w, Tensor(), opts({1, 1}, {1, 1})), 1e-9, 1e-9));
 }
 
+// A channels-last weight (what autocast casts a weight to for a channels-last x) gets its
+// gradient channels-last, as cuDNN's NHWC call writes it; float64 runs NCHW and still answers in
+// the weight's format. A 1x1 weight's two orders are the same bytes.
+TEST(CudaConv, ChannelsLastWeightGetsAChannelsLastGradient) {
+  LOOM_SKIP_WITHOUT_GPU();
+  CudnnTf32Guard guard(false);
+  for (const DType dtype : {kFloat32, kFloat64}) {
+    for (const Shape& ws : {Shape{32, 16, 3, 3}, Shape{32, 16, 1, 1}}) {
+      SCOPED_TRACE(detail::str(dtype, " w=", ws));
+      const Tensor x = randn({2, 16, 8, 8}, dtype), w = randn(ws, dtype);
+      const auto o = ws[2] == 3 ? opts({1, 1}, {1, 1}) : opts({1, 1}, {0, 0});
+      const Tensor dout = randn(k::conv2d(x, w, Tensor(), o).sizes(), dtype);
+      const k::Conv2dGrads want = k::conv2d_backward(dout, x, w, o, {true, true, false});
+      const k::Conv2dGrads got =
+          cuda::conv2d_backward(gpu_channels_last(dout), gpu_channels_last(x), gpu_channels_last(w),
+                                o, {true, true, false});
+      EXPECT_TRUE(got.dweight.is_contiguous(MemoryFormat::kChannelsLast));
+      const double tol = dtype == kFloat32 ? 1e-3 : 1e-9;
+      EXPECT_TRUE(tensors_close(host(got.dweight), want.dweight, tol, tol));
+      EXPECT_TRUE(tensors_close(host(got.dx), want.dx, tol, tol));
+    }
+  }
+}
+
 TEST(CudaConv, StridedViewsAreCopied) {
   LOOM_SKIP_WITHOUT_GPU();
   const Conv2dOptions o = opts({1, 1}, {1, 1});
