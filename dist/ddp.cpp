@@ -11,6 +11,7 @@
 
 #include "autograd/graph.h"
 #include "tensor/copy.h"
+#include "tensor/cuda/runtime.h"
 #include "tensor/elementwise.h"
 #include "tensor/index.h"
 #include "tensor/view.h"
@@ -71,6 +72,7 @@ std::function<bool(bool)> found_inf_agreement(std::shared_ptr<ProcessGroup> grou
   LOOM_CHECK(group != nullptr, ValueError, "found_inf_agreement: the process group is null");
   return [group = std::move(group), device](bool found_inf) {
     if (group->size() == 1) return found_inf;
+    cuda::DeferredChecksHold hold;  // every rank must get through the agreement
     Tensor flag = full({1}, found_inf ? 1.0 : 0.0, kFloat32, device);
     group->allreduce(flag, ReduceOp::Max)->wait();
     return flag.item() > 0.0;
@@ -293,7 +295,9 @@ void Reducer::finalize() {
   ++iterations_;
 
   if (options_.rebuild_buckets && !rebuilt_) {
-    // Rank 0's arrival order, for everyone; parameters that never arrived go last.
+    // Rank 0's arrival order, for everyone; parameters that never arrived go last. Every rank
+    // must rebuild: an earlier op's deferred check waits (Note [Deferred device checks]).
+    cuda::DeferredChecksHold hold;
     rebuilt_ = true;
     std::vector<int64_t> order(params_.size());
     std::vector<bool> placed(params_.size(), false);

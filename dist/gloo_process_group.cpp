@@ -32,6 +32,7 @@
 
 #include "dist/process_group.h"
 #include "tensor/copy.h"
+#include "tensor/cuda/runtime.h"
 #include "tensor/dispatch.h"
 #include "tensor/error.h"
 
@@ -817,12 +818,12 @@ class HostStagingGroup : public ProcessGroup {
 
   std::shared_ptr<Work> allreduce(Tensor t, ReduceOp op) override {
     if (!t.defined() || !t.is_cuda()) return inner_->allreduce(t, op);
-    Tensor host = t.to(kCPU);
+    Tensor host = on_host(t);
     return staged(inner_->allreduce(host, op), {{t, host}});
   }
   std::shared_ptr<Work> broadcast(Tensor t, int root) override {
     if (!t.defined() || !t.is_cuda()) return inner_->broadcast(t, root);
-    Tensor host = t.to(kCPU);
+    Tensor host = on_host(t);
     return staged(inner_->broadcast(host, root), {{t, host}});
   }
   std::shared_ptr<Work> allgather(std::vector<Tensor> out, Tensor input) override {
@@ -878,7 +879,13 @@ class HostStagingGroup : public ProcessGroup {
     return std::any_of(ts.begin(), ts.end(),
                        [](const Tensor& t) { return t.defined() && t.is_cuda(); });
   }
-  static Tensor on_host(const Tensor& t) { return t.defined() && t.is_cuda() ? t.to(kCPU) : t; }
+  // A deferred check of an earlier op (Note [Deferred device checks]) must not throw out of a
+  // collective half enqueued: the copy to the host holds them.
+  static Tensor on_host(const Tensor& t) {
+    if (!t.defined() || !t.is_cuda()) return t;
+    cuda::DeferredChecksHold hold;
+    return t.to(kCPU);
+  }
   static std::vector<Tensor> to_host(const std::vector<Tensor>& ts,
                                      std::vector<std::pair<Tensor, Tensor>>* back) {
     std::vector<Tensor> host;

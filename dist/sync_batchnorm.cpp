@@ -9,6 +9,7 @@
 #include "autograd/function.h"
 #include "autograd/graph.h"
 #include "tensor/copy.h"
+#include "tensor/cuda/runtime.h"
 #include "tensor/elementwise.h"
 #include "tensor/index.h"
 #include "tensor/norm.h"
@@ -50,7 +51,10 @@ class ProcessGroupBatchNormSync : public nn::BatchNormSync {
     std::vector<Tensor> rows;
     for (int r = 0; r < world; ++r) rows.push_back(empty({2 * c + 1}, kFloat64, x.device()));
     group_->allgather(rows, mine)->wait();
-    for (Tensor& row : rows) row = row.to(kCPU);
+    {
+      cuda::DeferredChecksHold hold;  // every rank must combine (Note [Deferred device checks])
+      for (Tensor& row : rows) row = row.to(kCPU);
+    }
 
     // Combine: N = sum n_r; mean = sum n_r mean_r / N; var = sum n_r (var_r + (mean_r - mean)^2) /
     // N.

@@ -16,6 +16,7 @@
 #include "autograd/ops/elementwise.h"
 #include "tensor/copy.h"
 #include "tensor/cuda/optim.h"
+#include "tensor/cuda/runtime.h"
 #include "tensor/dispatch.h"
 #include "tensor/parallel.h"
 
@@ -77,6 +78,9 @@ Tensor GradScaler::scale(const Tensor& loss) const {
 
 void GradScaler::unscale_(Optimizer& optimizer) {
   if (!options_.enabled) return;
+  // The found-inf read below must not throw an earlier op's deferred check (Note [Deferred device
+  // checks]) with the gradients unscaled and the record not saying so.
+  cuda::DeferredChecksHold hold;
   OptimizerRecord& record = records_[&optimizer];
   LOOM_CHECK(!record.unscaled, ValueError, "GradScaler: unscale_ was already called for this ",
              optimizer.name(), " optimizer since the last update() (step() calls it when it was ",

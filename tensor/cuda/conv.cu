@@ -441,10 +441,16 @@ class ConvRunner {
         }
         d.set_math(c.math);
         const cudnnStatus_t status = launch(d, n0, c.algo, workspace->get(), c.workspace, n0 == 0);
-        // Any failure moves on to the next candidate, as PyTorch's algorithm loop does: cuDNN 9
+        // A failure moves on to the next candidate, as PyTorch's algorithm loop does: cuDNN 9
         // reports "not supported" as a category of detailed codes (_SHAPE, _LAYOUT, ...), and
-        // some algorithms refuse a shape only when run.
-        if (status != CUDNN_STATUS_SUCCESS && !last) {
+        // some algorithms refuse a shape only when run. Any failure may, except in a
+        // backward-filter chunk after the first: that one adds into dweight (beta 1), which a
+        // failed run may have touched.
+        const bool retry = CUDNN_STATUS_CATEGORY(status) == CUDNN_STATUS_NOT_SUPPORTED || n0 == 0 ||
+                           direction != Direction::kBackwardFilter;
+        if (status != CUDNN_STATUS_SUCCESS && !last && retry) {
+          cudaGetLastError();  // a launch error left inside cuDNN is this candidate's, not the
+                               // next's
           failed += detail::str(" algo ", c.algo, ": ", cudnnGetErrorString(status), ";");
           continue;
         }

@@ -18,7 +18,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
               const kernels::Conv2dOptions& options);
 
 // The gradients asked for by needs = {dx, dweight, dbias}; the others stay undefined. dx has
-// x's memory format; dweight and dbias are contiguous. Deterministic where cuDNN has a
+// x's memory format, dweight the weight's; dbias is contiguous. Deterministic where cuDNN has a
 // deterministic algorithm for the shape (Note [conv2d on cuDNN]).
 kernels::Conv2dGrads conv2d_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
                                      const kernels::Conv2dOptions& options,

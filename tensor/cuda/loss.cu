@@ -693,6 +693,9 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const T
                               const Tensor& lse, Reduction reduction, int64_t ignore_index,
                               double label_smoothing, const Tensor& count) {
   const char* op = "cross_entropy_backward";
+  LOOM_CHECK(count.device() == logits.device() && count.numel() == 1, DeviceError, op,
+             ": expected the forward's count, one value on ", logits.device(),
+             "; got count=", count.sizes(), " on ", count.device());
   const LineShape s = class_shape(logits.sizes());
   DeviceGuard guard(logits.device().index);
   Tensor dx = empty(logits.sizes(), logits.dtype(), logits.device());

@@ -5,9 +5,11 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <functional>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -320,10 +322,12 @@ namespace {
 
 constexpr size_t kCheckBytes = 32;
 
-// A check's landing place: pinned bytes and the event behind the copy into them. Reused.
+// A check's landing place: pinned bytes and the event behind the copy into them. Reused on the
+// device its event was made for.
 struct CheckSlot {
   PinnedBuffer bytes{kCheckBytes};
   Event arrived;
+  int device = -1;
 };
 
 struct PendingCheck {
@@ -336,13 +340,25 @@ struct PendingCheck {
 struct ThreadChecks {
   std::deque<PendingCheck> pending;
   std::vector<std::unique_ptr<CheckSlot>> free;
+  int holds = 0;  // DeferredChecksHold objects alive
 };
 ThreadChecks& thread_checks() {
   thread_local ThreadChecks checks;
   return checks;
 }
 
+bool sync_checks() {
+  static const bool sync = [] {
+    const char* v = std::getenv("LOOM_SYNC_CHECKS");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return sync;
+}
+
 }  // namespace
+
+DeferredChecksHold::DeferredChecksHold() { ++thread_checks().holds; }
+DeferredChecksHold::~DeferredChecksHold() { --thread_checks().holds; }
 
 void defer_check(const void* device_bytes, size_t nbytes, const Stream& stream,
                  std::function<void(const void* host_bytes)> verdict) {
@@ -357,13 +373,19 @@ void defer_check(const void* device_bytes, size_t nbytes, const Stream& stream,
     slot = std::move(checks.free.back());
     checks.free.pop_back();
   }
+  if (slot->device != stream.device()) {  // an event records only on its own device's streams
+    slot->arrived = Event();
+    slot->device = stream.device();
+  }
   copy_bytes_async(slot->bytes.data(), device_bytes, nbytes, CopyKind::DeviceToHost, stream);
   slot->arrived.record(stream);
   checks.pending.push_back({std::move(slot), std::move(verdict)});
+  if (sync_checks()) settle_checks(true);
 }
 
 void settle_checks(bool wait) {
   ThreadChecks& checks = thread_checks();
+  if (checks.holds > 0) return;
   while (!checks.pending.empty()) {
     PendingCheck& front = checks.pending.front();
     if (wait)
@@ -372,9 +394,14 @@ void settle_checks(bool wait) {
       return;
     PendingCheck check = std::move(front);
     checks.pending.pop_front();
-    const void* bytes = check.slot->bytes.data();
-    checks.free.push_back(std::move(check.slot));  // the bytes stay readable until reused
-    check.verdict(bytes);
+    // The slot goes back to the pool after its verdict has read it, thrown or not.
+    try {
+      check.verdict(check.slot->bytes.data());
+    } catch (...) {
+      checks.free.push_back(std::move(check.slot));
+      throw;
+    }
+    checks.free.push_back(std::move(check.slot));
   }
 }
 

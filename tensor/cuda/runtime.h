@@ -164,10 +164,15 @@ void copy_bytes_async(void* dst, const void* src, size_t nbytes, CopyKind kind,
 //   - at each copy to the host through copy_bytes (item(), to_vector(), .to(kCPU)) and at
 //     synchronize(), where the host waits for the device anyway;
 //   - without waiting, whenever it defers a new check.
-// A bad target thus raises its IndexError at the latest at the next item() or synchronize().
-// There the exception is the same typed error, and the process goes on: where PyTorch's
-// device-side assert leaves the CUDA context unusable. Until then the op's outputs at the bad
-// positions are NaN. `nbytes` is at most 32.
+// A bad target thus raises its IndexError at the latest at the next item() or synchronize()
+// (of the stream or device it ran on: a check queued on another stream, or behind one not yet
+// arrived from another device, waits for a later settling). There the exception is the same
+// typed error, and the process goes on: where PyTorch's device-side assert leaves the CUDA
+// context unusable. Until then the op's outputs at the bad positions are NaN, so a step taken
+// before the next wait can write NaN into the parameters, as a NaN loss would. With
+// LOOM_SYNC_CHECKS=1 in the environment every check is settled as it is deferred (the host
+// waits there), for debugging, as CUDA_LAUNCH_BLOCKING=1 does for launches. Checks still
+// pending when their thread ends are dropped. `nbytes` is at most 32.
 void defer_check(const void* device_bytes, size_t nbytes, const Stream& stream,
                  std::function<void(const void* host_bytes)> verdict);
 // Runs the verdicts of this thread's deferred checks whose copies have arrived (wait: of all,
@@ -175,5 +180,18 @@ void defer_check(const void* device_bytes, size_t nbytes, const Stream& stream,
 // checks before it, and it, are settled.
 void settle_checks(bool wait);
 size_t pending_checks();  // this thread's
+
+// While one lives, this thread's settle_checks does nothing. It is for library code that waits
+// for the device in the middle of changing its own state: GradScaler's unscale, DDP's bucket
+// rebuild and found-inf agreement, the host staging of gloo collectives, SyncBatchNorm's
+// gathered statistics. An earlier op's check cannot then throw halfway through and leave that
+// state half changed; it is settled at the thread's next wait outside such code.
+class DeferredChecksHold {
+ public:
+  DeferredChecksHold();
+  ~DeferredChecksHold();
+  DeferredChecksHold(const DeferredChecksHold&) = delete;
+  DeferredChecksHold& operator=(const DeferredChecksHold&) = delete;
+};
 
 }  // namespace loom::cuda

@@ -75,5 +75,7 @@ void defer_check(const void*, size_t, const Stream&, std::function<void(const vo
 }
 void settle_checks(bool) {}  // nothing can be pending without CUDA
 size_t pending_checks() { return 0; }
+DeferredChecksHold::DeferredChecksHold() = default;
+DeferredChecksHold::~DeferredChecksHold() = default;
 
 }  // namespace loom::cuda
