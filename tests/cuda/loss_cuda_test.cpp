@@ -193,6 +193,22 @@ TEST(CudaLoss, CrossEntropyEdgeCases) {
   EXPECT_LOOM_ERROR(cuda::synchronize(0), IndexError, {"cross_entropy", "target 10"});
   EXPECT_EQ(cuda::pending_checks(), 0u);
   EXPECT_FALSE(std::isnan(good.loss.item()));
+  // Library code that waits mid-change holds the checks; the next wait after it raises them.
+  const auto held = kc::cross_entropy_forward(gpu(logits), gpu(bad), Reduction::Sum, -100, 0.0);
+  {
+    cuda::DeferredChecksHold hold;
+    cuda::synchronize(0);
+    EXPECT_TRUE(std::isnan(held.loss.item()));
+    EXPECT_EQ(cuda::pending_checks(), 1u);
+  }
+  EXPECT_LOOM_ERROR(cuda::synchronize(0), IndexError, {"cross_entropy", "target 10"});
+  // A second device gets its own event for a reused slot.
+  if (cuda::device_count() > 1) {
+    const Device d1{DeviceType::CUDA, 1};
+    const auto other =
+        kc::cross_entropy_forward(logits.to(d1), bad.to(d1), Reduction::Sum, -100, 0.0);
+    EXPECT_LOOM_ERROR(cuda::synchronize(1), IndexError, {"cross_entropy", "target 10"});
+  }
   EXPECT_LOOM_ERROR(
       k::check_class_target("nll_loss", gpu(logits), gpu(tensor<int32_t>({-2})), -100), ShapeError,
       {"nll_loss", "[6, 4]", "[1]"});
