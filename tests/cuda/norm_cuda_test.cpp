@@ -189,6 +189,24 @@ TEST(CudaNorm, BatchNormForward) {
       {"batch_norm", "int64"});
 }
 
+// f(dtype, tol, shape, format) for each dtype and for x [N, C, H, W] and [N, C] shapes in each
+// layout that fits them (channels-last is 4-D only), under a trace that names the case; tol
+// is one rounding of the dtype (float32 and float64: 1e-4).
+template <typename F>
+void for_each_layout_case(std::initializer_list<DType> dtypes, F&& f) {
+  for (DType dtype : dtypes) {
+    const double tol = dtype == kFloat16 ? 2e-3 : dtype == kBFloat16 ? 1.6e-2 : 1e-4;
+    for (const Shape& shape : {Shape{8, 16, 5, 7}, Shape{32, 64, 4, 4}, Shape{64, 16}}) {
+      for (bool channels_last : {false, true}) {
+        if (channels_last && shape.size() != 4) continue;
+        SCOPED_TRACE(detail::str("x=", shape, " ", dtype, channels_last ? " channels-last" : ""));
+        f(dtype, tol, shape,
+          channels_last ? MemoryFormat::kChannelsLast : MemoryFormat::kContiguous);
+      }
+    }
+  }
+}
+
 // A 16-bit x (read and written element by element, statistics and parameters in float32) and a
 // channels-last x (read in place as [N H W, C, 1]) against the CPU, which widens a 16-bit x to
 // float32 and rounds once: y and dx within a 16-bit rounding (FMA contraction may move the float
@@ -196,14 +214,9 @@ TEST(CudaNorm, BatchNormForward) {
 TEST(CudaNorm, SixteenBitAndChannelsLastBatchNorm) {
   LOOM_SKIP_WITHOUT_GPU();
   manual_seed(9);
-  for (DType dtype : {kFloat16, kBFloat16, kFloat32}) {
-    const double tol = dtype == kFloat16 ? 2e-3 : dtype == kBFloat16 ? 1.6e-2 : 1e-4;
-    for (const Shape& shape : {Shape{8, 16, 5, 7}, Shape{32, 64, 4, 4}, Shape{64, 16}}) {
-      for (bool channels_last : {false, true}) {
-        if (channels_last && shape.size() != 4) continue;
-        SCOPED_TRACE(detail::str("x=", shape, " ", dtype, channels_last ? " channels-last" : ""));
-        const MemoryFormat format =
-            channels_last ? MemoryFormat::kChannelsLast : MemoryFormat::kContiguous;
+  for_each_layout_case(
+      {kFloat16, kBFloat16, kFloat32},
+      [](DType dtype, double tol, const Shape& shape, MemoryFormat format) {
         const Tensor x = batch(shape, kFloat32).to(dtype).contiguous(format);
         const Tensor dy = randn(shape).to(dtype);
         const Tensor weight = randn({shape[1]}), bias = randn({shape[1]});
@@ -227,9 +240,7 @@ TEST(CudaNorm, SixteenBitAndChannelsLastBatchNorm) {
         EXPECT_TRUE(cuda_matches_cpu(
             kc::batch_norm_elemt(gpu(x), gs.mean, gs.invstd, gpu(weight), gpu(bias)),
             k::batch_norm_elemt(x, cs.mean, cs.invstd, weight, bias), tol, tol));
-      }
-    }
-  }
+      });
 }
 
 // Note [Batch norm with ReLU]: the epilogue (residual, ReLU) of the forward kernels and the
@@ -238,52 +249,43 @@ TEST(CudaNorm, SixteenBitAndChannelsLastBatchNorm) {
 TEST(CudaNorm, BatchNormReluEpilogue) {
   LOOM_SKIP_WITHOUT_GPU();
   manual_seed(10);
-  for (DType dtype : {kFloat32, kFloat16, kBFloat16, kFloat64}) {
-    const double tol = dtype == kFloat16 ? 2e-3 : dtype == kBFloat16 ? 1.6e-2 : 1e-4;
-    for (const Shape& shape : {Shape{8, 16, 5, 7}, Shape{32, 64, 4, 4}, Shape{64, 16}}) {
-      for (bool channels_last : {false, true}) {
-        if (channels_last && shape.size() != 4) continue;
-        SCOPED_TRACE(detail::str("x=", shape, " ", dtype, channels_last ? " channels-last" : ""));
-        const MemoryFormat format =
-            channels_last ? MemoryFormat::kChannelsLast : MemoryFormat::kContiguous;
-        const DType pd = k::batch_norm_param_dtype(dtype);
-        const Tensor x = batch(shape, kFloat32).to(dtype).contiguous(format);
-        const Tensor res = randn(shape).to(dtype), dy = randn(shape).to(dtype);
-        const Tensor weight = randn({shape[1]}, pd), bias = randn({shape[1]}, pd);
-        for (const Tensor& r : {Tensor(), res}) {
-          const k::BatchNormEpilogue ce{r, true}, ge{gpu(r), true};
-          const auto [cy, cs] = k::batch_norm_forward_train(x, weight, bias, 1e-5, ce);
-          const auto [gy, gs] =
-              kc::batch_norm_forward_train(gpu(x), gpu(weight), gpu(bias), 1e-5, ge);
-          EXPECT_TRUE(gy.is_contiguous(format));
-          EXPECT_TRUE(cuda_matches_cpu(gy, cy, tol, tol));
-          EXPECT_TRUE(cuda_matches_cpu(kc::batch_norm_elemt(gpu(x), gpu(cs.mean), gpu(cs.invstd),
-                                                            gpu(weight), gpu(bias), ge),
-                                       k::batch_norm_elemt(x, cs.mean, cs.invstd, weight, bias, ce),
-                                       tol, tol));
-          for (bool training : {true, false}) {
-            SCOPED_TRACE(detail::str("residual=", r.defined(), " training=", training));
-            const k::NormGrads c = k::batch_norm_backward(dy, x, cs.mean, cs.invstd, weight,
-                                                          training, {true, true, true}, cy, true);
-            const k::NormGrads g =
-                kc::batch_norm_backward(gpu(dy), gpu(x), gpu(cs.mean), gpu(cs.invstd), gpu(weight),
-                                        training, {true, true, true}, gpu(cy), true);
-            EXPECT_TRUE(g.dx.is_contiguous(format));
-            EXPECT_TRUE(cuda_matches_cpu(g.dx, c.dx, tol, tol));
-            EXPECT_TRUE(cuda_matches_cpu(g.dweight, c.dweight, 1e-4, 1e-4));
-            EXPECT_TRUE(cuda_matches_cpu(g.dbias, c.dbias, 1e-4, 1e-4));
-            EXPECT_TRUE(cuda_matches_cpu(g.dresidual, c.dresidual, 0, 0));  // dy or 0, exactly
-            // The residual's gradient alone.
-            const k::NormGrads only =
-                kc::batch_norm_backward(gpu(dy), gpu(x), gpu(cs.mean), gpu(cs.invstd), gpu(weight),
-                                        training, {false, false, false}, gpu(cy), true);
-            EXPECT_FALSE(only.dx.defined());
-            EXPECT_TRUE(cuda_matches_cpu(only.dresidual, c.dresidual, 0, 0));
-          }
-        }
+  for_each_layout_case({kFloat32, kFloat16, kBFloat16, kFloat64}, [](DType dtype, double tol,
+                                                                     const Shape& shape,
+                                                                     MemoryFormat format) {
+    const DType pd = k::batch_norm_param_dtype(dtype);
+    const Tensor x = batch(shape, kFloat32).to(dtype).contiguous(format);
+    const Tensor res = randn(shape).to(dtype), dy = randn(shape).to(dtype);
+    const Tensor weight = randn({shape[1]}, pd), bias = randn({shape[1]}, pd);
+    for (const Tensor& r : {Tensor(), res}) {
+      const k::BatchNormEpilogue ce{r, true}, ge{gpu(r), true};
+      const auto [cy, cs] = k::batch_norm_forward_train(x, weight, bias, 1e-5, ce);
+      const auto [gy, gs] = kc::batch_norm_forward_train(gpu(x), gpu(weight), gpu(bias), 1e-5, ge);
+      EXPECT_TRUE(gy.is_contiguous(format));
+      EXPECT_TRUE(cuda_matches_cpu(gy, cy, tol, tol));
+      EXPECT_TRUE(cuda_matches_cpu(
+          kc::batch_norm_elemt(gpu(x), gpu(cs.mean), gpu(cs.invstd), gpu(weight), gpu(bias), ge),
+          k::batch_norm_elemt(x, cs.mean, cs.invstd, weight, bias, ce), tol, tol));
+      for (bool training : {true, false}) {
+        SCOPED_TRACE(detail::str("residual=", r.defined(), " training=", training));
+        const k::NormGrads c = k::batch_norm_backward(dy, x, cs.mean, cs.invstd, weight, training,
+                                                      {true, true, true}, cy, true);
+        const k::NormGrads g =
+            kc::batch_norm_backward(gpu(dy), gpu(x), gpu(cs.mean), gpu(cs.invstd), gpu(weight),
+                                    training, {true, true, true}, gpu(cy), true);
+        EXPECT_TRUE(g.dx.is_contiguous(format));
+        EXPECT_TRUE(cuda_matches_cpu(g.dx, c.dx, tol, tol));
+        EXPECT_TRUE(cuda_matches_cpu(g.dweight, c.dweight, 1e-4, 1e-4));
+        EXPECT_TRUE(cuda_matches_cpu(g.dbias, c.dbias, 1e-4, 1e-4));
+        EXPECT_TRUE(cuda_matches_cpu(g.dresidual, c.dresidual, 0, 0));  // dy or 0, exactly
+        // The residual's gradient alone.
+        const k::NormGrads only =
+            kc::batch_norm_backward(gpu(dy), gpu(x), gpu(cs.mean), gpu(cs.invstd), gpu(weight),
+                                    training, {false, false, false}, gpu(cy), true);
+        EXPECT_FALSE(only.dx.defined());
+        EXPECT_TRUE(cuda_matches_cpu(only.dresidual, c.dresidual, 0, 0));
       }
     }
-  }
+  });
 }
 
 TEST(CudaNorm, BatchNormBackward) {
