@@ -6,10 +6,12 @@
 #include <cmath>
 #include <cstdint>
 
+// Its own name, undefined at the end: float16.h's LOOM_HOST_DEVICE adds inline and
+// __forceinline__, and one file may include both headers.
 #ifdef __CUDACC__
-#define LOOM_HOST_DEVICE __host__ __device__
+#define LOOM_PHILOX_FN __host__ __device__
 #else
-#define LOOM_HOST_DEVICE
+#define LOOM_PHILOX_FN
 #endif
 
 namespace loom::philox {
@@ -18,14 +20,13 @@ namespace loom::philox {
 // in device code).
 struct Lanes {
   uint32_t lane[4];
-  LOOM_HOST_DEVICE uint32_t operator[](int i) const { return lane[i]; }
+  LOOM_PHILOX_FN uint32_t operator[](int i) const { return lane[i]; }
 };
 
 // Philox4x32-10 (Salmon et al., SC'11): the 128-bit counter is (counter, subsequence), low words
 // first; the 64-bit key is the seed. Ten rounds of two 32x32->64 multiplies, the key bumped by a
 // Weyl sequence after each round. Exactly loom::philox4x32 of tensor/random.cpp.
-LOOM_HOST_DEVICE inline Lanes philox4x32(uint64_t seed, uint64_t counter,
-                                         uint64_t subsequence = 0) {
+LOOM_PHILOX_FN inline Lanes philox4x32(uint64_t seed, uint64_t counter, uint64_t subsequence = 0) {
   constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
   constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
   uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32);
@@ -49,10 +50,10 @@ LOOM_HOST_DEVICE inline Lanes philox4x32(uint64_t seed, uint64_t counter,
 // A uniform float in [0, 1) from the top 24 bits of a lane; a double in [0, 1) from 53 bits
 // (all 32 of hi above the top 21 of lo). Both are exact on any IEEE machine: an integer below
 // 2^24 (2^53) times a power of two.
-LOOM_HOST_DEVICE inline float uniform_float(uint32_t bits) {
+LOOM_PHILOX_FN inline float uniform_float(uint32_t bits) {
   return static_cast<float>(bits >> 8) * (1.0f / 16777216.0f);
 }
-LOOM_HOST_DEVICE inline double uniform_double(uint32_t hi, uint32_t lo) {
+LOOM_PHILOX_FN inline double uniform_double(uint32_t hi, uint32_t lo) {
   return static_cast<double>((static_cast<uint64_t>(hi) << 21) ^ (lo >> 11)) *
          (1.0 / 9007199254740992.0);
 }
@@ -63,7 +64,7 @@ LOOM_HOST_DEVICE inline double uniform_double(uint32_t hi, uint32_t lo) {
 // side's math library: glibc's and CUDA's may differ in the last bit (CUDA documents log within
 // 1 ulp, cos within 2), so host and device agree to a few ulp in double, and almost always
 // exactly once rounded to float.
-LOOM_HOST_DEVICE inline double box_muller(uint32_t a, uint32_t b) {
+LOOM_PHILOX_FN inline double box_muller(uint32_t a, uint32_t b) {
   constexpr double kPi = 3.14159265358979323846;
   const double u1 = (static_cast<double>(a) + 1.0) * (1.0 / 4294967296.0);  // (0, 1]
   const double u2 = static_cast<double>(b) * (1.0 / 4294967296.0);          // [0, 1)
@@ -72,9 +73,11 @@ LOOM_HOST_DEVICE inline double box_muller(uint32_t a, uint32_t b) {
 
 // An integer in [low, low + range) from 64 bits (a << 32 | b) modulo range (range > 0), as
 // randint draws it.
-LOOM_HOST_DEVICE inline int64_t uniform_int(uint32_t a, uint32_t b, int64_t low, uint64_t range) {
+LOOM_PHILOX_FN inline int64_t uniform_int(uint32_t a, uint32_t b, int64_t low, uint64_t range) {
   const uint64_t bits = (static_cast<uint64_t>(a) << 32) | b;
   return low + static_cast<int64_t>(bits % range);
 }
 
 }  // namespace loom::philox
+
+#undef LOOM_PHILOX_FN
