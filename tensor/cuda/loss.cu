@@ -569,34 +569,6 @@ Tensor log_softmax_backward(const Tensor& dy, const Tensor& y, int64_t dim) {
   return softmax_family<Kind::LogSoftmaxBackward>("log_softmax_backward", y, dy, dim);
 }
 
-int64_t check_class_target(const char* op, const Tensor& input, const Tensor& target,
-                           int64_t ignore_index) {
-  const int device = target.device().index;
-  DeviceGuard guard(device);
-  const int64_t classes = input.size(1), n = target.numel();
-  if (n == 0) return 0;
-  const Tensor tc = contiguous_as(target, target.dtype());
-  const Tensor counts = empty({2}, kInt64, target.device());
-  auto* cp = reinterpret_cast<unsigned long long*>(counts.data_ptr<int64_t>());
-  const cudaStream_t stream = stream_of(target);
-  LOOM_CUDA_CHECK(cudaMemsetAsync(cp, 0, sizeof(unsigned long long), stream), device);
-  LOOM_CUDA_CHECK(cudaMemsetAsync(cp + 1, 0xff, sizeof(unsigned long long), stream), device);
-  unsigned long long host[2] = {0, 0};
-  dispatch_index(target.dtype(), op, [&]<typename I>() {
-    check_targets_kernel<<<blocks_for(n), kThreads, 0, stream>>>(tc.data_ptr<I>(), n, classes,
-                                                                 ignore_index, cp);
-    check_launch("check_targets_kernel", device);
-    copy_bytes(host, cp, sizeof(host), CopyKind::DeviceToHost, device);
-    if (host[1] == ~0ull) return;
-    I bad = 0;
-    copy_bytes(&bad, tc.data_ptr<I>() + host[1], sizeof(I), CopyKind::DeviceToHost, device);
-    throw IndexError(detail::str(op, ": target ", static_cast<int64_t>(bad),
-                                 " is out of range [0, ", classes, ") (ignore_index=", ignore_index,
-                                 "); got input=", input.sizes(), " target=", target.sizes()));
-  });
-  return static_cast<int64_t>(host[0]);
-}
-
 namespace {
 
 // counts[2] = the first bad target's value, next to its position counts[1] (none: ~0).
@@ -606,6 +578,40 @@ __global__ void bad_target_kernel(const I* target, unsigned long long* counts) {
     counts[2] = static_cast<unsigned long long>(static_cast<int64_t>(target[counts[1]]));
 }
 
+// Queues the target check of a class loss on the target's stream: an int64 [3] tensor that will
+// hold the targets != ignore_index, the first bad position (~0 when none) and that target.
+Tensor queue_target_check(const char* op, const Tensor& input, const Tensor& target,
+                          int64_t ignore_index) {
+  const int device = target.device().index;
+  const int64_t classes = input.size(1), n = target.numel();
+  const Tensor counts = empty({3}, kInt64, target.device());
+  auto* cp = reinterpret_cast<unsigned long long*>(counts.data_ptr<int64_t>());
+  const cudaStream_t stream = stream_of(target);
+  LOOM_CUDA_CHECK(cudaMemsetAsync(cp, 0, sizeof(unsigned long long), stream), device);
+  LOOM_CUDA_CHECK(cudaMemsetAsync(cp + 1, 0xff, sizeof(unsigned long long), stream), device);
+  if (n == 0) return counts;
+  const Tensor tc = contiguous_as(target, target.dtype());
+  dispatch_index(target.dtype(), op, [&]<typename I>() {
+    check_targets_kernel<<<blocks_for(n), kThreads, 0, stream>>>(tc.data_ptr<I>(), n, classes,
+                                                                 ignore_index, cp);
+    check_launch("check_targets_kernel", device);
+    bad_target_kernel<<<1, 1, 0, stream>>>(tc.data_ptr<I>(), cp);
+    check_launch("bad_target_kernel", device);
+  });
+  return counts;
+}
+
+// Throws the IndexError of a bad target when `found` (the first bad position, then its value)
+// names one.
+void raise_bad_target(const unsigned long long* found, const char* op, int64_t classes,
+                      int64_t ignore_index, const Shape& input, const Shape& target,
+                      const char* when) {
+  if (found[0] == ~0ull) return;
+  throw IndexError(detail::str(op, ": target ", static_cast<int64_t>(found[1]),
+                               " is out of range [0, ", classes, ") (ignore_index=", ignore_index,
+                               "); got input=", input, " target=", target, when));
+}
+
 // The targets != ignore_index of `target` as a [] int64 tensor on its device, counted there; the
 // check that every other target is in [0, classes) is deferred (Note [Deferred device checks]):
 // its IndexError comes at this thread's next wait for the device.
@@ -613,36 +619,31 @@ Tensor count_class_targets(const char* op, const Tensor& input, const Tensor& ta
                            int64_t ignore_index) {
   const int device = target.device().index;
   DeviceGuard guard(device);
-  const int64_t classes = input.size(1), n = target.numel();
-  const Tensor counts = empty({3}, kInt64, target.device());  // count, first bad, its value
-  auto* cp = reinterpret_cast<unsigned long long*>(counts.data_ptr<int64_t>());
-  const cudaStream_t stream = stream_of(target);
-  LOOM_CUDA_CHECK(cudaMemsetAsync(cp, 0, sizeof(unsigned long long), stream), device);
-  LOOM_CUDA_CHECK(cudaMemsetAsync(cp + 1, 0xff, sizeof(unsigned long long), stream), device);
-  if (n > 0) {
-    const Tensor tc = contiguous_as(target, target.dtype());
-    dispatch_index(target.dtype(), op, [&]<typename I>() {
-      check_targets_kernel<<<blocks_for(n), kThreads, 0, stream>>>(tc.data_ptr<I>(), n, classes,
-                                                                   ignore_index, cp);
-      check_launch("check_targets_kernel", device);
-      bad_target_kernel<<<1, 1, 0, stream>>>(tc.data_ptr<I>(), cp);
-      check_launch("bad_target_kernel", device);
-    });
-    defer_check(
-        cp + 1, 2 * sizeof(unsigned long long), Stream::current(device),
-        [op, classes, ignore_index, in = input.sizes(), t = target.sizes()](const void* bytes) {
-          const auto* found = static_cast<const unsigned long long*>(bytes);
-          if (found[0] == ~0ull) return;
-          throw IndexError(
-              detail::str(op, ": target ", static_cast<int64_t>(found[1]), " is out of range [0, ",
-                          classes, ") (ignore_index=", ignore_index, "); got input=", in,
-                          " target=", t, " (found on the device after the op returned)"));
-        });
-  }
+  const Tensor counts = queue_target_check(op, input, target, ignore_index);
+  if (target.numel() > 0)
+    defer_check(counts.data_ptr<int64_t>() + 1, 2 * sizeof(int64_t), Stream::current(device),
+                [op, classes = input.size(1), ignore_index, in = input.sizes(),
+                 t = target.sizes()](const void* bytes) {
+                  raise_bad_target(static_cast<const unsigned long long*>(bytes), op, classes,
+                                   ignore_index, in, t,
+                                   " (found on the device after the op returned)");
+                });
   return kernels::reshape(kernels::narrow(counts, 0, 0, 1), {});
 }
 
 }  // namespace
+
+int64_t check_class_target(const char* op, const Tensor& input, const Tensor& target,
+                           int64_t ignore_index) {
+  const int device = target.device().index;
+  DeviceGuard guard(device);
+  if (target.numel() == 0) return 0;
+  const Tensor counts = queue_target_check(op, input, target, ignore_index);
+  unsigned long long host[3] = {0, 0, 0};
+  copy_bytes(host, counts.data_ptr<int64_t>(), sizeof(host), CopyKind::DeviceToHost, device);
+  raise_bad_target(host + 1, op, input.size(1), ignore_index, input.sizes(), target.sizes(), "");
+  return static_cast<int64_t>(host[0]);
+}
 
 kernels::CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& target,
                                                    Reduction reduction, int64_t ignore_index,

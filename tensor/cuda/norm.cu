@@ -156,74 +156,44 @@ void channel_sums(const F& f, const E& epilogue, const ChannelShape& cs, const T
   check_launch(name, device);
 }
 
-// One thread per element of x [N, C, S], grid-stride: f(c, i), for layer norm's element passes
-// (batch norm's take bn_map below). Below 2^31 elements the channel (i / S) % C comes from two
-// multiply-high divisions (FastDivider, loops.cuh), not two 64-bit divisions.
-template <typename F>
-__global__ void channel_map_kernel(F f, int64_t total, ChannelShape cs) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += int64_t(gridDim.x) * blockDim.x)
-    f((i / cs.s) % cs.c, i);
-}
-template <typename F>
-__global__ void channel_map_kernel32(F f, uint32_t total, FastDivider s, FastDivider c) {
-  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-    const uint32_t q = s.quotient(i);  // i < 2^31 and the step < 2^28: no wrap-around
-    f(static_cast<int64_t>(q - c.quotient(q) * c.divisor), static_cast<int64_t>(i));
-  }
-}
-
-template <typename F>
-void channel_map(const F& f, const ChannelShape& cs, const Tensor& like, const char* name) {
-  const int64_t total = cs.n * cs.c * cs.s;
-  if (total == 0) return;
-  const cudaStream_t stream = stream_of(like);
-  if (total <= std::numeric_limits<int32_t>::max())
-    channel_map_kernel32<<<blocks_for(total), kThreads, 0, stream>>>(
-        f, static_cast<uint32_t>(total), FastDivider(static_cast<uint32_t>(cs.s)),
-        FastDivider(static_cast<uint32_t>(cs.c)));
-  else
-    channel_map_kernel<<<blocks_for(total), kThreads, 0, stream>>>(f, total, cs);
-  check_launch(name, like.device().index);
-}
-
-// Note [Batch norm element passes]
-// Batch norm's element passes, y from x and dx from dy and x, run through bn_map. Each pass takes
-// up to In operands shaped like x (null: absent, never read), reads element i of each as its math
-// type, and hands them with i's channel to op(c, in, out). Up to Out results are rounded back to
-// T and stored (null: not written). When every pointer is aligned to 4 elements, a thread takes
+// Note [CUDA channel maps]
+// The element passes of batch norm (y from x, dx from dy and x) and of layer norm (its rows as
+// the channels) run through channel_map. Each pass takes up to In operands shaped like x (null:
+// absent, never read), reads element i of each as its math type, and hands them, with i and
+// i's channel c = (i / S) % C, to op(c, i, in, out). Up to Out results are rounded back to T
+// and stored (null: not written). When every pointer is aligned to 4 elements, a thread takes
 // elements 4v..4v+3: one Vec4 load per operand (a float4 for float, 8 bytes for a 16-bit type)
 // and one store per result, as the elementwise loops do (Note [CUDA elementwise loops]). With
 // one 2- or 4-byte element per thread, an SM has only a few KB of loads in flight, and by
 // Little's law an H200 needs tens of KB per SM to reach its bandwidth (reasoned, not yet
 // measured). The four elements may straddle channels, so each finds its own channel by two
-// multiply-high divisions. The last total % 4 elements go one to a thread. Above 2^31 elements, or
-// with an unaligned pointer, one element per thread.
+// multiply-high divisions (FastDivider, loops.cuh). The last total % 4 elements go one to a
+// thread. Above 2^31 elements, or with an unaligned pointer, one element per thread.
 
 template <typename T, int In, int Out>
-struct BnOperands {
+struct ChannelOperands {
   const T* in[In];
   T* out[Out];
 };
 
 // Element i of every operand: op(c, in, out) on the math values, results stored.
 template <typename T, int In, int Out, typename Op>
-__device__ __forceinline__ void bn_element(const Op& op, const BnOperands<T, In, Out>& p, int64_t c,
-                                           int64_t i) {
+__device__ __forceinline__ void channel_element(const Op& op, const ChannelOperands<T, In, Out>& p,
+                                                int64_t c, int64_t i) {
   math_t<T> in[In] = {}, out[Out] = {};
 #pragma unroll
   for (int k = 0; k < In; ++k)
     if (p.in[k]) in[k] = to_math(p.in[k][i]);
-  op(c, in, out);
+  op(c, i, in, out);
 #pragma unroll
   for (int k = 0; k < Out; ++k)
     if (p.out[k]) p.out[k][i] = from_math<T>(out[k]);
 }
 
-// Note [Batch norm element passes], below 2^31 elements: vectors of 4 when `vectorized`.
+// Note [CUDA channel maps], below 2^31 elements: vectors of 4 when `vectorized`.
 template <typename T, int In, int Out, typename Op>
-__global__ void bn_map_kernel32(Op op, BnOperands<T, In, Out> p, uint32_t total, bool vectorized,
-                                FastDivider s, FastDivider c) {
+__global__ void channel_map_kernel32(Op op, ChannelOperands<T, In, Out> p, uint32_t total,
+                                     bool vectorized, FastDivider s, FastDivider c) {
   using map_detail::Vec4;
   auto channel = [&](uint32_t i) {  // (i / S) % C; i < 2^31: no wrap-around
     const uint32_t q = s.quotient(i);
@@ -231,7 +201,7 @@ __global__ void bn_map_kernel32(Op op, BnOperands<T, In, Out> p, uint32_t total,
   };
   const uint32_t first = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
   if (!vectorized) {
-    for (uint32_t i = first; i < total; i += step) bn_element(op, p, channel(i), i);
+    for (uint32_t i = first; i < total; i += step) channel_element(op, p, channel(i), i);
     return;
   }
   const uint32_t vectors = total / 4;
@@ -249,7 +219,7 @@ __global__ void bn_map_kernel32(Op op, BnOperands<T, In, Out> p, uint32_t total,
       math_t<T> a[In], b[Out] = {};
 #pragma unroll
       for (int k = 0; k < In; ++k) a[k] = in[k][j];
-      op(channel(4 * v + j), a, b);
+      op(channel(4 * v + j), 4 * v + j, a, b);
 #pragma unroll
       for (int k = 0; k < Out; ++k) out[k][j] = b[k];
     }
@@ -264,20 +234,21 @@ __global__ void bn_map_kernel32(Op op, BnOperands<T, In, Out> p, uint32_t total,
   }
   if (first < total - 4 * vectors) {
     const uint32_t i = 4 * vectors + first;
-    bn_element(op, p, channel(i), i);
+    channel_element(op, p, channel(i), i);
   }
 }
 
 template <typename T, int In, int Out, typename Op>
-__global__ void bn_map_kernel(Op op, BnOperands<T, In, Out> p, int64_t total, ChannelShape cs) {
+__global__ void channel_map_kernel(Op op, ChannelOperands<T, In, Out> p, int64_t total,
+                                   ChannelShape cs) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x)
-    bn_element(op, p, (i / cs.s) % cs.c, i);
+    channel_element(op, p, (i / cs.s) % cs.c, i);
 }
 
 template <typename T, int In, int Out, typename Op>
-void bn_map(const Op& op, const BnOperands<T, In, Out>& p, const ChannelShape& cs,
-            const Tensor& like, const char* name) {
+void channel_map(const Op& op, const ChannelOperands<T, In, Out>& p, const ChannelShape& cs,
+                 const Tensor& like, const char* name) {
   const int64_t total = cs.n * cs.c * cs.s;
   if (total == 0) return;
   const cudaStream_t stream = stream_of(like);
@@ -285,12 +256,12 @@ void bn_map(const Op& op, const BnOperands<T, In, Out>& p, const ChannelShape& c
     bool vectorized = true;
     for (const T* q : p.in) vectorized = vectorized && map_detail::aligned4<T>(q);
     for (const T* q : p.out) vectorized = vectorized && map_detail::aligned4<T>(q);
-    bn_map_kernel32<<<blocks_for(vectorized ? std::max<int64_t>(total / 4, total % 4) : total),
-                      kThreads, 0, stream>>>(op, p, static_cast<uint32_t>(total), vectorized,
-                                             FastDivider(static_cast<uint32_t>(cs.s)),
-                                             FastDivider(static_cast<uint32_t>(cs.c)));
+    channel_map_kernel32<<<blocks_for(vectorized ? std::max<int64_t>(total / 4, total % 4) : total),
+                           kThreads, 0, stream>>>(op, p, static_cast<uint32_t>(total), vectorized,
+                                                  FastDivider(static_cast<uint32_t>(cs.s)),
+                                                  FastDivider(static_cast<uint32_t>(cs.c)));
   } else {
-    bn_map_kernel<<<blocks_for(total), kThreads, 0, stream>>>(op, p, total, cs);
+    channel_map_kernel<<<blocks_for(total), kThreads, 0, stream>>>(op, p, total, cs);
   }
   check_launch(name, like.device().index);
 }
@@ -359,15 +330,22 @@ __device__ Moments shifted_moments(const T* x, int64_t s, int64_t c, double coun
   return {shift + d, e < 0.0 ? 0.0 : e};  // rounding can take e a hair below 0; NaN stays
 }
 
-// dy, or with a fused ReLU dy where its output y is positive and 0 elsewhere (relu_backward's
-// test; Note [Batch norm with ReLU] in tensor/norm.h).
+// The gradient behind a fused ReLU (Note [Batch norm with ReLU] in tensor/norm.h): g where its
+// output y is positive, 0 elsewhere (relu_backward's test). Both are read either way: a select,
+// not a divergent branch.
+template <typename P>
+__device__ __forceinline__ P relu_masked(P g, P y) {
+  return y > 0 ? g : P(0);
+}
+
+// dy, or with a fused ReLU dy masked by its output.
 template <typename T>
 struct Grad {
   const T* dy;
   const T* relu_y;  // null: no ReLU
   __device__ math_t<T> operator()(int64_t i) const {
-    const math_t<T> g = to_math(dy[i]);  // read either way: a select, not a divergent branch
-    return relu_y && !(to_math(relu_y[i]) > 0) ? math_t<T>(0) : g;
+    const math_t<T> g = to_math(dy[i]);
+    return relu_y ? relu_masked(g, to_math(relu_y[i])) : g;
   }
 };
 
@@ -456,14 +434,14 @@ struct BackwardEpilogue {
 
 // ---------------------------------------------------------------- element maps
 
-// y = x scale_c + shift_c, plus a residual, then a ReLU (each optional). bn_map operands:
+// y = x scale_c + shift_c, plus a residual, then a ReLU (each optional). channel_map operands:
 // in {x, residual}, out {y}.
 template <typename P>
 struct Affine {
   const P* scale;
   const P* shift;
   bool residual, relu;
-  __device__ void operator()(int64_t c, const P (&in)[2], P (&out)[1]) const {
+  __device__ void operator()(int64_t c, int64_t, const P (&in)[2], P (&out)[1]) const {
     P v = in[0] * scale[c] + shift[c];
     if (residual) v += in[1];
     if (relu) v = v > 0 ? v : P(0);  // relu's test, elementwise_unary.cu
@@ -485,15 +463,15 @@ struct ScaleShift {
   }
 };
 
-// dx = a_c g + b_c x + k_c and dres = g, with g = dy, or with a fused ReLU dy where its output
-// y is positive and 0 elsewhere (as Grad). bn_map operands: in {dy, x, relu_y}, out {dx, dres};
+// dx = a_c g + b_c x + k_c and dres = g, with g = dy, or with a fused ReLU dy masked by its
+// output (as Grad). channel_map operands: in {dy, x, relu_y}, out {dx, dres};
 // coef may be null when dx is not written.
 template <typename P>
 struct LinearDx {
   const P* coef;
   bool masked;
-  __device__ void operator()(int64_t c, const P (&in)[3], P (&out)[2]) const {
-    const P g = masked && !(in[2] > 0) ? P(0) : in[0];
+  __device__ void operator()(int64_t c, int64_t, const P (&in)[3], P (&out)[2]) const {
+    const P g = masked ? relu_masked(in[0], in[2]) : in[0];
     if (coef) out[0] = coef[3 * c] * g + coef[3 * c + 1] * in[1] + coef[3 * c + 2];
     out[1] = g;
   }
@@ -579,16 +557,15 @@ struct LayerNormStats {  // mean and rstd per row of x [M, D] from its shifted s
 };
 
 template <typename T>
-struct LayerNormAffine {  // out = (x - mean_r) rstd_r weight + bias, in T
-  const T *x, *mean, *rstd, *weight, *bias;
+struct LayerNormAffine {  // out = (x - mean_r) rstd_r weight + bias, in T; in {x}, out {out}
+  const T *mean, *rstd, *weight, *bias;
   int64_t cols;
-  T* out;
-  __device__ void operator()(int64_t r, int64_t i) const {
-    T v = (x[i] - mean[r]) * rstd[r];
+  __device__ void operator()(int64_t r, int64_t i, const T (&in)[1], T (&out)[1]) const {
+    T v = (in[0] - mean[r]) * rstd[r];
     const int64_t col = i - r * cols;
     if (weight) v = v * weight[col];
     if (bias) v = v + bias[col];
-    out[i] = v;
+    out[0] = v;
   }
 };
 
@@ -617,18 +594,17 @@ struct WriteRowMeans {  // c1 = sum dx_hat / D, c2 = sum dx_hat x_hat / D
 
 // d layer_norm: dx = rstd (dx_hat - c1 - x_hat c2), x_hat = (x - mean) rstd, in double.
 template <typename T>
-struct LayerNormDx {
-  const T *dy, *x, *weight, *mean, *rstd;
+struct LayerNormDx {  // in {dy, x}, out {dx}
+  const T *weight, *mean, *rstd;
   const double* coef;
   int64_t cols;
-  T* dx;
-  __device__ void operator()(int64_t r, int64_t i) const {
+  __device__ void operator()(int64_t r, int64_t i, const T (&in)[2], T (&out)[1]) const {
     const int64_t col = i - r * cols;
     const double mr = static_cast<double>(mean[r]), rr = static_cast<double>(rstd[r]);
     const double dxhat =
-        static_cast<double>(dy[i]) * (weight ? static_cast<double>(weight[col]) : 1.0);
-    dx[i] = static_cast<T>(
-        rr * (dxhat - coef[2 * r] - (static_cast<double>(x[i]) - mr) * rr * coef[2 * r + 1]));
+        static_cast<double>(in[0]) * (weight ? static_cast<double>(weight[col]) : 1.0);
+    out[0] = static_cast<T>(
+        rr * (dxhat - coef[2 * r] - (static_cast<double>(in[1]) - mr) * rr * coef[2 * r + 1]));
   }
 };
 
@@ -814,9 +790,9 @@ Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invst
     run_each(ScaleShift<P>{m.data_ptr<P>(), is.data_ptr<P>(), ptr_or_null<P>(w), ptr_or_null<P>(b),
                            scale, shift},
              l.c, x, "batch_norm_elemt_kernel");
-    bn_map(Affine<P>{scale, shift, rc.defined(), epilogue.relu},
-           BnOperands<T, 2, 1>{{xc.data_ptr<T>(), ptr_or_null<T>(rc)}, {y.data_ptr<T>()}}, mem, x,
-           "batch_norm_elemt_kernel");
+    channel_map(Affine<P>{scale, shift, rc.defined(), epilogue.relu},
+                ChannelOperands<T, 2, 1>{{xc.data_ptr<T>(), ptr_or_null<T>(rc)}, {y.data_ptr<T>()}},
+                mem, x, "batch_norm_elemt_kernel");
   });
   return y;
 }
@@ -844,9 +820,9 @@ std::pair<Tensor, kernels::BatchNormStats> batch_norm_forward_train(
     P* shift = scale + l.c;
     channel_moments<T>(xc, mem, eps, stats, ptr_or_null<P>(w), ptr_or_null<P>(b), scale, shift,
                        "batch_norm_kernel");
-    bn_map(Affine<P>{scale, shift, rc.defined(), epilogue.relu},
-           BnOperands<T, 2, 1>{{xc.data_ptr<T>(), ptr_or_null<T>(rc)}, {y.data_ptr<T>()}}, mem, x,
-           "batch_norm_kernel");
+    channel_map(Affine<P>{scale, shift, rc.defined(), epilogue.relu},
+                ChannelOperands<T, 2, 1>{{xc.data_ptr<T>(), ptr_or_null<T>(rc)}, {y.data_ptr<T>()}},
+                mem, x, "batch_norm_kernel");
   });
   return {y, stats};
 }
@@ -903,10 +879,10 @@ Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor
                                   ptr_or_null<double>(sd), ptr_or_null<double>(sdx),
                                   static_cast<double>(count), coef.data_ptr<P>()},
              l.c, x, "batch_norm_backward_elemt_kernel");
-    bn_map(LinearDx<P>{coef.data_ptr<P>(), false},
-           BnOperands<T, 3, 2>{{dyc.data_ptr<T>(), xc.data_ptr<T>(), nullptr},
-                               {dx.data_ptr<T>(), nullptr}},
-           mem, x, "batch_norm_backward_elemt_kernel");
+    channel_map(LinearDx<P>{coef.data_ptr<P>(), false},
+                ChannelOperands<T, 3, 2>{{dyc.data_ptr<T>(), xc.data_ptr<T>(), nullptr},
+                                         {dx.data_ptr<T>(), nullptr}},
+                mem, x, "batch_norm_backward_elemt_kernel");
   });
   return dx;
 }
@@ -954,12 +930,12 @@ kernels::NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const 
                l.c, x, "batch_norm_backward_kernel");
     }
     if (need[0] || need_dresidual)
-      bn_map(LinearDx<P>{ptr_or_null<P>(coef), yc.defined()},
-             // x is read only for dx.
-             BnOperands<T, 3, 2>{
-                 {dyc.data_ptr<T>(), need[0] ? xc.data_ptr<T>() : nullptr, ptr_or_null<T>(yc)},
-                 {ptr_or_null<T>(g.dx), ptr_or_null<T>(g.dresidual)}},
-             mem, x, "batch_norm_backward_kernel");
+      channel_map(LinearDx<P>{ptr_or_null<P>(coef), yc.defined()},
+                  // x is read only for dx.
+                  ChannelOperands<T, 3, 2>{
+                      {dyc.data_ptr<T>(), need[0] ? xc.data_ptr<T>() : nullptr, ptr_or_null<T>(yc)},
+                      {ptr_or_null<T>(g.dx), ptr_or_null<T>(g.dresidual)}},
+                  mem, x, "batch_norm_backward_kernel");
   });
   return g;
 }
@@ -986,10 +962,10 @@ kernels::LayerNormForward layer_norm_forward(const Tensor& x, int64_t normalized
         ShiftedSums<T>{xp, cols},
         LayerNormStats<T>{xp, cols, eps, out.mean.data_ptr<T>(), out.rstd.data_ptr<T>()}, by_row, x,
         "layer_norm_kernel");
-    channel_map(
-        LayerNormAffine<T>{xc.data_ptr<T>(), out.mean.data_ptr<T>(), out.rstd.data_ptr<T>(),
-                           ptr_or_null<T>(w), ptr_or_null<T>(b), cols, out.out.data_ptr<T>()},
-        by_row, x, "layer_norm_kernel");
+    channel_map(LayerNormAffine<T>{out.mean.data_ptr<T>(), out.rstd.data_ptr<T>(),
+                                   ptr_or_null<T>(w), ptr_or_null<T>(b), cols},
+                ChannelOperands<T, 1, 1>{{xp}, {out.out.data_ptr<T>()}}, by_row, x,
+                "layer_norm_kernel");
   });
   return out;
 }
@@ -1018,9 +994,9 @@ kernels::NormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const 
       channel_sums<2>(LayerNormGradSums<T>{gp, xp, wp, mp, rp, cols},
                       WriteRowMeans{coef.data_ptr<double>(), static_cast<double>(cols)}, by_row, x,
                       "layer_norm_backward_kernel");
-      channel_map(
-          LayerNormDx<T>{gp, xp, wp, mp, rp, coef.data_ptr<double>(), cols, g.dx.data_ptr<T>()},
-          by_row, x, "layer_norm_backward_kernel");
+      channel_map(LayerNormDx<T>{wp, mp, rp, coef.data_ptr<double>(), cols},
+                  ChannelOperands<T, 2, 1>{{gp, xp}, {g.dx.data_ptr<T>()}}, by_row, x,
+                  "layer_norm_backward_kernel");
     }
     if (need[1] || need[2]) {
       const ChannelShape by_col{rows, cols, 1};  // columns as the channels of [M, D, 1]
