@@ -94,8 +94,8 @@ Tensor device_share(const Tensor& grad, NormKind kind, double p) {
   return k::to_dtype(share, kFloat64);
 }
 
-// The norm of one CPU gradient.
-double gradient_norm(const Tensor& grad, NormKind kind, double p) {
+// A CPU gradient's share of the total, as device_share's: its power sum (or max |g|).
+double cpu_share(const Tensor& grad, NormKind kind, double p) {
   const Tensor g = k::contiguous(grad);
   return dispatch_floating(g.dtype(), "clip_grad_norm_", [&]<typename T>() {
     const T* data = g.data_ptr<T>();
@@ -104,11 +104,11 @@ double gradient_norm(const Tensor& grad, NormKind kind, double p) {
       case NormKind::L1:
         return gradient_power_sum<T, NormKind::L1>(data, n, p);
       case NormKind::L2:
-        return std::sqrt(gradient_power_sum<T, NormKind::L2>(data, n, p));
+        return gradient_power_sum<T, NormKind::L2>(data, n, p);
       case NormKind::Inf:
         return gradient_power_sum<T, NormKind::Inf>(data, n, p);
       case NormKind::Power:
-        return std::pow(gradient_power_sum<T, NormKind::Power>(data, n, p), 1.0 / p);
+        return gradient_power_sum<T, NormKind::Power>(data, n, p);
     }
     return 0.0;
   });
@@ -148,19 +148,7 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
       on_gpu.push_back(g);
       continue;
     }
-    const double norm = gradient_norm(g, kind, norm_type);
-    switch (kind) {
-      case NormKind::L1:
-      case NormKind::Inf:
-        total = add_share(total, norm);
-        break;
-      case NormKind::L2:
-        total += norm * norm;
-        break;
-      case NormKind::Power:
-        total += std::pow(norm, norm_type);
-        break;
-    }
+    total = add_share(total, cpu_share(g, kind, norm_type));
   }
   for_each_group(
       on_gpu, [](const Tensor& g) { return g.device().index; },
