@@ -33,7 +33,8 @@ namespace loom::kernels {
 // the saved output: dy counts where y > 0 and is 0 elsewhere, as relu_backward. This mask is
 // applied as dy is read by the sums and by dx, and the masked dy is written out as the
 // residual's gradient in the same pass (NormGrads::dresidual). It is exact: the same y, the same
-// test, the same results as the unfused ops up to the order of the sums.
+// test, the same results as the unfused ops up to the order of the sums (and, for a 16-bit x,
+// one rounding of y where the ops round after the batch norm and again after the add).
 // Per activation of a ResNet block (bn-relu, then bn-add-relu), forward reads or writes the
 // whole tensor 6 fewer times and backward once fewer. The backward could save 2 more passes
 // in bn-relu by recomputing the mask from x, but the recomputed y is only bit-equal to the
