@@ -34,6 +34,8 @@ void set_conv2d_algorithm(Conv2dAlgorithm algorithm);
 Conv2dAlgorithm get_conv2d_algorithm();
 
 // The gradients conv2d's backward asked for (needs = {dx, dweight, dbias}); others undefined.
+// dx is in x's memory format and dweight in the weight's (a channels-last weight, as
+// nn::Module::to(MemoryFormat::kChannelsLast) stores it, gets a channels-last gradient).
 struct Conv2dGrads {
   Tensor dx, dweight, dbias;
 };

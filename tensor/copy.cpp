@@ -121,6 +121,22 @@ bool same_dense_layout(const Tensor& a, const Tensor& b) {
          b.is_contiguous(MemoryFormat::kChannelsLast);
 }
 
+bool is_dense(const Tensor& t) {
+  return t.is_contiguous() || t.is_contiguous(MemoryFormat::kChannelsLast);
+}
+
+Tensor dense_like(const Tensor& t, const Tensor& like) {
+  if (same_dense_layout(t, like)) return t;
+  LOOM_CHECK(t.sizes() == like.sizes(), ShapeError, "dense_like: shapes differ; got t=", t.sizes(),
+             " like=", like.sizes());
+  const bool channels_last =
+      !like.is_contiguous() && like.is_contiguous(MemoryFormat::kChannelsLast);
+  Tensor out = empty(t.sizes(), t.dtype(), t.device(),
+                     channels_last ? MemoryFormat::kChannelsLast : MemoryFormat::kContiguous);
+  copy_(out, t);
+  return out;
+}
+
 // Note [Copies between devices]
 // On one device the copy is that device's kernel: strides, broadcasting and dtype conversion
 // included. Between the host and a GPU only dense bytes of one dtype move (copy_bytes), in

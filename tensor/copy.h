@@ -30,5 +30,14 @@ Tensor widened(const Tensor& t);
 // into the other (both contiguous, or both channels-last; where a shape is dense in both
 // orders, C = 1 or H = W = 1, the two orders are the same bytes).
 bool same_dense_layout(const Tensor& a, const Tensor& b);
+// t's elements fill its storage span with no gap, in row-major or channels-last order: a flat
+// loop over numel() elements from data() visits each once (the optimizers' updates, the loss
+// scaler's unscale and the gradient norms run so on a channels-last parameter or gradient).
+bool is_dense(const Tensor& t);
+// t itself when same_dense_layout(t, like), else a copy of t (of like's shape: ShapeError
+// otherwise) stored as `like` is: channels-last
+// when like is dense in that order only, row-major otherwise. An optimizer brings a gradient to
+// its parameter's layout so.
+Tensor dense_like(const Tensor& t, const Tensor& like);
 
 }  // namespace loom::kernels

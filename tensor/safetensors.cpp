@@ -330,8 +330,9 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   file.write(&header_bytes, 8);
   file.write(text.data(), text.size());
   for (const auto& [name, t] : tensors) {
-    // One copy at a time, at most: device tensors come to the host one by one.
-    const Tensor dense = t.is_cpu() ? kernels::contiguous(t) : kernels::to_device(t, kCPU);
+    // One tensor at a time: device tensors come to the host one by one, and the file holds
+    // row-major bytes whatever the layout (to_device keeps a channels-last one channels-last).
+    const Tensor dense = kernels::contiguous(t.is_cpu() ? t : kernels::to_device(t, kCPU));
     if (dense.nbytes()) file.write(dense.data(), dense.nbytes());
   }
   file.commit();

@@ -827,7 +827,10 @@ Conv2dGrads conv2d_backward(const Tensor& dout, const Tensor& x, const Tensor& w
       conv2d_backward_all<T, Im2colEngine>(g, dc.data_ptr<T>(), xc.data_ptr<T>(), wc.data_ptr<T>(),
                                            ptr(grads.dx), ptr(grads.dweight), ptr(grads.dbias));
   });
-  if (grads.dx.defined()) grads.dx = contiguous(grads.dx, suggest_memory_format(x));  // x's format
+  // The engines work in NCHW; dx takes x's format and dweight the weight's, as on cuDNN.
+  if (grads.dx.defined()) grads.dx = contiguous(grads.dx, suggest_memory_format(x));
+  if (grads.dweight.defined())
+    grads.dweight = contiguous(grads.dweight, suggest_memory_format(weight));
   return grads;
 }
 

@@ -1,11 +1,13 @@
 // tests/cuda/copy_cuda_test.cpp — copies and fills on one CUDA device against the CPU: every
 // dtype pair (float16/bfloat16 rounding bit for bit, edge values included), transposed, sliced
 // and expanded sources, strided destinations, more dims than one launch holds, fills of strided
-// views, version bumps and the shape error. Every test skips without a GPU.
+// views, version bumps, the shape error, and channels-last tensors across devices and into
+// safetensors. Every test skips without a GPU.
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <limits>
 #include <string>
@@ -13,6 +15,7 @@
 
 #include "cuda/cuda_test_util.h"
 #include "tensor/copy.h"
+#include "tensor/safetensors.h"
 #include "tensor/view.h"
 
 using namespace loom;
@@ -328,4 +331,17 @@ TEST(CudaCopy, ChannelsLastCrossesDevicesInItsFormat) {
   Tensor wide = zeros({3, 5, 4, 12});
   k::copy_(k::slice(wide, 3, 0, 12, 2), up);
   EXPECT_TRUE(test::tensors_close(k::slice(wide, 3, 0, 12, 2), x, 0, 0));
+}
+
+// A safetensors file holds row-major bytes: a channels-last CUDA tensor (a weight of a model
+// after to(MemoryFormat::kChannelsLast)) comes to the host in its format and is written in the
+// logical order all the same.
+TEST(CudaCopy, ChannelsLastTensorsAreSavedRowMajor) {
+  LOOM_SKIP_WITHOUT_GPU();
+  const Tensor x = randn({4, 3, 2, 5});
+  const std::string path = ::testing::TempDir() + "loom_cuda_channels_last.safetensors";
+  save_safetensors(path, {{"w", k::contiguous(x, MemoryFormat::kChannelsLast).to(kCuda0)}});
+  const SafetensorsFile file = load_safetensors(path);
+  EXPECT_TRUE(test::tensors_close(file.at("w"), x, 0, 0));
+  std::remove(path.c_str());
 }
