@@ -96,7 +96,7 @@ Tensor device_share(const Tensor& grad, NormKind kind, double p) {
 
 // A CPU gradient's share of the total, as device_share's: its power sum (or max |g|).
 double cpu_share(const Tensor& grad, NormKind kind, double p) {
-  const Tensor g = k::contiguous(grad);
+  const Tensor g = k::is_dense(grad) ? grad : k::contiguous(grad);  // the order does not matter
   return dispatch_floating(g.dtype(), "clip_grad_norm_", [&]<typename T>() {
     const T* data = g.data_ptr<T>();
     const int64_t n = g.numel();

@@ -46,7 +46,7 @@ void validate(const GradScalerOptions& o, const std::string& where, const std::s
 // scale in a float32 tensor and refuses a growth that would make it inf).
 constexpr double kMaxScale = std::numeric_limits<float>::max();
 
-// g <- g * inv_scale over one contiguous CPU gradient; true when a result is not finite (an inf
+// g <- g * inv_scale over one dense CPU gradient; true when a result is not finite (an inf
 // or NaN in g, or a finite value that overflows when unscaled by a scale below 1).
 template <typename T>
 bool unscale_and_check(T* g, int64_t n, T inv_scale) {
@@ -86,8 +86,8 @@ void GradScaler::unscale_(Optimizer& optimizer) {
              optimizer.name(), " optimizer since the last update() (step() calls it when it was ",
              "not)");
   // Each gradient g becomes g / S in place, checked as it is written. A gradient is often a
-  // view into a DDP bucket: a contiguous one is unscaled where it lies, any other through a
-  // contiguous copy written back.
+  // view into a DDP bucket: a dense one (row-major or channels-last) is unscaled where it lies,
+  // any other through a contiguous copy written back.
   const double inv_scale = 1.0 / scale_;
   bool local_found_inf = false;
   std::vector<std::pair<Device, Tensor>> device_flags;  // int32 [1] on each CUDA device: 1 = inf
@@ -100,7 +100,7 @@ void GradScaler::unscale_(Optimizer& optimizer) {
     for (const Tensor& param : optimizer.params()) {
       const Tensor grad = param.grad();
       if (!grad.defined() || grad.numel() == 0) continue;
-      const Tensor g = k::contiguous(grad);
+      const Tensor g = k::is_dense(grad) ? grad : k::contiguous(grad);
       if (g.is_cuda()) {
         on_gpu.push_back(g);
       } else {

@@ -16,6 +16,15 @@ namespace loom::optim {
 
 namespace k = loom::kernels;
 
+namespace {
+
+// t stored as parameter p's update is (Note [Update layouts]): p's own dense order, or row-major.
+Tensor in_update_layout(const Tensor& t, const Tensor& p) {
+  return k::is_dense(p) ? k::dense_like(t, p) : k::contiguous(t);
+}
+
+}  // namespace
+
 std::string format_double(double value) {
   char buffer[64];
   const auto [end, ec] = std::to_chars(buffer, buffer + sizeof(buffer), value);
@@ -86,7 +95,7 @@ Tensor Optimizer::update_grad(size_t i) const {
              " has shape=", g.sizes(), " but the parameter has shape=", p.sizes());
   LOOM_CHECK(g.dtype() == p.dtype(), DTypeError, name_, ": gradient of parameter ", i, " is ",
              g.dtype(), " but the parameter is ", p.dtype());
-  return k::contiguous(g);
+  return in_update_layout(g, p);
 }
 
 std::vector<Tensor> Optimizer::update_grads() const {
@@ -98,7 +107,7 @@ std::vector<Tensor> Optimizer::update_grads() const {
 
 Tensor Optimizer::update_target(size_t i) const {
   const Tensor& p = params_[i];
-  return p.is_contiguous() ? p : k::contiguous(p);
+  return in_update_layout(p, p);
 }
 
 void Optimizer::finish_update(size_t i, const Tensor& target) const {
@@ -114,11 +123,15 @@ Optimizer::ParamState& Optimizer::state_for(size_t i) {
   if (!state.initialized) {
     const Tensor& p = params_[i];
     state.buffers.clear();
-    for (size_t b = 0; b < buffer_names().size(); ++b)
-      state.buffers.push_back(zeros(p.sizes(), p.dtype(), p.device()));
+    for (size_t b = 0; b < buffer_names().size(); ++b) {
+      Tensor buffer = empty(p.sizes(), p.dtype(), p.device(), suggest_memory_format(p));
+      k::fill_(buffer, 0.0);
+      state.buffers.push_back(std::move(buffer));
+    }
     state.steps = 0;
     state.initialized = true;
   }
+  for (Tensor& buffer : state.buffers) buffer = in_update_layout(buffer, params_[i]);
   return state;
 }
 

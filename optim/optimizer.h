@@ -71,19 +71,30 @@ class Optimizer {
   // The class's hyper-parameters, lr excluded, as metadata values.
   virtual Metadata hyper_parameters() const = 0;
 
+  // Note [Update layouts]
+  // An update reads and writes a parameter, its gradient and its state buffers as flat arrays,
+  // so all of them must hold their elements in one dense order. That order is the parameter's
+  // own when the parameter is dense, row-major or channels-last (a model after
+  // to(MemoryFormat::kChannelsLast), whose convolutions then return channels-last gradients): it
+  // is updated where it lies, and a gradient or buffer in the other order is copied into it (a
+  // buffer once, where it is kept). A parameter that is not dense (a strided view) is updated
+  // through a row-major copy, which finish_update writes back.
+
   // The gradient of parameter i for an update: undefined when it has none; checked against the
-  // parameter (shape, dtype, device) and made contiguous.
+  // parameter (shape, dtype, device) and stored in the update's layout (Note [Update layouts]).
   Tensor update_grad(size_t i) const;
   // update_grad of every parameter, all checked before a step changes any state: the CUDA
   // parameters are updated after the loop that creates their state (Note [Tensor lists]), so a
   // bad gradient found later in that loop would leave them counted as stepped but not updated.
   std::vector<Tensor> update_grads() const;
-  // The storage an update of parameter i writes: the parameter itself when contiguous, a
-  // contiguous copy otherwise, which finish_update copies back. finish_update also bumps the
-  // parameter's version (autograd sees the in-place change).
+  // The storage an update of parameter i writes: the parameter itself when dense, a row-major
+  // copy otherwise, which finish_update copies back. finish_update also bumps the parameter's
+  // version (autograd sees the in-place change).
   Tensor update_target(size_t i) const;
   void finish_update(size_t i, const Tensor& target) const;
-  // State of parameter i, creating its zero buffers on first use.
+  // State of parameter i, creating its zero buffers on first use; its buffers are in the
+  // update's layout (a buffer loaded from a checkpoint, or kept from before the parameter
+  // changed its format, is converted here once).
   ParamState& state_for(size_t i);
 
   // For load_state: the file's metadata value at prefix+key (ValueError naming it if absent),

@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "tensor/copy.h"
 #include "tensor/cuda/common.cuh"
 #include "tensor/cuda/optim.h"
 #include "tensor/cuda/tensor_list.h"
@@ -91,15 +92,18 @@ __global__ void unscale_check_kernel(const __grid_constant__ TensorListLaunch<1>
 
 void* data_or_null(const Tensor& t) { return t.defined() ? t.data() : nullptr; }
 
-// Every tensor of a list: contiguous, on `first`'s device, in its dtype.
-void check_member(const char* op, const Tensor& first, const Tensor& t) {
+// Every tensor of a list: on `first`'s device, in its dtype, and dense (Note [Update layouts]
+// in optim/optimizer.h); an entry's tensors are read at the same flat index, so they share one
+// layout (`like`, the entry's parameter).
+void check_member(const char* op, const Tensor& first, const Tensor& t, const Tensor& like) {
   LOOM_CHECK(t.device() == first.device(), DeviceError, op,
              ": a tensor list is on one device; got ", t.device(), " beside ", first.device(),
              " (shape=", t.sizes(), ")");
   LOOM_CHECK(t.dtype() == first.dtype(), DTypeError, op, ": a tensor list has one dtype; got ",
              t.dtype(), " beside ", first.dtype(), " (shape=", t.sizes(), ")");
-  LOOM_CHECK(t.is_contiguous(), ValueError, op, ": a tensor list takes contiguous tensors; got ",
-             "shape=", t.sizes(), " strides=", t.strides());
+  LOOM_CHECK(kernels::is_dense(t) && kernels::same_dense_layout(t, like), ValueError, op,
+             ": a tensor list takes dense tensors stored in their entry's one order; got shape=",
+             t.sizes(), " strides=", t.strides(), " beside strides=", like.strides());
 }
 
 }  // namespace
@@ -112,8 +116,8 @@ void sgd_update(std::span<const SgdTensors> list, const SgdStep& s) {
   std::vector<TensorListEntry<3>> entries;
   entries.reserve(list.size());
   for (const SgdTensors& e : list) {
-    for (const Tensor& t : {e.param, e.grad}) check_member("SGD", first, t);
-    if (e.buffer.defined()) check_member("SGD", first, e.buffer);
+    for (const Tensor& t : {e.param, e.grad}) check_member("SGD", first, t, e.param);
+    if (e.buffer.defined()) check_member("SGD", first, e.buffer, e.param);
     entries.push_back(
         {{e.param.data(), e.grad.data(), data_or_null(e.buffer)}, e.param.numel(), e.first});
   }
@@ -138,8 +142,8 @@ void adam_update(std::span<const AdamTensors> list, const AdamStep& s) {
   entries.reserve(list.size());
   for (const AdamTensors& e : list) {
     for (const Tensor& t : {e.param, e.grad, e.exp_avg, e.exp_avg_sq})
-      check_member("Adam", first, t);
-    if (e.max_exp_avg_sq.defined()) check_member("Adam", first, e.max_exp_avg_sq);
+      check_member("Adam", first, t, e.param);
+    if (e.max_exp_avg_sq.defined()) check_member("Adam", first, e.max_exp_avg_sq, e.param);
     entries.push_back({{e.param.data(), e.grad.data(), e.exp_avg.data(), e.exp_avg_sq.data(),
                         data_or_null(e.max_exp_avg_sq)},
                        e.param.numel()});
@@ -169,7 +173,7 @@ void unscale_and_check_(std::span<const Tensor> grads, double inv_scale, const T
   std::vector<TensorListEntry<1>> entries;
   entries.reserve(grads.size());
   for (const Tensor& g : grads) {
-    check_member("GradScaler: unscale_", first, g);
+    check_member("GradScaler: unscale_", first, g, g);
     entries.push_back({{g.data()}, g.numel()});
   }
   const cudaStream_t stream = current_stream(device);

@@ -11,8 +11,10 @@
 
 namespace loom::cuda {
 
-// Every call below expects its tensors contiguous, of one dtype (float32 or float64) and on one
-// device, the same for every entry of the list (the optimizers group their parameters so).
+// Every call below expects its tensors of one dtype (float32 or float64) and on one device, the
+// same for every entry of the list (the optimizers group their parameters so), and dense:
+// row-major or channels-last, the tensors of one entry in the same order (Note [Update layouts]
+// in optim/optimizer.h).
 
 struct SgdStep {
   double lr, weight_decay, momentum, dampening;
