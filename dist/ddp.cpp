@@ -182,7 +182,10 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     for (size_t pos = 0; pos < members.size(); ++pos) {
       const size_t i = members[pos];
       Tensor& p = params_[i];
-      views_[i] = k::view(k::narrow(bucket.buffer, 0, bucket.offsets[pos], p.numel()), p.sizes());
+      // Stored as p is (Note [The bucketed reducer], step 1); row-major when p is not dense.
+      views_[i] = k::as_strided(bucket.buffer, p.sizes(),
+                                format_strides(p.sizes(), suggest_memory_format(p)),
+                                bucket.buffer.offset() + bucket.offsets[pos]);
       where_[i] = {buckets_.size(), pos};
       if (Tensor g = p.grad(); g.defined()) k::copy_(views_[i], g);
       p.set_grad(views_[i]);

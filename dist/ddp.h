@@ -8,7 +8,12 @@
 //    holds about first_bucket_bytes (1 MiB: a small bucket gets communication going early), the
 //    others about bucket_bytes (25 MiB). Each bucket owns one flat buffer; each parameter's .grad
 //    is a view into it, so AccumulateGrad writes gradients straight into the buffer that gets
-//    reduced (no copy; gradient_as_bucket_view in PyTorch).
+//    reduced (no copy; gradient_as_bucket_view in PyTorch). A view is stored as its parameter
+//    is: a channels-last weight (nn::Module::to(MemoryFormat::kChannelsLast)) gets a
+//    channels-last view, the layout its convolution's gradient and AccumulateGrad use, so the
+//    gradient is added into the bucket as it comes and the optimizer updates the weight where it
+//    lies (Note [Update layouts]). The buffer is the bytes as they lie: ranks agree on them
+//    because their replicas share one layout.
 // 2. Hooks. A post-accumulate-grad hook on every parameter marks it ready. When the last
 //    parameter of a bucket is ready, the bucket's allreduce starts at once, asynchronously, and
 //    backward goes on computing the gradients of earlier layers while it travels: that is the

@@ -33,10 +33,12 @@ using test::tensors_close;
 
 // W ranks on 8 / W samples each against one process on all 8: 5 steps of SGD with momentum on
 // shuffled batches, with the model and optimizer saved and loaded back between steps 2 and 3.
-void check_parity(int world, bool sync_bn = false) {
+// With channels_last the ranks' replicas store their convolution weight channels-last (the
+// reference stays row-major): the bucket views take that order.
+void check_parity(int world, bool sync_bn = false, bool channels_last = false) {
   run_ranks(
       world,
-      [sync_bn](Rank& r) {
+      [sync_bn, channels_last](Rank& r) {
         set_num_threads(1);
         auto group = gloo_group(r);
         // Different seeds per rank: DDP must start every replica from rank 0's weights.
@@ -45,6 +47,7 @@ void check_parity(int world, bool sync_bn = false) {
         if (sync_bn) {
           EXPECT_EQ(convert_sync_batchnorm(*net, group), 1);
         }
+        if (channels_last) net->to(MemoryFormat::kChannelsLast);
         DistributedDataParallel ddp(net, group, {.first_bucket_bytes = 512, .bucket_bytes = 1024});
         optim::SGD opt(net->parameters(), {.lr = 0.1, .momentum = 0.9});
         auto reference = small_net(1, {.batch_norm = sync_bn});  // one process on the whole batch
@@ -82,6 +85,11 @@ void check_parity(int world, bool sync_bn = false) {
             for (const Bucket& b : ddp.reducer().buckets())
               in_bucket = in_bucket || p.grad().is_alias_of(b.buffer);
             EXPECT_TRUE(in_bucket);
+            if (p.dim() == 4) {
+              EXPECT_EQ(suggest_memory_format(p.grad()), suggest_memory_format(p));
+              EXPECT_EQ(suggest_memory_format(p),
+                        channels_last ? MemoryFormat::kChannelsLast : MemoryFormat::kContiguous);
+            }
           }
           opt.step();
           ref_opt.zero_grad();
@@ -101,6 +109,9 @@ void check_parity(int world, bool sync_bn = false) {
 TEST(DDP, TwoRanksOnShardsMatchOneProcessOnTheWholeBatch) { check_parity(2); }
 TEST(DDP, FourRanksOnShardsMatchOneProcessOnTheWholeBatch) { check_parity(4); }
 TEST(DDP, WithSyncBatchNormTwoRanksMatchOneProcess) { check_parity(2, /*sync_bn=*/true); }
+TEST(DDP, ChannelsLastReplicasMatchOneRowMajorProcess) {
+  check_parity(2, /*sync_bn=*/false, /*channels_last=*/true);
+}
 
 TEST(DDP, GradientsAreAveragedOverRanks) {
   run_ranks(3, [](Rank& r) {
