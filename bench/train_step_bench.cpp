@@ -8,9 +8,9 @@
 // With --amp bf16|fp16 a second model of the same weights takes the same step in an autocast
 // region (fp16 with a GradScaler), alternating with the float32 one, and the table adds the
 // ratio of the two (above 1, mixed precision is faster), for loom and for PyTorch alike.
-// With --channels-last both take the batch channels-last (PyTorch's model too, with
-// model.to(memory_format=torch.channels_last), its usual recipe; loom keeps its weights
-// contiguous and its cuDNN calls convert them), so that on a GPU both run NHWC convolutions.
+// With --channels-last both take the batch channels-last and store their models so (PyTorch's
+// model.to(memory_format=torch.channels_last), its usual recipe, and loom's
+// Module::to(MemoryFormat::kChannelsLast)), so that on a GPU both run NHWC convolutions.
 // On a GPU loom also takes each step a second time with cuDNN's first-ranked algorithms whether
 // deterministic or not (cuda::set_cudnn_deterministic(false), PyTorch's default; loom's default
 // keeps to deterministic ones): the row "loom, any cuDNN algorithm".
@@ -138,6 +138,7 @@ int main(int argc, char** argv) {
                   {.width = width, .in_channels = 3, .num_classes = 10, .fuse_bn_relu = fused}),
               nullptr, loom::optim::GradScaler({.enabled = scaled})};
     t.model->to(device);
+    if (channels_last) t.model->to(loom::MemoryFormat::kChannelsLast);
     t.model->train();
     t.opt = std::make_unique<loom::optim::SGD>(
         t.model->parameters(),

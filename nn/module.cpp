@@ -140,6 +140,10 @@ void Module::to(DType dtype) {
   });
 }
 
+void Module::to(MemoryFormat format) {
+  convert([&](const Tensor& t) { return t.dim() == 4 ? k::contiguous(t, format) : t; });
+}
+
 void Module::zero_grad(bool set_to_none) {
   for (Tensor p : parameters()) {
     Tensor g = p.grad();

@@ -1,6 +1,6 @@
 // nn/module.h — nn::Module, the base of every layer and model: named parameters, buffers and
-// children in registration order, train/eval, to(device or dtype), zero_grad, apply, and
-// state_dict / load_state_dict with PyTorch's key names ("layer1.0.conv1.weight",
+// children in registration order, train/eval, to(device, dtype or memory format), zero_grad,
+// apply, and state_dict / load_state_dict with PyTorch's key names ("layer1.0.conv1.weight",
 // "bn1.running_mean", "bn1.num_batches_tracked").
 //
 // Note [Module state and key order]
@@ -61,6 +61,12 @@ class Module {
   // Converts floating-point parameters, buffers and gradients (integer buffers such as
   // num_batches_tracked keep their dtype, as in PyTorch).
   void to(DType dtype);
+  // Stores every 4-D parameter, buffer and gradient in `format` (the others are left as they
+  // are), as PyTorch's module.to(memory_format=...). With kChannelsLast a convolution's weight
+  // is in the order cuDNN's NHWC kernels read ([O, kh, kw, C] in memory), so a channels-last
+  // network converts no weight per step; its gradients follow (AccumulateGrad, DDP's bucket
+  // views) and the optimizers update it where it lies (Note [Update layouts], optim/optimizer.h).
+  void to(MemoryFormat format);
   void zero_grad(bool set_to_none = true);
   // fn on every module, children first, then this one (PyTorch's order).
   void apply(const std::function<void(Module&)>& fn);

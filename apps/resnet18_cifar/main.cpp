@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
                  "bf16")
       ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
   app.add_flag("--channels-last", o.channels_last,
-               "store batches and activations channels-last (NHWC), the layout cuDNN's "
+               "store batches, activations and weights channels-last (NHWC), the layout cuDNN's "
                "tensor-core convolutions prefer; results match NCHW up to rounding");
   bool no_fusion = false;
   app.add_flag("--no-fusion", no_fusion,

@@ -315,6 +315,8 @@ double run(const Options& o) {
                              .fuse_bn_relu = o.fuse_bn_relu});
   if (!o.fuse_bn_relu) say("batch norm, add and ReLU run one by one (--no-fusion)\n");
   model->to(job.device);
+  // Weights in the order NHWC convolutions read, before the optimizer and DDP see them.
+  if (o.channels_last) model->to(MemoryFormat::kChannelsLast);
 
   data::LoaderOptions train_options{
       .batch_size = o.batch_size, .shuffle = true, .seed = o.seed, .num_workers = o.workers};
@@ -393,7 +395,7 @@ double run(const Options& o) {
   cuda::Uploader upload;
   const MemoryFormat format =
       o.channels_last ? MemoryFormat::kChannelsLast : MemoryFormat::kContiguous;
-  if (o.channels_last) say("batches and activations channels-last (NHWC)\n");
+  if (o.channels_last) say("batches, activations and weights channels-last (NHWC)\n");
   if (o.eval_only) {
     const Totals test = job.sum(evaluate(*model, test_loader, upload, job.device, o.amp, format));
     say("test loss %.4f  test accuracy %.2f%%\n", test.mean_loss(), 100 * test.accuracy());
