@@ -40,7 +40,8 @@ namespace loom::cuda {
 //   set_cudnn_deterministic(false) the heuristics' ranking stands as it is (PyTorch's default),
 //   cached under its own key. At each call
 //   the first candidate whose workspace the caching allocator can give runs (a candidate that
-//   cuDNN reports as not supported at run time passes to the next).
+//   cuDNN refuses at run time passes to the next). Either kind of failure moves the candidate to
+//   the end of its key's list, so a shape pays for it once, not on every call.
 //   Math: float16 and bfloat16 on tensor cores, accumulating in float32; float32 through TF32
 //   when cudnn_allow_tf32() (the default, as PyTorch), else FMA math only; float64 in double.
 //   Sizes: cuDNN's descriptors take int and its kernels index tensors with int32, so the batch
@@ -375,8 +376,10 @@ std::vector<Candidate> candidates(const AlgoKey& key, Direction direction, cudnn
   return algo_cache().emplace(key, std::move(ranked)).first->second;
 }
 
-// Moves a candidate whose workspace could not be had to the end of its key's list, so later calls
-// try the leaner ones first instead of emptying the allocator's cache again on every call.
+// Moves a candidate to the end of its key's list: one whose workspace could not be had (later
+// calls try the leaner ones first instead of emptying the allocator's cache again on every
+// call), or one that cuDNN refused when run (later calls do not pay for the refusal first).
+// The others keep their order, so the choice among them is what it was.
 void demote(const AlgoKey& key, const Candidate& c) {
   std::lock_guard<std::mutex> lock(cache_mutex());
   auto it = algo_cache().find(key);
@@ -452,6 +455,7 @@ class ConvRunner {
           cudaGetLastError();  // a launch error left inside cuDNN is this candidate's, not the
                                // next's
           failed += detail::str(" algo ", c.algo, ": ", cudnnGetErrorString(status), ";");
+          demote(key(direction, count), c);  // later calls try it last, not again first
           continue;
         }
         check_cudnn(status, device_, op_, ": ", direction_name(direction), "(algo ", c.algo,
