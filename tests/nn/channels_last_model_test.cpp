@@ -15,10 +15,10 @@
 #include "optim/clip.h"
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
-#include "tensor/storage.h"
 #include "tensor/conv.h"
 #include "tensor/copy.h"
 #include "tensor/elementwise.h"
+#include "tensor/storage.h"
 #include "test_util.h"
 
 using namespace loom;
@@ -87,6 +87,11 @@ TEST(ChannelsLastModel, ToConvertsEveryFourDimensionalTensorAndNothingElse) {
     }
   // The layer's own member is the registered tensor: it sees the new layout.
   EXPECT_TRUE(exactly_channels_last(conv1->weight));
+
+  // A later dtype conversion keeps the layout, as PyTorch's to(dtype) preserves the format.
+  model->to(kFloat32);
+  EXPECT_TRUE(exactly_channels_last(conv1->weight));
+  EXPECT_EQ(conv1->weight.dtype(), kFloat32);
 
   model->to(kNCHW);
   for (const auto& [name, t] : model->state_dict()) EXPECT_TRUE(t.is_contiguous()) << name;
