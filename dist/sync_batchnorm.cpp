@@ -2,7 +2,9 @@
 
 #include "dist/sync_batchnorm.h"
 
-#include <cmath>
+#include <algorithm>
+#include <cstring>
+#include <initializer_list>
 #include <vector>
 
 #include "autograd/autocast.h"
@@ -13,6 +15,7 @@
 #include "tensor/elementwise.h"
 #include "tensor/index.h"
 #include "tensor/norm.h"
+#include "tensor/reduce.h"
 #include "tensor/view.h"
 
 namespace loom::dist {
@@ -23,24 +26,53 @@ using autograd::Saved;
 
 namespace {
 
+// The global batch must hold more than one value per channel: at once on the CPU; on CUDA the
+// check is deferred (Note [Deferred device checks]); until it raises at the next wait, the
+// statistics, the running ones too, are NaN or infinite.
+void check_total(const char* op, const Tensor& total, const Tensor& x) {
+  const auto verdict = [op, shape = x.sizes()](double value) {
+    LOOM_CHECK(value > 1, ValueError, op,
+               ": expected more than 1 value per channel over all ranks when training; got ", value,
+               " (x=", shape, " on this rank)");
+  };
+  if (total.is_cpu()) return verdict(total.item<double>());
+  cuda::DeviceGuard guard(total.device().index);
+  cuda::defer_check(total.data(), sizeof(double), cuda::Stream::current(total.device().index),
+                    [verdict](const void* bytes) {
+                      double value = 0;
+                      std::memcpy(&value, bytes, sizeof(value));
+                      verdict(value);
+                    });
+}
+
 class ProcessGroupBatchNormSync : public nn::BatchNormSync {
  public:
   explicit ProcessGroupBatchNormSync(std::shared_ptr<ProcessGroup> group)
       : group_(std::move(group)) {}
 
   Tensor forward(nn::BatchNorm2d& bn, const Tensor& x) override {
-    // A norm: float32 under autocast (Note [Autocast policy]).
-    if (autocast::needs_float32({x})) return forward(bn, autocast::to_float32(x));
     const char* op = "SyncBatchNorm";
+    // A norm: float32 under autocast (Note [Autocast policy]), as batch_norm: a 16-bit CUDA x
+    // with float32 parameters keeps its dtype (the pieces compute in float with float32
+    // statistics); on the CPU, or beside 16-bit parameters, x is widened.
+    const DType pd = k::batch_norm_param_dtype(x.dtype());
+    const bool params_fit = std::ranges::all_of(
+        std::initializer_list<Tensor>{bn.weight, bn.bias, bn.running_mean, bn.running_var},
+        [&](const Tensor& t) { return !t.defined() || t.dtype() == pd; });
+    if (autocast::widens_on_cpu({x}) || (autocast::needs_float32({x}) && !params_fit))
+      return forward(bn, autocast::to_float32(x));
     LOOM_CHECK(x.dim() == 4 && x.size(1) == bn.num_features, ShapeError, op, ": expected x [N, ",
                bn.num_features, ", H, W]; got x=", x.sizes());
+    LOOM_CHECK(params_fit, DTypeError, op, ": expected the parameters and running statistics in ",
+               pd, " for x of dtype ", x.dtype(), "; got weight ",
+               bn.weight.defined() ? bn.weight.dtype() : pd, " (x=", x.sizes(), ")");
     const int64_t c = bn.num_features;
     const int world = group_->size();
 
     // This rank's count, mean and biased variance per channel, as one float64 row
     // [count, mean_0..mean_C-1, var_0..var_C-1] for the allgather.
     const int64_t count = x.size(0) * x.size(2) * x.size(3);
-    // The rows travel on x's device (nccl needs GPU tensors) and are combined on the host.
+    // The rows travel on x's device (nccl needs GPU tensors) and are combined there.
     Tensor mine = zeros({2 * c + 1}, kFloat64, x.device());
     if (count > 0) {
       const k::BatchNormStats local = k::batch_norm_stats(x, bn.options.eps);
@@ -51,51 +83,46 @@ class ProcessGroupBatchNormSync : public nn::BatchNormSync {
     std::vector<Tensor> rows;
     for (int r = 0; r < world; ++r) rows.push_back(empty({2 * c + 1}, kFloat64, x.device()));
     group_->allgather(rows, mine)->wait();
-    {
-      cuda::DeferredChecksHold hold;  // every rank must combine (Note [Deferred device checks])
-      for (Tensor& row : rows) row = row.to(kCPU);
-    }
 
-    // Combine: N = sum n_r; mean = sum n_r mean_r / N; var = sum n_r (var_r + (mean_r - mean)^2) /
-    // N.
-    std::vector<double> n(static_cast<size_t>(world));
-    double total = 0;
-    for (int r = 0; r < world; ++r) total += n[r] = rows[r].data_ptr<double>()[0];
-    LOOM_CHECK(total > 1, ValueError, op,
-               ": expected more than 1 value per channel over all ranks when training; got ", total,
-               " (x=", x.sizes(), " on this rank)");
-    std::vector<double> mean(static_cast<size_t>(c), 0.0), var(static_cast<size_t>(c), 0.0);
-    for (int r = 0; r < world; ++r) {
-      const double* row = rows[r].data_ptr<double>();
-      for (int64_t j = 0; j < c; ++j) mean[j] += n[r] * row[1 + j] / total;
-    }
-    for (int r = 0; r < world; ++r) {
-      const double* row = rows[r].data_ptr<double>();
-      for (int64_t j = 0; j < c; ++j) {
-        const double d = row[1 + j] - mean[j];
-        var[j] += n[r] * (row[1 + c + j] + d * d) / total;
-      }
-    }
+    // Combine, on x's device with no wait for it: N = sum n_r, with w_r = n_r / N,
+    // mean = sum w_r mean_r and var = sum w_r (var_r + (mean_r - mean)^2).
+    const Tensor all = k::view(k::cat(rows, 0), {world, 2 * c + 1});
+    const Tensor n = k::narrow(all, 1, 0, 1);  // [W, 1]
+    const Tensor total = k::sum(n);            // [] float64
+    check_total(op, total, x);
+    const Tensor w = k::div(n, total);
+    const Tensor means = k::narrow(all, 1, 1, c), vars = k::narrow(all, 1, 1 + c, c);
+    const Tensor mean = k::sum(k::mul(w, means), {0});
+    const Tensor spread = k::sub(means, mean);
+    const Tensor var = k::sum(k::mul(w, k::add(vars, k::mul(spread, spread))), {0});
+
     k::BatchNormStats stats;
-    stats.count = static_cast<int64_t>(total);
-    stats.mean = k::to_dtype(tensor<double>(mean, {c}).to(x.device()), x.dtype());
-    stats.var = k::to_dtype(tensor<double>(var, {c}).to(x.device()), x.dtype());
+    stats.mean = k::to_dtype(mean, pd);
+    stats.var = k::to_dtype(var, pd);
     stats.invstd = k::batch_norm_invstd(stats.var, bn.options.eps);
     if (bn.running_mean.defined()) {
+      // running = (1 - momentum) running + momentum stat, with the unbiased variance
+      // var N / (N - 1), as batch_norm_update_running_stats_ computes it from a host count.
       NoGradGuard no_grad;
-      k::batch_norm_update_running_stats_(bn.running_mean, bn.running_var, stats,
-                                          bn.options.momentum);
+      const double m = bn.options.momentum;
+      const auto update = [m](const Tensor& running, const Tensor& stat) {
+        k::copy_(running,
+                 k::add(k::mul_scalar(running, 1.0 - m), k::to_dtype(stat, running.dtype()), m));
+      };
+      update(bn.running_mean, mean);
+      update(bn.running_var, k::mul(var, k::div(total, k::add_scalar(total, -1.0))));
     }
 
     Tensor y = k::batch_norm_elemt(x, stats.mean, stats.invstd, bn.weight, bn.bias);
     std::shared_ptr<ProcessGroup> group = group_;
-    const int64_t global_count = stats.count;
     // d SyncBatchNorm: dx = weight invstd (dy - sum(dy)/N - x_hat sum(dy x_hat)/N), with the
     // sums over every rank (one allreduce); dweight = sum(dy x_hat), dbias = sum(dy) locally.
+    // The global sums are divided by N on the device and given to backward_elemt as the sums
+    // over a count of 1: N stays on the device.
     return autograd::record(
         "sync_batch_norm", y, {x, bn.weight, bn.bias},
-        /*save=*/{x, bn.weight, stats.mean, stats.invstd},
-        [group, global_count, c](const Grads& dout, Saved& s, Grads& g) {
+        /*save=*/{x, bn.weight, stats.mean, stats.invstd, total},
+        [group, c, pd](const Grads& dout, Saved& s, Grads& g) {
           const Tensor& dy = dout[0];
           auto [sum_dy, sum_dy_xhat] = k::batch_norm_backward_reduce(dy, s[0], s[2], s[3]);
           if (s.needs_grad(1)) g[1] = k::clone(sum_dy_xhat);
@@ -103,10 +130,12 @@ class ProcessGroupBatchNormSync : public nn::BatchNormSync {
           Tensor both =
               k::cat({k::to_dtype(sum_dy, kFloat64), k::to_dtype(sum_dy_xhat, kFloat64)}, 0);
           group->allreduce(both, ReduceOp::Sum)->wait();
-          if (s.needs_grad(0))
-            g[0] = k::batch_norm_backward_elemt(
-                dy, s[0], s[2], s[3], s[1], k::to_dtype(k::narrow(both, 0, 0, c), dy.dtype()),
-                k::to_dtype(k::narrow(both, 0, c, c), dy.dtype()), global_count);
+          if (s.needs_grad(0)) {
+            const Tensor means = k::div(both, s[4]);  // sum(dy)/N, sum(dy x_hat)/N
+            g[0] = k::batch_norm_backward_elemt(dy, s[0], s[2], s[3], s[1],
+                                                k::to_dtype(k::narrow(means, 0, 0, c), pd),
+                                                k::to_dtype(k::narrow(means, 0, c, c), pd), 1);
+          }
         });
   }
 

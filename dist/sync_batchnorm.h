@@ -7,10 +7,16 @@
 // brings every rank's triple to every rank, which combines them (counts weigh the means; the
 // variance adds the spread of the means: var = sum n_r (var_r + (mean_r - mean)^2) / N), so
 // ranks may hold different batch sizes, even zero. The running statistics take the global mean
-// and unbiased variance, identically on every rank.
+// and unbiased variance, identically on every rank. The rows are combined where they are, by
+// tensor ops, and N stays there too: on GPUs the host does not wait for the device anywhere in
+// a SyncBatchNorm (nccl's wait() only orders streams). So a global batch of one value per
+// channel raises its ValueError at once on the CPU, and at the next wait on a GPU (Note
+// [Deferred device checks]).
 // Backward: dx needs the global sum(dy) and sum(dy x_hat) per channel (Note [Batch norm
-// pieces]): one allreduce of the two, concatenated. dweight and dbias stay local: DDP's reducer
-// averages them with the other gradients.
+// pieces]): one allreduce of the two, concatenated, divided by N on the device. dweight and
+// dbias stay local: DDP's reducer averages them with the other gradients.
+// Dtypes are batch_norm's: a 16-bit CUDA x keeps its dtype with float32 statistics and
+// parameters, in an autocast region too; on the CPU a region widens x to float32.
 #pragma once
 
 #include <memory>

@@ -327,6 +327,24 @@ TEST(SyncBatchNorm, ARankWithNoSamplesStillTakesPart) {
   });
 }
 
+// One value per channel over all ranks has no variance to normalise by: every rank raises. So
+// does x beside parameters of another dtype.
+TEST(SyncBatchNorm, OneValuePerChannelOverAllRanksRaisesOnEveryRank) {
+  run_ranks(2, [](Rank& r) {
+    set_num_threads(1);
+    auto group = gloo_group(r);
+    nn::BatchNorm2d bn(2);
+    convert_sync_batchnorm(bn, group);
+    // Parameters in another dtype than batch norm takes for x: refused before any collective.
+    EXPECT_LOOM_ERROR(bn.forward(randn({2, 2, 1, 1}, kFloat64)), DTypeError,
+                      {"SyncBatchNorm", "float64", "float32"});
+    const Tensor x = randn({r.rank == 0 ? 1 : 0, 2, 1, 1});
+    EXPECT_LOOM_ERROR(bn.forward(x), ValueError,
+                      {"SyncBatchNorm", "more than 1 value per channel", "got 1",
+                       "[" + std::to_string(r.rank == 0 ? 1 : 0) + ", 2, 1, 1]"});
+  });
+}
+
 TEST(DistributedSampler, EqualDisjointSharesThatCoverTheDataset) {
   const int64_t n = 10;
   for (const bool drop_last : {false, true}) {
