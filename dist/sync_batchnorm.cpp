@@ -2,9 +2,7 @@
 
 #include "dist/sync_batchnorm.h"
 
-#include <algorithm>
-#include <cstring>
-#include <initializer_list>
+#include <utility>
 #include <vector>
 
 #include "autograd/autocast.h"
@@ -26,23 +24,22 @@ using autograd::Saved;
 
 namespace {
 
-// The global batch must hold more than one value per channel: at once on the CPU; on CUDA the
-// check is deferred (Note [Deferred device checks]); until it raises at the next wait, the
-// statistics, the running ones too, are NaN or infinite.
-void check_total(const char* op, const Tensor& total, const Tensor& x) {
-  const auto verdict = [op, shape = x.sizes()](double value) {
-    LOOM_CHECK(value > 1, ValueError, op,
-               ": expected more than 1 value per channel over all ranks when training; got ", value,
-               " (x=", shape, " on this rank)");
-  };
-  if (total.is_cpu()) return verdict(total.item<double>());
-  cuda::DeviceGuard guard(total.device().index);
-  cuda::defer_check(total.data(), sizeof(double), cuda::Stream::current(total.device().index),
-                    [verdict](const void* bytes) {
-                      double value = 0;
-                      std::memcpy(&value, bytes, sizeof(value));
-                      verdict(value);
-                    });
+// The global batch must hold more than one value per channel. A rank holding more than one
+// itself knows that without looking (the common case: no wait). A rank holding at most one
+// reads the global count, waiting for the device if it is there; where the check fails every
+// rank holds at most one, so every rank reads and raises here, at the same layer, before the
+// running statistics change (a rank raising while another went on to the next collective
+// would leave that one waiting).
+void check_total(const char* op, int64_t count, const Tensor& total, const Tensor& x) {
+  if (count > 1) return;
+  double value = 0;
+  {
+    cuda::DeferredChecksHold hold;  // an earlier op's check must not throw on some ranks only
+    value = total.item<double>();
+  }
+  LOOM_CHECK(value > 1, ValueError, op,
+             ": expected more than 1 value per channel over all ranks when training; got ", value,
+             " (x=", x.sizes(), " on this rank)");
 }
 
 class ProcessGroupBatchNormSync : public nn::BatchNormSync {
@@ -52,20 +49,21 @@ class ProcessGroupBatchNormSync : public nn::BatchNormSync {
 
   Tensor forward(nn::BatchNorm2d& bn, const Tensor& x) override {
     const char* op = "SyncBatchNorm";
-    // A norm: float32 under autocast (Note [Autocast policy]), as batch_norm: a 16-bit CUDA x
-    // with float32 parameters keeps its dtype (the pieces compute in float with float32
-    // statistics); on the CPU, or beside 16-bit parameters, x is widened.
-    const DType pd = k::batch_norm_param_dtype(x.dtype());
-    const bool params_fit = std::ranges::all_of(
-        std::initializer_list<Tensor>{bn.weight, bn.bias, bn.running_mean, bn.running_var},
-        [&](const Tensor& t) { return !t.defined() || t.dtype() == pd; });
-    if (autocast::widens_on_cpu({x}) || (autocast::needs_float32({x}) && !params_fit))
-      return forward(bn, autocast::to_float32(x));
+    // A norm: float32 under autocast (Note [Autocast policy]). As under batch_norm, a 16-bit
+    // CUDA x keeps its dtype (the pieces compute in float, with float32 statistics), and an
+    // autocast region on the CPU widens it.
+    if (autocast::widens_on_cpu({x})) return forward(bn, autocast::to_float32(x));
     LOOM_CHECK(x.dim() == 4 && x.size(1) == bn.num_features, ShapeError, op, ": expected x [N, ",
                bn.num_features, ", H, W]; got x=", x.sizes());
-    LOOM_CHECK(params_fit, DTypeError, op, ": expected the parameters and running statistics in ",
-               pd, " for x of dtype ", x.dtype(), "; got weight ",
-               bn.weight.defined() ? bn.weight.dtype() : pd, " (x=", x.sizes(), ")");
+    // The parameters and running statistics must be in batch norm's dtype for x (16-bit ones
+    // are refused: the plain batch norm widens them in an autocast region, SyncBatchNorm does
+    // not).
+    const DType pd = k::batch_norm_param_dtype(x.dtype());
+    for (const auto& [name, t] :
+         {std::pair{"weight", bn.weight}, std::pair{"bias", bn.bias},
+          std::pair{"running_mean", bn.running_mean}, std::pair{"running_var", bn.running_var}})
+      LOOM_CHECK(!t.defined() || t.dtype() == pd, DTypeError, op, ": expected ", name, " in ", pd,
+                 " for x of dtype ", x.dtype(), "; got ", t.dtype(), " (x=", x.sizes(), ")");
     const int64_t c = bn.num_features;
     const int world = group_->size();
 
@@ -84,12 +82,12 @@ class ProcessGroupBatchNormSync : public nn::BatchNormSync {
     for (int r = 0; r < world; ++r) rows.push_back(empty({2 * c + 1}, kFloat64, x.device()));
     group_->allgather(rows, mine)->wait();
 
-    // Combine, on x's device with no wait for it: N = sum n_r, with w_r = n_r / N,
+    // Combine, on x's device (with nccl the host does not wait): N = sum n_r, w_r = n_r / N,
     // mean = sum w_r mean_r and var = sum w_r (var_r + (mean_r - mean)^2).
     const Tensor all = k::view(k::cat(rows, 0), {world, 2 * c + 1});
     const Tensor n = k::narrow(all, 1, 0, 1);  // [W, 1]
     const Tensor total = k::sum(n);            // [] float64
-    check_total(op, total, x);
+    check_total(op, count, total, x);
     const Tensor w = k::div(n, total);
     const Tensor means = k::narrow(all, 1, 1, c), vars = k::narrow(all, 1, 1 + c, c);
     const Tensor mean = k::sum(k::mul(w, means), {0});

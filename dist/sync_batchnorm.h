@@ -8,15 +8,17 @@
 // variance adds the spread of the means: var = sum n_r (var_r + (mean_r - mean)^2) / N), so
 // ranks may hold different batch sizes, even zero. The running statistics take the global mean
 // and unbiased variance, identically on every rank. The rows are combined where they are, by
-// tensor ops, and N stays there too: on GPUs the host does not wait for the device anywhere in
-// a SyncBatchNorm (nccl's wait() only orders streams). So a global batch of one value per
-// channel raises its ValueError at once on the CPU, and at the next wait on a GPU (Note
-// [Deferred device checks]).
+// tensor ops, and N stays there too: with nccl the host does not wait for the device anywhere
+// in a SyncBatchNorm (its wait() only orders streams; gloo stages CUDA tensors through the
+// host). Only a rank holding at most one value per channel reads N, to check that the global
+// batch holds more than one: where it does not, every rank is such a rank and raises
+// ValueError at the same layer.
 // Backward: dx needs the global sum(dy) and sum(dy x_hat) per channel (Note [Batch norm
 // pieces]): one allreduce of the two, concatenated, divided by N on the device. dweight and
 // dbias stay local: DDP's reducer averages them with the other gradients.
-// Dtypes are batch_norm's: a 16-bit CUDA x keeps its dtype with float32 statistics and
-// parameters, in an autocast region too; on the CPU a region widens x to float32.
+// Dtypes: a 16-bit CUDA x keeps its dtype with float32 statistics and parameters, in an
+// autocast region too, as under batch_norm; on the CPU a region widens x to float32. The
+// parameters must be in batch norm's dtype for x (DTypeError otherwise).
 #pragma once
 
 #include <memory>
