@@ -124,7 +124,9 @@ void Module::convert(const std::function<Tensor(const Tensor&)>& fn) {
   autograd::NoGradGuard no_grad;
   for (auto& [name, t] : parameters_) {
     t.set_data(fn(t));
-    if (Tensor g = t.grad(); g.defined()) g.set_data(fn(g));
+    // The gradient is replaced, not changed in place: it may be a view others hold and rely on
+    // (a DDP bucket's, which must stay in its bucket).
+    if (Tensor g = t.grad(); g.defined()) t.set_grad(fn(g));
   }
   for (auto& [name, t] : buffers_) t.set_data(fn(t));
   for (auto& [name, child] : children_) child->convert(fn);

@@ -8,8 +8,9 @@
 // "<child name>.", recursively; this is the order PyTorch's state_dict() uses, so a file written
 // by either side lists the same keys in the same order. Layers keep their tensors as members
 // (Linear::weight, ...) that share their TensorImpl with the registered entry: to() changes a
-// tensor's data in place (Tensor::set_data), so those members, and an optimizer's parameter
-// list, keep pointing at the live tensors.
+// parameter's or buffer's data in place (Tensor::set_data), so those members, and an
+// optimizer's parameter list, keep pointing at the live tensors. A gradient is replaced by its
+// converted copy instead (set_grad): a DDP bucket view must keep its storage.
 #pragma once
 
 #include <functional>
@@ -66,6 +67,9 @@ class Module {
   // is in the order cuDNN's NHWC kernels read ([O, kh, kw, C] in memory), so a channels-last
   // network converts no weight per step; its gradients follow (AccumulateGrad, DDP's bucket
   // views) and the optimizers update it where it lies (Note [Update layouts], optim/optimizer.h).
+  // As in PyTorch, convert before wrapping the model in DDP: DDP lays its buckets out as the
+  // parameters are when it is built (converted later, the gradients are still averaged, through
+  // a copy into the old layout each step).
   void to(MemoryFormat format);
   void zero_grad(bool set_to_none = true);
   // fn on every module, children first, then this one (PyTorch's order).

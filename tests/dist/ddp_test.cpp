@@ -34,11 +34,13 @@ using test::tensors_close;
 // W ranks on 8 / W samples each against one process on all 8: 5 steps of SGD with momentum on
 // shuffled batches, with the model and optimizer saved and loaded back between steps 2 and 3.
 // With channels_last the ranks' replicas store their convolution weight channels-last (the
-// reference stays row-major): the bucket views take that order.
-void check_parity(int world, bool sync_bn = false, bool channels_last = false) {
+// reference stays row-major): the bucket views take that order; converted after DDP was built
+// (convert_late), the views stay row-major and the gradients still reach them.
+void check_parity(int world, bool sync_bn = false, bool channels_last = false,
+                  bool convert_late = false) {
   run_ranks(
       world,
-      [sync_bn, channels_last](Rank& r) {
+      [sync_bn, channels_last, convert_late](Rank& r) {
         set_num_threads(1);
         auto group = gloo_group(r);
         // Different seeds per rank: DDP must start every replica from rank 0's weights.
@@ -47,8 +49,9 @@ void check_parity(int world, bool sync_bn = false, bool channels_last = false) {
         if (sync_bn) {
           EXPECT_EQ(convert_sync_batchnorm(*net, group), 1);
         }
-        if (channels_last) net->to(MemoryFormat::kChannelsLast);
+        if (channels_last && !convert_late) net->to(MemoryFormat::kChannelsLast);
         DistributedDataParallel ddp(net, group, {.first_bucket_bytes = 512, .bucket_bytes = 1024});
+        if (channels_last && convert_late) net->to(MemoryFormat::kChannelsLast);
         optim::SGD opt(net->parameters(), {.lr = 0.1, .momentum = 0.9});
         auto reference = small_net(1, {.batch_norm = sync_bn});  // one process on the whole batch
         optim::SGD ref_opt(reference->parameters(), {.lr = 0.1, .momentum = 0.9});
@@ -85,7 +88,7 @@ void check_parity(int world, bool sync_bn = false, bool channels_last = false) {
             for (const Bucket& b : ddp.reducer().buckets())
               in_bucket = in_bucket || p.grad().is_alias_of(b.buffer);
             EXPECT_TRUE(in_bucket);
-            if (p.dim() == 4) {
+            if (p.dim() == 4 && !convert_late) {
               EXPECT_EQ(suggest_memory_format(p.grad()), suggest_memory_format(p));
               EXPECT_EQ(suggest_memory_format(p),
                         channels_last ? MemoryFormat::kChannelsLast : MemoryFormat::kContiguous);
@@ -111,6 +114,9 @@ TEST(DDP, FourRanksOnShardsMatchOneProcessOnTheWholeBatch) { check_parity(4); }
 TEST(DDP, WithSyncBatchNormTwoRanksMatchOneProcess) { check_parity(2, /*sync_bn=*/true); }
 TEST(DDP, ChannelsLastReplicasMatchOneRowMajorProcess) {
   check_parity(2, /*sync_bn=*/false, /*channels_last=*/true);
+}
+TEST(DDP, ReplicasConvertedAfterDdpWasBuiltStillAverage) {
+  check_parity(2, /*sync_bn=*/false, /*channels_last=*/true, /*convert_late=*/true);
 }
 
 TEST(DDP, GradientsAreAveragedOverRanks) {
@@ -337,11 +343,13 @@ TEST(SyncBatchNorm, OneValuePerChannelOverAllRanksRaisesOnEveryRank) {
     convert_sync_batchnorm(bn, group);
     // Parameters in another dtype than batch norm takes for x: refused before any collective.
     EXPECT_LOOM_ERROR(bn.forward(randn({2, 2, 1, 1}, kFloat64)), DTypeError,
-                      {"SyncBatchNorm", "float64", "float32"});
+                      {"SyncBatchNorm", "weight", "float64", "float32"});
+    const Tensor before = bn.running_var.clone();
     const Tensor x = randn({r.rank == 0 ? 1 : 0, 2, 1, 1});
     EXPECT_LOOM_ERROR(bn.forward(x), ValueError,
                       {"SyncBatchNorm", "more than 1 value per channel", "got 1",
                        "[" + std::to_string(r.rank == 0 ? 1 : 0) + ", 2, 1, 1]"});
+    EXPECT_TRUE(tensors_close(bn.running_var, before, 0, 0));  // raised before the update
   });
 }
 
