@@ -79,6 +79,82 @@ std::function<bool(bool)> found_inf_agreement(std::shared_ptr<ProcessGroup> grou
   };
 }
 
+// ------------------------------------------------------------------ replicas
+
+namespace {
+
+// What a rank's replica holds, per tensor of its state: the fields the broadcast and the buckets
+// rely on, and a hash of the shape.
+constexpr int kFields = 5;
+std::vector<int64_t> describe(const NamedTensors& state) {
+  std::vector<int64_t> d;
+  for (const auto& [name, t] : state) {
+    uint64_t shape = 1469598103934665603ull;  // FNV-1a over the sizes
+    for (int64_t s : t.sizes()) shape = (shape ^ static_cast<uint64_t>(s)) * 1099511628211ull;
+    d.insert(d.end(), {t.numel(), static_cast<int64_t>(t.dtype()),
+                       static_cast<int64_t>(suggest_memory_format(t)), t.dim(),
+                       static_cast<int64_t>(shape)});
+  }
+  return d;
+}
+
+// Rows of `values.size()` int64 from every rank, on the host.
+std::vector<std::vector<int64_t>> gather_rows(ProcessGroup& group,
+                                              const std::vector<int64_t>& values, Device device) {
+  const int64_t n = static_cast<int64_t>(values.size());
+  const Tensor mine = tensor<int64_t>(values, {n}).to(device);
+  std::vector<Tensor> rows;
+  for (int r = 0; r < group.size(); ++r) rows.push_back(empty({n}, kInt64, device));
+  group.allgather(rows, mine)->wait();
+  cuda::DeferredChecksHold hold;  // every rank must get through the comparison
+  std::vector<std::vector<int64_t>> out;
+  for (const Tensor& row : rows) out.push_back(row.to(kCPU).to_vector<int64_t>());
+  return out;
+}
+
+}  // namespace
+
+void verify_replicas(ProcessGroup& group, const NamedTensors& state) {
+  if (group.size() == 1) return;
+  const char* op = "DistributedDataParallel";
+  const Device device = state.empty() ? kCPU : state.front().second.device();
+  const std::vector<int64_t> mine = describe(state);
+  // First the count and a hash of the whole description, then (only where they differ, which
+  // every rank sees alike) the descriptions themselves, to name the first tensor that differs.
+  uint64_t hash = 1469598103934665603ull;
+  for (int64_t v : mine) hash = (hash ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+  const auto summary =
+      gather_rows(group, {static_cast<int64_t>(state.size()), static_cast<int64_t>(hash)}, device);
+  for (int r = 1; r < group.size(); ++r)
+    LOOM_CHECK(summary[r][0] == summary[0][0], ValueError, op, ": rank ", r, "'s model holds ",
+               summary[r][0], " tensors (parameters and buffers) and rank 0's ", summary[0][0],
+               ": every replica must be the same model");
+  if (std::all_of(summary.begin(), summary.end(), [&](const auto& s) { return s == summary[0]; }))
+    return;
+  const auto all = gather_rows(group, mine, device);
+  for (int r = 1; r < group.size(); ++r)
+    for (size_t i = 0; i < state.size(); ++i) {
+      const int64_t* a = all[0].data() + i * kFields;
+      const int64_t* b = all[r].data() + i * kFields;
+      if (std::equal(a, a + kFields, b)) continue;
+      const auto format = [](int64_t f) {
+        return f == static_cast<int64_t>(MemoryFormat::kChannelsLast) ? "channels-last"
+                                                                      : "row-major";
+      };
+      const std::string what =
+          a[2] != b[2] ? detail::str("memory format ", format(a[2]), " on rank 0, ", format(b[2]),
+                                     " on rank ", r)
+          : a[1] != b[1]
+              ? detail::str("dtype ", static_cast<DType>(a[1]), " on rank 0, ",
+                            static_cast<DType>(b[1]), " on rank ", r)
+              : detail::str("shape (", a[0], " elements on rank 0, ", b[0], " on rank ", r, ")");
+      LOOM_CHECK(false, ValueError, op, ": '", state[i].first,
+                 "' differs between the replicas: ", what,
+                 "; every replica must be the same model, stored alike (convert it with ",
+                 "to() on every rank, before DDP)");
+    }
+}
+
 // ------------------------------------------------------------------ broadcast
 
 void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors, int root) {
@@ -361,9 +437,11 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module,
   LOOM_CHECK(options_.comm_dtype == kFloat32 || is_16bit_float(options_.comm_dtype), ValueError,
              "DistributedDataParallel: comm_dtype must be float32, float16 or bfloat16; got ",
              options_.comm_dtype);
-  // Every replica starts from rank 0's weights and buffers.
+  // Every replica is the same model, stored alike, and starts from rank 0's weights and buffers.
+  const NamedTensors named_state = module_->state_dict();
+  verify_replicas(*group_, named_state);
   std::vector<Tensor> state;
-  for (auto& [name, t] : module_->state_dict()) state.push_back(t);
+  for (const auto& [name, t] : named_state) state.push_back(t);
   if (group_->size() > 1) broadcast_coalesced(*group_, state, 0);
   std::vector<Tensor> params;
   std::vector<std::string> names;

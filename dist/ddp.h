@@ -13,7 +13,7 @@
 //    channels-last view, the layout its convolution's gradient and AccumulateGrad use, so the
 //    gradient is added into the bucket as it comes and the optimizer updates the weight where it
 //    lies (Note [Update layouts]). The buffer is the bytes as they lie: ranks agree on them
-//    because their replicas share one layout.
+//    because their replicas share one layout, which the constructor checks (verify_replicas).
 // 2. Hooks. A post-accumulate-grad hook on every parameter marks it ready. When the last
 //    parameter of a bucket is ready, the bucket's allreduce starts at once, asynchronously, and
 //    backward goes on computing the gradients of earlier layers while it travels: that is the
@@ -204,5 +204,14 @@ class DistributedDataParallel : public nn::Module {
 
 // Every tensor of `tensors` from rank `root`, coalesced into one flat buffer per dtype.
 void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors, int root = 0);
+
+// Checks that every rank's `state` (a model's parameters and buffers) holds as many tensors as
+// rank 0's, each with the same shape, dtype and memory format: the broadcast of rank 0's state
+// and the buckets read them as flat bytes, so replicas stored differently would exchange
+// permuted values without an error. One allgather of a count and a hash (a second, of each
+// tensor's description, only where they differ); every rank raises the same ValueError,
+// naming the first tensor that differs. DistributedDataParallel's constructor calls it, as
+// PyTorch's verifies the parameters' shapes across processes.
+void verify_replicas(ProcessGroup& group, const NamedTensors& state);
 
 }  // namespace loom::dist

@@ -119,6 +119,33 @@ TEST(DDP, ReplicasConvertedAfterDdpWasBuiltStillAverage) {
   check_parity(2, /*sync_bn=*/false, /*channels_last=*/true, /*convert_late=*/true);
 }
 
+// Replicas that differ in what they hold, or in how they store it, are refused on every rank
+// before anything is exchanged, with the first tensor that differs named.
+TEST(DDP, ReplicasThatDifferAreRefusedOnEveryRank) {
+  run_ranks(2, [](Rank& r) {
+    set_num_threads(1);
+    auto group = gloo_group(r);
+    auto layout = small_net(1);
+    if (r.rank == 1) layout->to(MemoryFormat::kChannelsLast);
+    EXPECT_LOOM_ERROR(DistributedDataParallel(layout, group), ValueError,
+                      {"DistributedDataParallel", "'0.weight'", "memory format",
+                       "channels-last on rank 1"});
+    auto shape = small_net(1, {.hidden = r.rank == 0 ? 6 : 7});
+    EXPECT_LOOM_ERROR(DistributedDataParallel(shape, group), ValueError,
+                      {"'3.weight'", "shape", "on rank 1"});
+    auto dtype = small_net(1, {.dtype = r.rank == 0 ? kFloat64 : kFloat32});
+    EXPECT_LOOM_ERROR(DistributedDataParallel(dtype, group), ValueError,
+                      {"'0.weight'", "dtype float64 on rank 0, float32 on rank 1"});
+    auto count = small_net(1, {.batch_norm = r.rank == 1});
+    EXPECT_LOOM_ERROR(DistributedDataParallel(count, group), ValueError,
+                      {"rank 1's model holds 11 tensors", "rank 0's 6"});
+    // The same model stored alike passes, and the group still works.
+    auto same = small_net(1 + static_cast<uint64_t>(r.rank));
+    DistributedDataParallel ddp(same, group);
+    expect_same_parameters(*same, *small_net(1), 0);
+  });
+}
+
 TEST(DDP, GradientsAreAveragedOverRanks) {
   run_ranks(3, [](Rank& r) {
     set_num_threads(1);
