@@ -73,6 +73,13 @@ int64_t Optimizer::param_steps(size_t i) const {
   return state_[i].steps;
 }
 
+int64_t Optimizer::state_bytes() const {
+  int64_t bytes = 0;
+  for (const ParamState& state : state_)
+    for (const Tensor& buffer : state.buffers) bytes += static_cast<int64_t>(buffer.nbytes());
+  return bytes;
+}
+
 void Optimizer::zero_grad(bool set_to_none) {
   autograd::NoGradGuard no_grad;
   for (Tensor p : params_) {

@@ -23,12 +23,30 @@
 //
 // Note [resnet18_cifar in mixed precision]
 // --amp fp16|bf16 runs the forward (and evaluation) in an autocast region: convolutions and the
-// classifier's product in 16 bits, batch norm, ReLU, the residual adds and the loss in float32
-// (Note [Autocast policy] in autograd/autocast.h); the weights and the optimizer stay float32.
+// classifier's product in 16 bits; on a GPU batch norm (with float32 statistics), ReLU and the
+// residual adds keep the 16-bit activations, on the CPU they run in float32; the loss runs in
+// float32 (Note [Autocast policy] in autograd/autocast.h). The weights and the optimizer stay
+// float32.
 // fp16 adds dynamic loss scaling (optim::GradScaler): the loss is scaled before backward, the
 // step is skipped when a gradient overflowed, and under DDP the ranks agree on skipping with one
 // allreduce. bf16 keeps float32's exponent range, so it needs no scaling. The scaler's state is
 // part of the checkpoint. --comm-dtype fp16|bf16 sends DDP's gradients in 16 bits.
+//
+// Note [The memory report]
+// --print-memory prints, after the first training step, where this rank's device memory went,
+// from loom's own count of the bytes its tensors hold (memory_stats; the caching allocator's
+// free blocks are not in it):
+//   weights           the parameters;
+//   gradients         their .grad tensors: under DDP the bucket buffers, which hold them;
+//   optimizer state   the optimizer's buffers (SGD's momentum: as large as the weights);
+//   buffers           the modules' buffers (batch norm's running statistics);
+//   other held        whatever else outlives the step: the batch, on the CPU also the batches
+//                     the loader has ready, the running totals;
+//   step peak         the most the step held at once, beyond what outlives it: the activations
+//                     autograd saved for backward, and the temporaries alive with them. It
+//                     grows with the batch; the lines above do not.
+// The first four are the model's fixed cost (with momentum SGD, three times the weights);
+// mixed precision shrinks the activations, not them.
 
 #include "train.h"
 
@@ -42,6 +60,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "data/cifar10.h"
 #include "data/idx.h"
@@ -185,6 +204,42 @@ Totals evaluate(nn::Module& model, data::DataLoader& loader, cuda::Uploader& upl
   }
   model.train();
   return totals.read();
+}
+
+// Note [The memory report]: `held` is memory_stats' current bytes after the first step, `peak`
+// its peak during that step.
+std::string memory_report(nn::Module& model, const optim::Optimizer& optimizer,
+                          dist::DistributedDataParallel* ddp, Device device, int64_t held,
+                          int64_t peak) {
+  int64_t weights = 0, gradients = 0, buffers = 0;
+  std::set<const StorageImpl*> grad_storages;  // DDP's views share their bucket's
+  for (const Tensor& p : model.parameters()) {
+    weights += static_cast<int64_t>(p.nbytes());
+    const Tensor g = p.grad();
+    if (g.defined() && grad_storages.insert(g.storage().get()).second)
+      gradients += static_cast<int64_t>(g.storage()->nbytes);
+  }
+  for (const Tensor& b : model.buffers()) buffers += static_cast<int64_t>(b.nbytes());
+  const int64_t state = optimizer.state_bytes();
+  const auto mib = [](int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
+  const std::string where =
+      ddp ? detail::str("in ", ddp->reducer().buckets().size(), " DDP buckets")
+          : detail::str("one per parameter");
+  char text[1024];
+  std::snprintf(text, sizeof text,
+                "memory after the first step on %s (MiB; Note [The memory report]):\n"
+                "  weights          %9.2f  (%lld parameters)\n"
+                "  gradients        %9.2f  (%s)\n"
+                "  optimizer state  %9.2f  (%s)\n"
+                "  buffers          %9.2f  (batch norm's running statistics)\n"
+                "  other held       %9.2f\n"
+                "  step peak        %9.2f  above what is held after it (activations saved for "
+                "backward, temporaries)\n",
+                detail::str(device).c_str(), mib(weights),
+                static_cast<long long>(model.num_parameters()), mib(gradients), where.c_str(),
+                mib(state), optimizer.name().c_str(), mib(buffers),
+                mib(held - weights - gradients - state - buffers), mib(peak - held));
+  return text;
 }
 
 // The job this process belongs to (one rank of one when not launched).
@@ -455,6 +510,7 @@ double run(const Options& o) {
   };
 
   ProgressBar bar(tty);
+  const int64_t first_step = progress.step;  // this run's (Note [The memory report])
   dist::Trace trace(job.rank);
   double overlap_total = 0;
   int64_t overlap_steps = 0;
@@ -476,6 +532,8 @@ double run(const Options& o) {
         stopped = true;
         break;
       }
+      const bool report_memory = o.print_memory && progress.step == first_step;
+      if (report_memory) reset_peak_memory(job.device);
       const auto step_start = Clock::now();
       const double t0 = dist::steady_seconds();
       optimizer.zero_grad();
@@ -509,6 +567,12 @@ double run(const Options& o) {
       }
       const auto n = batch->labels.size(0);
       train.add(loss, logits, labels);
+      if (report_memory) {
+        const MemoryStats stats = memory_stats(job.device);
+        say("%s", memory_report(*model, optimizer, ddp.get(), job.device, stats.current_bytes,
+                                stats.peak_bytes)
+                      .c_str());
+      }
       const double step_seconds = seconds_since(step_start);
       if (trained == 0) {
         first_step_seconds = step_seconds;

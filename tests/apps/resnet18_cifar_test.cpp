@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 
 #include "tensor/cuda/runtime.h"
 #include "test_util.h"
@@ -137,6 +139,40 @@ TEST_F(App, AMixedPrecisionRunResumesWithItsLossScale) {
   EXPECT_NE(switched.output.find("holds no loss scale"), std::string::npos) << switched.output;
   EXPECT_EQ(run_app(kSmall + "--amp fp8").status, 2);
   EXPECT_EQ(run_app(kSmall + "--comm-dtype fp64").status, 2);
+}
+
+// --print-memory (Note [The memory report]): the weights are the parameters' bytes, the
+// gradients and SGD's momentum as large; what a step holds beyond them grows with the batch,
+// they do not.
+TEST_F(App, TheMemoryReportAccountsForTheModelAndGrowsWithTheBatch) {
+  const auto report = [&](int batch) {
+    Result r = run_app(
+        "--dataset synthetic --synthetic-size 128 --width 16 --epochs 1 --workers 1 "
+        "--threads 1 --max-steps 1 --print-memory --batch-size " +
+        std::to_string(batch));
+    EXPECT_EQ(r.status, 0) << r.output;
+    std::map<std::string, double> mib;
+    for (const char* line :
+         {"weights", "gradients", "optimizer state", "buffers", "other held", "step peak"}) {
+      const std::regex pattern(std::string("\\n  ") + line + " +(-?[0-9.]+)");
+      std::smatch m;
+      EXPECT_TRUE(std::regex_search(r.output, m, pattern)) << line << "\n" << r.output;
+      if (!m.empty()) mib[line] = std::stod(m[1]);
+    }
+    std::smatch m;
+    EXPECT_TRUE(std::regex_search(r.output, m, std::regex("\\(([0-9]+) parameters\\)")));
+    if (!m.empty()) mib["parameters"] = std::stod(m[1]);
+    return mib;
+  };
+  std::map<std::string, double> small = report(8), large = report(64);
+  EXPECT_NEAR(small["weights"], small["parameters"] * 4 / (1 << 20), 0.006);  // float32
+  EXPECT_EQ(small["gradients"], small["weights"]);
+  EXPECT_EQ(small["optimizer state"], small["weights"]);  // momentum: one buffer per weight
+  EXPECT_GT(small["buffers"], 0);
+  EXPECT_GE(small["other held"], 0);
+  for (const char* fixed : {"weights", "gradients", "optimizer state", "buffers"})
+    EXPECT_EQ(large[fixed], small[fixed]) << fixed;
+  EXPECT_GT(large["step peak"], 4 * small["step peak"]);  // 8 times the activations
 }
 
 TEST_F(App, EvalOnlyReproducesTheLastTestAccuracyAndCheckpointsDescribeTheModel) {
