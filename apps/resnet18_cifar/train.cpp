@@ -44,7 +44,9 @@
 //                     the loader has ready, the running totals;
 //   step peak         the most the step held at once, beyond what outlives it: the activations
 //                     autograd saved for backward, and the temporaries alive with them. It
-//                     grows with the batch; the lines above do not.
+//                     grows with the batch; the lines above do not;
+//   cached            freed blocks the allocator keeps for reuse (on a GPU the caching
+//                     allocator's, which nvidia-smi counts as used; on the CPU large blocks).
 // The first four are the model's fixed cost (with momentum SGD, three times the weights);
 // mixed precision shrinks the activations, not them.
 
@@ -206,11 +208,11 @@ Totals evaluate(nn::Module& model, data::DataLoader& loader, cuda::Uploader& upl
   return totals.read();
 }
 
-// Note [The memory report]: `held` is memory_stats' current bytes after the first step, `peak`
-// its peak during that step.
+// Note [The memory report], from memory_stats after the first step (its peak reset before it).
 std::string memory_report(nn::Module& model, const optim::Optimizer& optimizer,
-                          dist::DistributedDataParallel* ddp, Device device, int64_t held,
-                          int64_t peak) {
+                          dist::DistributedDataParallel* ddp, Device device,
+                          const MemoryStats& stats) {
+  const int64_t held = stats.current_bytes, peak = stats.peak_bytes;
   int64_t weights = 0, gradients = 0, buffers = 0;
   std::set<const StorageImpl*> grad_storages;  // DDP's views share their bucket's
   for (const Tensor& p : model.parameters()) {
@@ -226,19 +228,20 @@ std::string memory_report(nn::Module& model, const optim::Optimizer& optimizer,
       ddp ? detail::str("in ", ddp->reducer().buckets().size(), " DDP buckets")
           : detail::str("one per parameter");
   char text[1024];
-  std::snprintf(text, sizeof text,
-                "memory after the first step on %s (MiB; Note [The memory report]):\n"
-                "  weights          %9.2f  (%lld parameters)\n"
-                "  gradients        %9.2f  (%s)\n"
-                "  optimizer state  %9.2f  (%s)\n"
-                "  buffers          %9.2f  (batch norm's running statistics)\n"
-                "  other held       %9.2f\n"
-                "  step peak        %9.2f  above what is held after it (activations saved for "
-                "backward, temporaries)\n",
-                detail::str(device).c_str(), mib(weights),
-                static_cast<long long>(model.num_parameters()), mib(gradients), where.c_str(),
-                mib(state), optimizer.name().c_str(), mib(buffers),
-                mib(held - weights - gradients - state - buffers), mib(peak - held));
+  std::snprintf(
+      text, sizeof text,
+      "memory after the first step on %s (MiB; Note [The memory report]):\n"
+      "  weights          %9.2f  (%lld parameters)\n"
+      "  gradients        %9.2f  (%s)\n"
+      "  optimizer state  %9.2f  (%s)\n"
+      "  buffers          %9.2f  (batch norm's running statistics)\n"
+      "  other held       %9.2f\n"
+      "  step peak        %9.2f  above what is held after it (activations saved for "
+      "backward, temporaries)\n"
+      "  cached           %9.2f  (freed blocks kept for reuse)\n",
+      detail::str(device).c_str(), mib(weights), static_cast<long long>(model.num_parameters()),
+      mib(gradients), where.c_str(), mib(state), optimizer.name().c_str(), mib(buffers),
+      mib(held - weights - gradients - state - buffers), mib(peak - held), mib(stats.cached_bytes));
   return text;
 }
 
@@ -568,9 +571,7 @@ double run(const Options& o) {
       const auto n = batch->labels.size(0);
       train.add(loss, logits, labels);
       if (report_memory) {
-        const MemoryStats stats = memory_stats(job.device);
-        say("%s", memory_report(*model, optimizer, ddp.get(), job.device, stats.current_bytes,
-                                stats.peak_bytes)
+        say("%s", memory_report(*model, optimizer, ddp.get(), job.device, memory_stats(job.device))
                       .c_str());
       }
       const double step_seconds = seconds_since(step_start);

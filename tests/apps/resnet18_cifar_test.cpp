@@ -152,8 +152,8 @@ TEST_F(App, TheMemoryReportAccountsForTheModelAndGrowsWithTheBatch) {
         std::to_string(batch));
     EXPECT_EQ(r.status, 0) << r.output;
     std::map<std::string, double> mib;
-    for (const char* line :
-         {"weights", "gradients", "optimizer state", "buffers", "other held", "step peak"}) {
+    for (const char* line : {"weights", "gradients", "optimizer state", "buffers", "other held",
+                             "step peak", "cached"}) {
       const std::regex pattern(std::string("\\n  ") + line + " +(-?[0-9.]+)");
       std::smatch m;
       EXPECT_TRUE(std::regex_search(r.output, m, pattern)) << line << "\n" << r.output;
