@@ -8,6 +8,7 @@
 #include <immintrin.h>
 #endif
 
+#include "tensor/checks.h"
 #include "tensor/cpu/loops.h"
 #include "tensor/cuda/copy.h"
 #include "tensor/cuda/runtime.h"
@@ -150,6 +151,7 @@ void copy_(const Tensor& dst, const Tensor& src) {
   LOOM_CHECK(broadcast_shapes(dst.sizes(), src.sizes(), "copy_") == dst.sizes(), ShapeError,
              "copy_: source shape=", src.sizes(),
              " cannot be broadcast to destination shape=", dst.sizes());
+  check_no_overlap("copy_", dst, {src});  // Note [Overlapping operands]
   if (dst.is_cpu() && src.is_cpu()) {
     dst.bump_version();
     return copy_cpu(dst, src);

@@ -421,6 +421,7 @@ Tensor clamp_backward(const Tensor& dout, const Tensor& x, double min, double ma
 // ---------------------------------------------------------------- in place
 
 void add_(const Tensor& self, const Tensor& other, double alpha) {
+  check_no_overlap("add_", self, {other});
   if (on_cuda("add_", {self, other})) return cuda::add_(self, other, alpha);
   if (alpha == 1.0)
     return inplace_binary("add_", self, other, [](auto x, auto y) { return x + y; });
@@ -428,21 +429,25 @@ void add_(const Tensor& self, const Tensor& other, double alpha) {
                  [alpha](auto x, auto y) { return x + static_cast<decltype(x)>(alpha) * y; });
 }
 void sub_(const Tensor& self, const Tensor& other, double alpha) {
+  check_no_overlap("sub_", self, {other});
   if (on_cuda("sub_", {self, other})) return cuda::sub_(self, other, alpha);
   inplace_binary("sub_", self, other,
                  [alpha](auto x, auto y) { return x - static_cast<decltype(x)>(alpha) * y; });
 }
 void mul_(const Tensor& self, const Tensor& other) {
+  check_no_overlap("mul_", self, {other});
   if (on_cuda("mul_", {self, other})) return cuda::mul_(self, other);
   inplace_binary("mul_", self, other, [](auto x, auto y) { return x * y; });
 }
 void div_(const Tensor& self, const Tensor& other) {
+  check_no_overlap("div_", self, {other});
   if (on_cuda("div_", {self, other})) return cuda::div_(self, other);
   LOOM_CHECK(is_floating(self.dtype()), DTypeError, "div_: true division cannot write into a ",
              self.dtype(), " tensor");
   inplace_binary("div_", self, other, [](auto x, auto y) { return x / y; });
 }
 void mul_scalar_(const Tensor& self, double value) {
+  check_no_overlap("mul_scalar_", self, {});
   if (on_cuda("mul_scalar_", {self})) return cuda::mul_scalar_(self, value);
   cpu_only("mul_", {self});
   if (is_16bit_float(self.dtype()))
@@ -455,6 +460,7 @@ void mul_scalar_(const Tensor& self, double value) {
   });
 }
 void add_scalar_(const Tensor& self, double value) {
+  check_no_overlap("add_scalar_", self, {});
   if (on_cuda("add_scalar_", {self})) return cuda::add_scalar_(self, value);
   cpu_only("add_", {self});
   if (is_16bit_float(self.dtype()))
@@ -468,6 +474,7 @@ void add_scalar_(const Tensor& self, double value) {
 }
 
 void addcmul_(const Tensor& self, const Tensor& a, const Tensor& b, double alpha) {
+  check_no_overlap("addcmul_", self, {a, b});
   if (on_cuda("addcmul_", {self, a, b})) return cuda::addcmul_(self, a, b, alpha);
   cpu_only("addcmul_", {self, a, b});
   LOOM_CHECK(broadcast_shapes(broadcast_shapes(self.sizes(), a.sizes(), "addcmul_"), b.sizes(),
@@ -483,6 +490,7 @@ void addcmul_(const Tensor& self, const Tensor& a, const Tensor& b, double alpha
   });
 }
 void addcdiv_(const Tensor& self, const Tensor& a, const Tensor& b, double alpha) {
+  check_no_overlap("addcdiv_", self, {a, b});
   if (on_cuda("addcdiv_", {self, a, b})) return cuda::addcdiv_(self, a, b, alpha);
   cpu_only("addcdiv_", {self, a, b});
   LOOM_CHECK(broadcast_shapes(broadcast_shapes(self.sizes(), a.sizes(), "addcdiv_"), b.sizes(),

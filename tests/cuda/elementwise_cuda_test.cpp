@@ -12,7 +12,9 @@
 #include <vector>
 
 #include "cuda/cuda_test_util.h"
+#include "tensor/copy.h"
 #include "tensor/elementwise.h"
+#include "tensor/view.h"
 
 using namespace loom;
 using loom::test::cuda_matches_cpu;
@@ -439,4 +441,10 @@ TEST(CudaElementwise, ErrorsNameTheOpAndShapes) {
   // The CUDA addcmul_ checks that its tensors broadcast to self (a wrong shape must not read
   // out of bounds).
   EXPECT_LOOM_ERROR(k::addcmul_(b, a, a), ShapeError, {"addcmul_", "[2, 3]", "[4]"});
+  // Overlapping operands are refused on the GPU too (Note [Overlapping operands]).
+  const Tensor x = arange(0, 10, 1, kFloat32).to(kCuda0);
+  EXPECT_LOOM_ERROR(k::copy_(k::narrow(x, 0, 1, 9), k::narrow(x, 0, 0, 9)), ValueError,
+                    {"copy_", "one memory location"});
+  EXPECT_LOOM_ERROR(k::add_(k::expand(zeros({1}).to(kCuda0), {4}), ones({4}).to(kCuda0)),
+                    ValueError, {"add_", "more than one element"});
 }

@@ -130,6 +130,36 @@ TEST(Elementwise, InPlace) {
   EXPECT_LOOM_ERROR(zeros({2}).add_(zeros({2, 2})), ShapeError, {"add_", "[2, 2]", "[2]"});
 }
 
+// Note [Overlapping operands]: an input that shares memory with the written-to tensor other than
+// element for element is refused, as is a written-to tensor with repeated addresses; the same
+// view, disjoint parts of one storage, and interleaved views are fine.
+TEST(Elementwise, OverlappingOperandsAreRefused) {
+  Tensor x = arange(0, 10, 1, kFloat32);
+  const std::vector<std::string> shared = {"one memory location", "clone() the input first"};
+  EXPECT_LOOM_ERROR(x.narrow(0, 1, 9).copy_(x.narrow(0, 0, 9)), ValueError,
+                    {"copy_", "offset=0", "offset=1", shared[0], shared[1]});
+  EXPECT_LOOM_ERROR(x.narrow(0, 0, 9).add_(x.narrow(0, 1, 9)), ValueError, {"add_", shared[0]});
+  Tensor m = arange(0, 9, 1, kFloat32).reshape({3, 3});
+  EXPECT_LOOM_ERROR(m.add_(m.t()), ValueError, {"add_", "strides=[1, 3]", shared[0]});
+  EXPECT_LOOM_ERROR(m.mul_(m.select(0, 1)), ValueError, {"mul_", shared[0]});  // broadcast row
+  EXPECT_LOOM_ERROR(kernels::addcmul_(m, ones({3, 3}), m.t()), ValueError, {"addcmul_"});
+  EXPECT_TRUE(values_are(x, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));  // refused before any write
+  EXPECT_TRUE(values_are(m, {0, 1, 2, 3, 4, 5, 6, 7, 8}));
+  for (const auto& f : std::vector<std::function<void(Tensor)>>{
+           [](Tensor t) { t.add_(ones({4})); }, [](Tensor t) { t.mul_(2.0); },
+           [](Tensor t) { t.copy_(ones({4})); }})
+    EXPECT_LOOM_ERROR(f(zeros({1}).expand({4})), ValueError,
+                      {"more than one element of the written-to tensor", "strides=[0]"});
+
+  // Allowed: the same view, disjoint halves, interleaved views.
+  x.add_(x);
+  EXPECT_TRUE(values_are(x, {0, 2, 4, 6, 8, 10, 12, 14, 16, 18}));
+  x.narrow(0, 0, 5).copy_(x.narrow(0, 5, 5));
+  EXPECT_TRUE(values_are(x, {10, 12, 14, 16, 18, 10, 12, 14, 16, 18}));
+  x.slice(0, 0, 10, 2).sub_(x.slice(0, 1, 10, 2));
+  EXPECT_TRUE(values_are(x, {-2, 12, -2, 16, 8, 10, -2, 14, -2, 18}));
+}
+
 TEST(Elementwise, Errors) {
   EXPECT_LOOM_ERROR(zeros({2, 3}) + zeros({4}), ShapeError, {"add", "[2, 3]", "[4]"});
   EXPECT_LOOM_ERROR(zeros({2, 3}) * zeros({3, 2}), ShapeError, {"mul", "[2, 3]", "[3, 2]"});
