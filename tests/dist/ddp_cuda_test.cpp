@@ -4,6 +4,8 @@
 // where there are two GPUs, nccl; with and without SyncBatchNorm; and SyncBatchNorm alone in
 // float16 and with a global batch too small. Skips without a GPU.
 
+#include <functional>
+#include <memory>
 #include <numeric>
 
 #include "autograd/autocast.h"
@@ -77,44 +79,51 @@ TEST(DDPOnGpus, NcclRanksOnTwoGpusMatchOneProcess) {
   check_parity("nccl", /*sync_bn=*/true);
 }
 
+// Two ranks that share cuda:0 through gloo (host staging), each running body with its group.
+void two_gloo_ranks_on_one_gpu(
+    const std::function<void(Rank&, const std::shared_ptr<ProcessGroup>&)>& body) {
+  test::run_ranks(
+      2,
+      [&](Rank& r) {
+        body(r, make_gloo_process_group(r.store, r.rank, r.world_size,
+                                        {.timeout = std::chrono::seconds(60)}));
+      },
+      std::chrono::seconds(120), std::chrono::seconds(60));
+}
+
 // SyncBatchNorm on a GPU in an autocast region: a float16 x stays float16, as under the plain
 // batch norm, and y and dx match one batch norm over the whole batch. Two ranks (gloo) share
 // cuda:0.
 TEST(SyncBatchNormOnGpus, Float16InAnAutocastRegionMatchesOneBatchNorm) {
   LOOM_SKIP_WITHOUT_GPUS(1);
-  test::run_ranks(
-      2,
-      [](Rank& r) {
-        const Device device{DeviceType::CUDA, 0};
-        auto group = make_gloo_process_group(r.store, r.rank, r.world_size,
-                                             {.timeout = std::chrono::seconds(60)});
-        manual_seed(10);
-        const Tensor whole = randn({6, 3, 4, 4}).to(device).to(kFloat16);
-        const Tensor dy = randn({6, 3, 4, 4}).to(device).to(kFloat16);
-        nn::BatchNorm2d sync_bn(3), plain(3);
-        sync_bn.to(device);
-        plain.to(device);
-        convert_sync_batchnorm(sync_bn, group);
-        const int64_t begin = r.rank == 0 ? 0 : 2, count = r.rank == 0 ? 2 : 4;
-        Tensor x = whole.narrow(0, begin, count).contiguous().requires_grad_();
-        Tensor x_all = whole.clone().requires_grad_();
-        Tensor y, y_all;
-        {
-          autocast::Guard region(kFloat16);
-          y = sync_bn.forward(x);
-          y_all = plain.forward(x_all);
-        }
-        EXPECT_EQ(y.dtype(), kFloat16);
-        EXPECT_EQ(y_all.dtype(), kFloat16);
-        (y.to(kFloat32) * dy.narrow(0, begin, count).to(kFloat32)).sum().backward();
-        (y_all.to(kFloat32) * dy.to(kFloat32)).sum().backward();
-        EXPECT_TRUE(tensors_close(y.to(kCPU), y_all.narrow(0, begin, count).to(kCPU), 1e-2, 1e-2));
-        EXPECT_TRUE(tensors_close(x.grad().to(kCPU), x_all.grad().narrow(0, begin, count).to(kCPU),
-                                  1e-2, 1e-2));
-        EXPECT_TRUE(
-            tensors_close(sync_bn.running_var.to(kCPU), plain.running_var.to(kCPU), 1e-4, 1e-4));
-      },
-      std::chrono::seconds(120), std::chrono::seconds(60));
+  two_gloo_ranks_on_one_gpu([](Rank& r, const std::shared_ptr<ProcessGroup>& group) {
+    const Device device{DeviceType::CUDA, 0};
+    manual_seed(10);
+    const Tensor whole = randn({6, 3, 4, 4}).to(device).to(kFloat16);
+    const Tensor dy = randn({6, 3, 4, 4}).to(device).to(kFloat16);
+    nn::BatchNorm2d sync_bn(3), plain(3);
+    sync_bn.to(device);
+    plain.to(device);
+    convert_sync_batchnorm(sync_bn, group);
+    const int64_t begin = r.rank == 0 ? 0 : 2, count = r.rank == 0 ? 2 : 4;
+    Tensor x = whole.narrow(0, begin, count).contiguous().requires_grad_();
+    Tensor x_all = whole.clone().requires_grad_();
+    Tensor y, y_all;
+    {
+      autocast::Guard region(kFloat16);
+      y = sync_bn.forward(x);
+      y_all = plain.forward(x_all);
+    }
+    EXPECT_EQ(y.dtype(), kFloat16);
+    EXPECT_EQ(y_all.dtype(), kFloat16);
+    (y.to(kFloat32) * dy.narrow(0, begin, count).to(kFloat32)).sum().backward();
+    (y_all.to(kFloat32) * dy.to(kFloat32)).sum().backward();
+    EXPECT_TRUE(tensors_close(y.to(kCPU), y_all.narrow(0, begin, count).to(kCPU), 1e-2, 1e-2));
+    EXPECT_TRUE(tensors_close(x.grad().to(kCPU), x_all.grad().narrow(0, begin, count).to(kCPU),
+                              1e-2, 1e-2));
+    EXPECT_TRUE(
+        tensors_close(sync_bn.running_var.to(kCPU), plain.running_var.to(kCPU), 1e-4, 1e-4));
+  });
 }
 
 // A global batch of one value per channel: the ranks holding at most one value read the global
@@ -122,22 +131,17 @@ TEST(SyncBatchNormOnGpus, Float16InAnAutocastRegionMatchesOneBatchNorm) {
 // collective) is never reached by one rank alone.
 TEST(SyncBatchNormOnGpus, OneValuePerChannelRaisesOnEveryRank) {
   LOOM_SKIP_WITHOUT_GPUS(1);
-  test::run_ranks(
-      2,
-      [](Rank& r) {
-        const Device device{DeviceType::CUDA, 0};
-        auto group = make_gloo_process_group(r.store, r.rank, r.world_size,
-                                             {.timeout = std::chrono::seconds(60)});
-        nn::BatchNorm2d bn(2);
-        bn.to(device);
-        convert_sync_batchnorm(bn, group);
-        const Tensor before = bn.running_var.to(kCPU);
-        const Tensor x = randn({r.rank == 0 ? 1 : 0, 2, 1, 1}).to(device);
-        EXPECT_LOOM_ERROR(bn.forward(x), ValueError,
-                          {"SyncBatchNorm", "more than 1 value per channel", "got 1"});
-        EXPECT_TRUE(tensors_close(bn.running_var.to(kCPU), before, 0, 0));
-      },
-      std::chrono::seconds(120), std::chrono::seconds(60));
+  two_gloo_ranks_on_one_gpu([](Rank& r, const std::shared_ptr<ProcessGroup>& group) {
+    const Device device{DeviceType::CUDA, 0};
+    nn::BatchNorm2d bn(2);
+    bn.to(device);
+    convert_sync_batchnorm(bn, group);
+    const Tensor before = bn.running_var.to(kCPU);
+    const Tensor x = randn({r.rank == 0 ? 1 : 0, 2, 1, 1}).to(device);
+    EXPECT_LOOM_ERROR(bn.forward(x), ValueError,
+                      {"SyncBatchNorm", "more than 1 value per channel", "got 1"});
+    EXPECT_TRUE(tensors_close(bn.running_var.to(kCPU), before, 0, 0));
+  });
 }
 
 }  // namespace
