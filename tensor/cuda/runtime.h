@@ -183,9 +183,10 @@ size_t pending_checks();  // this thread's
 
 // While one lives, this thread's settle_checks does nothing. It is for library code that waits
 // for the device in the middle of changing its own state: GradScaler's unscale, DDP's bucket
-// rebuild and found-inf agreement, the host staging of gloo collectives. An earlier op's check
-// cannot then throw halfway through and leave that state half changed; it is settled at the
-// thread's next wait outside such code.
+// rebuild, replica check and found-inf agreement, the host staging of gloo collectives,
+// SyncBatchNorm's global count check. An earlier op's check cannot then throw halfway through
+// (on some ranks only) and leave that state half changed; it is settled at the thread's next
+// wait outside such code.
 class DeferredChecksHold {
  public:
   DeferredChecksHold();
