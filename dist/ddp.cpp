@@ -84,8 +84,9 @@ std::function<bool(bool)> found_inf_agreement(std::shared_ptr<ProcessGroup> grou
 namespace {
 
 // What a rank's replica holds, per tensor of its state: the fields the broadcast and the buckets
-// rely on, and a hash of the shape.
-constexpr int kFields = 5;
+// rely on (whether a parameter takes gradients decides its place in them), and a hash of the
+// shape.
+constexpr int kFields = 6;
 std::vector<int64_t> describe(const NamedTensors& state) {
   std::vector<int64_t> d;
   for (const auto& [name, t] : state) {
@@ -93,7 +94,7 @@ std::vector<int64_t> describe(const NamedTensors& state) {
     for (int64_t s : t.sizes()) shape = (shape ^ static_cast<uint64_t>(s)) * 1099511628211ull;
     d.insert(d.end(), {t.numel(), static_cast<int64_t>(t.dtype()),
                        static_cast<int64_t>(suggest_memory_format(t)), t.dim(),
-                       static_cast<int64_t>(shape)});
+                       static_cast<int64_t>(shape), int64_t{t.requires_grad()}});
   }
   return d;
 }
@@ -117,7 +118,9 @@ std::vector<std::vector<int64_t>> gather_rows(ProcessGroup& group,
 void verify_replicas(ProcessGroup& group, const NamedTensors& state) {
   if (group.size() == 1) return;
   const char* op = "DistributedDataParallel";
-  const Device device = state.empty() ? kCPU : state.front().second.device();
+  // nccl moves CUDA tensors only: its rows go on this rank's GPU, whatever the state holds.
+  const Device device =
+      group.backend() == "nccl" ? Device{DeviceType::CUDA, cuda::current_device()} : kCPU;
   const std::vector<int64_t> mine = describe(state);
   // First the count and a hash of the whole description, then (only where they differ, which
   // every rank sees alike) the descriptions themselves, to name the first tensor that differs.
@@ -141,13 +144,17 @@ void verify_replicas(ProcessGroup& group, const NamedTensors& state) {
         return f == static_cast<int64_t>(MemoryFormat::kChannelsLast) ? "channels-last"
                                                                       : "row-major";
       };
+      const auto grad = [](int64_t g) { return g ? "requires grad" : "frozen"; };
       const std::string what =
-          a[2] != b[2] ? detail::str("memory format ", format(a[2]), " on rank 0, ", format(b[2]),
-                                     " on rank ", r)
-          : a[1] != b[1]
-              ? detail::str("dtype ", static_cast<DType>(a[1]), " on rank 0, ",
-                            static_cast<DType>(b[1]), " on rank ", r)
-              : detail::str("shape (", a[0], " elements on rank 0, ", b[0], " on rank ", r, ")");
+          a[2] != b[2]   ? detail::str("memory format ", format(a[2]), " on rank 0, ", format(b[2]),
+                                       " on rank ", r)
+          : a[1] != b[1] ? detail::str("dtype ", static_cast<DType>(a[1]), " on rank 0, ",
+                                       static_cast<DType>(b[1]), " on rank ", r)
+          : a[0] != b[0]
+              ? detail::str("shape (", a[0], " elements on rank 0, ", b[0], " on rank ", r, ")")
+          : a[5] != b[5]
+              ? detail::str(grad(a[5]), " on rank 0, ", grad(b[5]), " on rank ", r)
+              : detail::str("shape (the same ", a[0], " elements in other sizes on rank ", r, ")");
       LOOM_CHECK(false, ValueError, op, ": '", state[i].first,
                  "' differs between the replicas: ", what,
                  "; every replica must be the same model, stored alike (convert it with ",

@@ -206,12 +206,13 @@ class DistributedDataParallel : public nn::Module {
 void broadcast_coalesced(ProcessGroup& group, const std::vector<Tensor>& tensors, int root = 0);
 
 // Checks that every rank's `state` (a model's parameters and buffers) holds as many tensors as
-// rank 0's, each with the same shape, dtype and memory format: the broadcast of rank 0's state
-// and the buckets read them as flat bytes, so replicas stored differently would exchange
-// permuted values without an error. One allgather of a count and a hash (a second, of each
-// tensor's description, only where they differ); every rank raises the same ValueError,
-// naming the first tensor that differs. DistributedDataParallel's constructor calls it, as
-// PyTorch's verifies the parameters' shapes across processes.
+// rank 0's, each with the same shape, dtype, memory format and requires_grad: the broadcast of
+// rank 0's state and the buckets read them as flat bytes, and the buckets hold the parameters
+// that take gradients, so replicas stored differently would exchange permuted values without an
+// error, and replicas frozen differently would plan different buckets. One allgather of a count and
+// a hash (a second, of each tensor's description, only where they differ); every rank raises the
+// same ValueError, naming the first tensor that differs. DistributedDataParallel's constructor
+// calls it, as PyTorch's verifies the parameters' shapes across processes.
 void verify_replicas(ProcessGroup& group, const NamedTensors& state);
 
 }  // namespace loom::dist

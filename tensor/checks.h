@@ -64,12 +64,12 @@ inline bool fills_its_span(const Tensor& t) {
 
 inline void check_no_overlap(const char* op, const Tensor& out,
                              std::initializer_list<Tensor> inputs) {
+  if (out.numel() == 0) return;
   for (int64_t d = 0; d < out.dim(); ++d)
     LOOM_CHECK(out.size(d) <= 1 || out.stride(d) != 0, ValueError, op,
                ": more than one element of the written-to tensor refers to one memory location "
                "(shape=",
                out.sizes(), " strides=", out.strides(), "); clone() it first");
-  if (out.numel() == 0) return;
   for (const Tensor& in : inputs) {
     if (!in.defined() || in.numel() == 0 || in.storage().get() != out.storage().get()) continue;
     if (in.offset() == out.offset() && in.sizes() == out.sizes() && in.strides() == out.strides() &&

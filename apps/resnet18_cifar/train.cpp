@@ -33,15 +33,16 @@
 // part of the checkpoint. --comm-dtype fp16|bf16 sends DDP's gradients in 16 bits.
 //
 // Note [The memory report]
-// --print-memory prints, after the first training step, where this rank's device memory went,
-// from loom's own count of the bytes its tensors hold (memory_stats; the caching allocator's
-// free blocks are not in it):
+// --print-memory prints, after the first training step the optimizer takes (with --amp fp16 a
+// step skipped for an overflow does not count), where this rank's device memory went, from
+// loom's own count of the bytes its tensors hold and of the allocator's cache (memory_stats):
 //   weights           the parameters;
 //   gradients         their .grad tensors: under DDP the bucket buffers, which hold them;
 //   optimizer state   the optimizer's buffers (SGD's momentum: as large as the weights);
 //   buffers           the modules' buffers (batch norm's running statistics);
-//   other held        whatever else outlives the step: the batch, on the CPU also the batches
-//                     the loader has ready, the running totals;
+//   other held        whatever else outlives the step: the batch and the running totals, and
+//                     on the CPU the dataset (CIFAR-10 and Fashion-MNIST are held as tensors)
+//                     and the batches the loader has ready;
 //   step peak         the most the step held at once, beyond what outlives it: the activations
 //                     autograd saved for backward, and the temporaries alive with them. It
 //                     grows with the batch; the lines above do not;
@@ -513,7 +514,9 @@ double run(const Options& o) {
   };
 
   ProgressBar bar(tty);
-  const int64_t first_step = progress.step;  // this run's (Note [The memory report])
+  // Note [The memory report]: after this run's first step the optimizer took (a loss-scaled
+  // step skipped for an overflow has made no optimizer state yet).
+  bool memory_to_report = o.print_memory;
   dist::Trace trace(job.rank);
   double overlap_total = 0;
   int64_t overlap_steps = 0;
@@ -535,8 +538,7 @@ double run(const Options& o) {
         stopped = true;
         break;
       }
-      const bool report_memory = o.print_memory && progress.step == first_step;
-      if (report_memory) reset_peak_memory(job.device);
+      if (memory_to_report) reset_peak_memory(job.device);
       const auto step_start = Clock::now();
       const double t0 = dist::steady_seconds();
       optimizer.zero_grad();
@@ -552,7 +554,8 @@ double run(const Options& o) {
       const double t1 = dist::steady_seconds();
       scaler.scale(loss).backward();
       const double t2 = dist::steady_seconds();
-      if (!scaler.step(optimizer)) ++skipped;
+      const bool stepped = scaler.step(optimizer);
+      if (!stepped) ++skipped;
       scaler.update();
       schedule->step();
       if (!o.trace.empty()) {
@@ -570,9 +573,10 @@ double run(const Options& o) {
       }
       const auto n = batch->labels.size(0);
       train.add(loss, logits, labels);
-      if (report_memory) {
+      if (memory_to_report && stepped) {
         say("%s", memory_report(*model, optimizer, ddp.get(), job.device, memory_stats(job.device))
                       .c_str());
+        memory_to_report = false;
       }
       const double step_seconds = seconds_since(step_start);
       if (trained == 0) {

@@ -127,15 +127,24 @@ TEST(DDP, ReplicasThatDifferAreRefusedOnEveryRank) {
     auto group = gloo_group(r);
     auto layout = small_net(1);
     if (r.rank == 1) layout->to(MemoryFormat::kChannelsLast);
-    EXPECT_LOOM_ERROR(DistributedDataParallel(layout, group), ValueError,
-                      {"DistributedDataParallel", "'0.weight'", "memory format",
-                       "channels-last on rank 1"});
+    EXPECT_LOOM_ERROR(
+        DistributedDataParallel(layout, group), ValueError,
+        {"DistributedDataParallel", "'0.weight'", "memory format", "channels-last on rank 1"});
     auto shape = small_net(1, {.hidden = r.rank == 0 ? 6 : 7});
     EXPECT_LOOM_ERROR(DistributedDataParallel(shape, group), ValueError,
                       {"'3.weight'", "shape", "on rank 1"});
     auto dtype = small_net(1, {.dtype = r.rank == 0 ? kFloat64 : kFloat32});
     EXPECT_LOOM_ERROR(DistributedDataParallel(dtype, group), ValueError,
                       {"'0.weight'", "dtype float64 on rank 0, float32 on rank 1"});
+    // Same elements in other sizes: only the shape's hash tells them apart.
+    auto sizes = r.rank == 0 ? nn::make<nn::Linear>(3, 2) : nn::make<nn::Linear>(2, 3);
+    EXPECT_LOOM_ERROR(DistributedDataParallel(sizes, group), ValueError,
+                      {"'weight'", "the same 6 elements in other sizes on rank 1"});
+    // Frozen on one rank only: the ranks would plan different buckets.
+    auto frozen = small_net(1);
+    if (r.rank == 1) frozen->parameters()[0].requires_grad_(false);
+    EXPECT_LOOM_ERROR(DistributedDataParallel(frozen, group), ValueError,
+                      {"'0.weight'", "requires grad on rank 0, frozen on rank 1"});
     auto count = small_net(1, {.batch_norm = r.rank == 1});
     EXPECT_LOOM_ERROR(DistributedDataParallel(count, group), ValueError,
                       {"rank 1's model holds 11 tensors", "rank 0's 6"});

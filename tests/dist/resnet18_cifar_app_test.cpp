@@ -12,6 +12,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -106,11 +107,21 @@ TEST_F(AppDist, OneProcessAndTwoWithSyncBnEndWithTheSameWeights) {
             path("one.log"));
   ASSERT_EQ(wait_for(one, std::chrono::seconds(120)), 0) << read(path("one.log"));
   const pid_t two = spawn(
-      kRun + steps + "--batch-size 32 --nproc 2 --checkpoint-dir " + path("two"), path("two.log"));
+      kRun + steps + "--batch-size 32 --nproc 2 --print-memory --checkpoint-dir " + path("two"),
+      path("two.log"));
   ASSERT_EQ(wait_for(two, std::chrono::seconds(120)), 0) << read(path("two.log"));
   const std::string log = read(path("two.log"));
   for (const char* part : {"world size 2", "global batch 64", "effective lr 0.05", "SyncBatchNorm"})
     EXPECT_NE(log.find(part), std::string::npos) << part << " not in:\n" << log;
+  // The memory report (Note [The memory report]), printed by rank 0 alone: the gradients are the
+  // DDP buckets, as large as the weights.
+  EXPECT_EQ(log.find("memory after the first step"), log.rfind("memory after the first step"));
+  std::smatch weights, gradients;
+  ASSERT_TRUE(std::regex_search(log, weights, std::regex("\n  weights +([0-9.]+)"))) << log;
+  ASSERT_TRUE(std::regex_search(log, gradients,
+                                std::regex("\n  gradients +([0-9.]+) +\\(in [0-9]+ DDP buckets")))
+      << log;
+  EXPECT_EQ(weights[1], gradients[1]);
 
   const loom::SafetensorsFile a = loom::load_safetensors(path("one/last.safetensors"));
   const loom::SafetensorsFile b = loom::load_safetensors(path("two/last.safetensors"));

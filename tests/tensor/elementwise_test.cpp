@@ -151,7 +151,8 @@ TEST(Elementwise, OverlappingOperandsAreRefused) {
     EXPECT_LOOM_ERROR(f(zeros({1}).expand({4})), ValueError,
                       {"more than one element of the written-to tensor", "strides=[0]"});
 
-  // Allowed: the same view, disjoint halves, interleaved views.
+  // Allowed: the same view, disjoint halves, interleaved views, an empty expanded tensor.
+  kernels::add_(zeros({0, 1}).expand({0, 3}), zeros({0, 3}));
   x.add_(x);
   EXPECT_TRUE(values_are(x, {0, 2, 4, 6, 8, 10, 12, 14, 16, 18}));
   x.narrow(0, 0, 5).copy_(x.narrow(0, 5, 5));
