@@ -83,6 +83,12 @@ std::function<bool(bool)> found_inf_agreement(std::shared_ptr<ProcessGroup> grou
 
 namespace {
 
+// One step of FNV-1a over 64-bit words.
+constexpr uint64_t kFnvStart = 1469598103934665603ull;
+uint64_t fnv_step(uint64_t hash, int64_t word) {
+  return (hash ^ static_cast<uint64_t>(word)) * 1099511628211ull;
+}
+
 // What a rank's replica holds, per tensor of its state: the fields the broadcast and the buckets
 // rely on (whether a parameter takes gradients decides its place in them), and a hash of the
 // shape.
@@ -90,8 +96,8 @@ constexpr int kFields = 6;
 std::vector<int64_t> describe(const NamedTensors& state) {
   std::vector<int64_t> d;
   for (const auto& [name, t] : state) {
-    uint64_t shape = 1469598103934665603ull;  // FNV-1a over the sizes
-    for (int64_t s : t.sizes()) shape = (shape ^ static_cast<uint64_t>(s)) * 1099511628211ull;
+    uint64_t shape = kFnvStart;
+    for (int64_t s : t.sizes()) shape = fnv_step(shape, s);
     d.insert(d.end(), {t.numel(), static_cast<int64_t>(t.dtype()),
                        static_cast<int64_t>(suggest_memory_format(t)), t.dim(),
                        static_cast<int64_t>(shape), int64_t{t.requires_grad()}});
@@ -124,8 +130,8 @@ void verify_replicas(ProcessGroup& group, const NamedTensors& state) {
   const std::vector<int64_t> mine = describe(state);
   // First the count and a hash of the whole description, then (only where they differ, which
   // every rank sees alike) the descriptions themselves, to name the first tensor that differs.
-  uint64_t hash = 1469598103934665603ull;
-  for (int64_t v : mine) hash = (hash ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+  uint64_t hash = kFnvStart;
+  for (int64_t v : mine) hash = fnv_step(hash, v);
   const auto summary =
       gather_rows(group, {static_cast<int64_t>(state.size()), static_cast<int64_t>(hash)}, device);
   for (int r = 1; r < group.size(); ++r)

@@ -130,12 +130,7 @@ Tensor dense_like(const Tensor& t, const Tensor& like) {
   if (same_dense_layout(t, like)) return t;
   LOOM_CHECK(t.sizes() == like.sizes(), ShapeError, "dense_like: shapes differ; got t=", t.sizes(),
              " like=", like.sizes());
-  const bool channels_last =
-      !like.is_contiguous() && like.is_contiguous(MemoryFormat::kChannelsLast);
-  Tensor out = empty(t.sizes(), t.dtype(), t.device(),
-                     channels_last ? MemoryFormat::kChannelsLast : MemoryFormat::kContiguous);
-  copy_(out, t);
-  return out;
+  return contiguous(t, suggest_memory_format(like));
 }
 
 // Note [Copies between devices]

@@ -35,8 +35,8 @@ bool same_dense_layout(const Tensor& a, const Tensor& b);
 // scaler's unscale and the gradient norms run so on a channels-last parameter or gradient).
 bool is_dense(const Tensor& t);
 // t itself when same_dense_layout(t, like), else a copy of t (of like's shape: ShapeError
-// otherwise) stored as `like` is: channels-last when like is dense in that order only,
-// row-major otherwise. An optimizer brings a gradient to its parameter's layout so.
+// otherwise) stored as `like` is (contiguous(t, suggest_memory_format(like))). An optimizer brings
+// a gradient to its parameter's layout so.
 Tensor dense_like(const Tensor& t, const Tensor& like);
 
 }  // namespace loom::kernels
