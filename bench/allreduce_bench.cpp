@@ -17,7 +17,7 @@
 // gloo, staged through host memory, so ranks may share a GPU (tools/gpu_check.sh uses that on a
 // machine with one GPU).
 //
-// --check-collectives keeps Note [Collective checks] (process_group.h) on: one store set and
+// --check-collectives keeps Note [Collective checks] (collective_checks.h) on: one store set and
 // get per collective, which shows in the small sizes. Off by default, as nccl-tests measure the
 // collective alone.
 

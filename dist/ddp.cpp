@@ -10,8 +10,8 @@
 #include <unordered_set>
 
 #include "autograd/graph.h"
+#include "tensor/accelerator.h"
 #include "tensor/copy.h"
-#include "tensor/cuda/runtime.h"
 #include "tensor/elementwise.h"
 #include "tensor/index.h"
 #include "tensor/view.h"
@@ -28,10 +28,7 @@ class AllreduceHook : public CommHook {
  public:
   std::string name() const override { return "allreduce"; }
   PendingReduction start(ProcessGroup& group, GradBucket& bucket) override {
-    Tensor buffer = bucket.buffer;
-    const double scale = 1.0 / group.size();
-    return {group.allreduce(buffer, ReduceOp::Sum),
-            [buffer, scale] { k::mul_scalar_(buffer, scale); }};
+    return {group.allreduce(bucket.buffer, ReduceOp::Sum), nullptr};
   }
 };
 
@@ -48,12 +45,10 @@ class CompressHook : public CommHook {
     std::vector<Tensor> gathered;
     for (int r = 0; r < group.size(); ++r)
       gathered.push_back(empty(compressed.sizes(), wire_, buffer.device()));
-    const double scale = 1.0 / group.size();
     auto work = group.allgather(gathered, compressed);
-    return {work, [buffer, gathered, scale] {
+    return {work, [buffer, gathered] {
               Tensor sum = zeros(buffer.sizes(), kFloat32, buffer.device());
               for (const Tensor& g : gathered) k::add_(sum, k::to_dtype(g, kFloat32));
-              k::mul_scalar_(sum, scale);
               k::copy_(buffer, sum);
             }};
   }
@@ -72,7 +67,7 @@ std::function<bool(bool)> found_inf_agreement(std::shared_ptr<ProcessGroup> grou
   LOOM_CHECK(group != nullptr, ValueError, "found_inf_agreement: the process group is null");
   return [group = std::move(group), device](bool found_inf) {
     if (group->size() == 1) return found_inf;
-    cuda::DeferredChecksHold hold;  // every rank must get through the agreement
+    DeferredChecksHold hold;  // every rank must get through the agreement
     Tensor flag = full({1}, found_inf ? 1.0 : 0.0, kFloat32, device);
     group->allreduce(flag, ReduceOp::Max)->wait();
     return flag.item() > 0.0;
@@ -113,7 +108,7 @@ std::vector<std::vector<int64_t>> gather_rows(ProcessGroup& group,
   std::vector<Tensor> rows;
   for (int r = 0; r < group.size(); ++r) rows.push_back(empty({n}, kInt64, device));
   group.allgather(rows, mine)->wait();
-  cuda::DeferredChecksHold hold;  // every rank must get through the comparison
+  DeferredChecksHold hold;  // every rank must get through the comparison
   std::vector<std::vector<int64_t>> out;
   for (const Tensor& row : rows) out.push_back(row.to(kCPU).to_vector<int64_t>());
   return out;
@@ -125,8 +120,7 @@ void verify_replicas(ProcessGroup& group, const NamedTensors& state) {
   if (group.size() == 1) return;
   const char* op = "DistributedDataParallel";
   // nccl moves CUDA tensors only: its rows go on this rank's GPU, whatever the state holds.
-  const Device device =
-      group.backend() == "nccl" ? Device{DeviceType::CUDA, cuda::current_device()} : kCPU;
+  const Device device = group.backend() == "nccl" ? current_cuda_device() : kCPU;
   const std::vector<int64_t> mine = describe(state);
   // First the count and a hash of the whole description, then (only where they differ, which
   // every rank sees alike) the descriptions themselves, to name the first tensor that differs.
@@ -376,9 +370,11 @@ void Reducer::finalize() {
     throw ValueError(msg.str());
   }
   NoGradGuard no_grad;
+  const double average = 1.0 / group_->size();
   for (size_t b = 0; b < inflight_.size(); ++b) {
     inflight_[b].work->wait();
     if (inflight_[b].finish) inflight_[b].finish();
+    k::mul_scalar_(buckets_[b].buffer, average);  // the sum over ranks, divided by their number
     const double done = inflight_[b].work->finished_at();
     timeline_.completed[b] = (done > 0 ? done : steady_seconds()) - backward_start_;
   }
@@ -389,7 +385,7 @@ void Reducer::finalize() {
   if (options_.rebuild_buckets && !rebuilt_) {
     // Rank 0's arrival order, for everyone; parameters that never arrived go last. Every rank
     // must rebuild: an earlier op's deferred check waits (Note [Deferred device checks]).
-    cuda::DeferredChecksHold hold;
+    DeferredChecksHold hold;
     rebuilt_ = true;
     std::vector<int64_t> order(params_.size());
     std::vector<bool> placed(params_.size(), false);

@@ -48,7 +48,8 @@ struct GradBucket {
 };
 
 // What a hook started: the communication's handle, and what to do once it completed so that
-// `buffer` holds the average over ranks of every rank's buffer.
+// `buffer` holds the sum over ranks of every rank's buffer (finish may be empty). The reducer
+// then divides by the world size (Note [The bucketed reducer], step 3).
 struct PendingReduction {
   std::shared_ptr<Work> work;
   std::function<void()> finish;
@@ -61,7 +62,7 @@ class CommHook {
   virtual PendingReduction start(ProcessGroup& group, GradBucket& bucket) = 0;
 };
 
-// allreduce(sum) in the buffer's dtype, then / world size: the default.
+// allreduce(sum) in the buffer's dtype: the default.
 std::shared_ptr<CommHook> allreduce_hook();
 // The gradients travel in float16 / bfloat16 (half the bytes); every rank's compressed buffer
 // is gathered and summed in float32, so only the rounding to 16 bits is lost, never the sum.

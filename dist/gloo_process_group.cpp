@@ -1,6 +1,6 @@
 // dist/gloo_process_group.cpp — ProcessGroupGloo: collectives on CPU tensors over gloo's TCP
 // transport. One worker thread per group runs the collectives in call order, each preceded by
-// the fingerprint check of Note [Collective checks] (process_group.h); send and recv are posted
+// the fingerprint check of Note [Collective checks] (collective_checks.h); send and recv are posted
 // at once from the caller's thread, so that two ranks can exchange without deadlocking a queue.
 #include <arpa/inet.h>
 #include <gloo/allgather.h>
@@ -30,9 +30,10 @@
 #include <thread>
 #include <type_traits>
 
+#include "dist/collective_checks.h"
+#include "dist/host_staging_group.h"
 #include "dist/process_group.h"
 #include "tensor/copy.h"
-#include "tensor/cuda/runtime.h"
 #include "tensor/dispatch.h"
 #include "tensor/error.h"
 
@@ -47,9 +48,6 @@ Milliseconds time_left(Clock::time_point deadline) {
   const auto left = std::chrono::ceil<Milliseconds>(deadline - Clock::now());
   return std::max(left, Milliseconds(1));
 }
-
-Bytes to_bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
-std::string to_text(const Bytes& b) { return std::string(b.begin(), b.end()); }
 
 // ---------------------------------------------------------------- gloo's rendezvous store
 
@@ -264,8 +262,6 @@ void check_reducible(const char* op, DType dtype) {
   dispatch_reducible(dtype, op, []<typename T>() {});
 }
 
-std::string shape_detail(const Tensor& t) { return detail::str(t.dtype(), " x ", t.numel()); }
-
 // ---------------------------------------------------------------- Work
 
 // A collective's handle: completed by the worker thread.
@@ -429,7 +425,8 @@ class ProcessGroupGloo final : public ProcessGroup {
         options_(options),
         // Groups are numbered in the order they are made: the same on every rank.
         store_(std::make_shared<PrefixStore>("pg" + std::to_string(next_group_id++), store)),
-        state_(std::make_shared<GroupState>()) {
+        state_(std::make_shared<GroupState>()),
+        checks_(store_, rank, size, options_.timeout) {
     store_->set_timeout(options_.timeout);
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
     context->setTimeout(options_.timeout);
@@ -464,7 +461,7 @@ class ProcessGroupGloo final : public ProcessGroup {
   std::shared_ptr<Work> allreduce(Tensor t, ReduceOp op) override {
     check_tensor("allreduce", t);
     check_reducible("allreduce", t.dtype());
-    return enqueue("allreduce", shape_detail(t) + ", " + to_string(op), /*full_sync=*/true,
+    return enqueue("allreduce", describe_tensor(t) + ", " + to_string(op), /*full_sync=*/true,
                    [this, t, op](uint32_t tag, Milliseconds timeout) {
                      allreduce_in_place(t.data(), t.numel(), t.dtype(), op, tag, timeout);
                    });
@@ -474,7 +471,7 @@ class ProcessGroupGloo final : public ProcessGroup {
     check_tensor("broadcast", t);
     LOOM_CHECK(root >= 0 && root < size_, ValueError, "broadcast: root ", root,
                " is not a rank of this group of ", size_);
-    return enqueue("broadcast", shape_detail(t) + ", root " + std::to_string(root),
+    return enqueue("broadcast", describe_tensor(t) + ", root " + std::to_string(root),
                    /*full_sync=*/false, [this, t, root](uint32_t tag, Milliseconds timeout) {
                      if (t.nbytes() == 0 || size_ == 1) return;
                      gloo::BroadcastOptions opts(state_->context);
@@ -491,7 +488,7 @@ class ProcessGroupGloo final : public ProcessGroup {
     LOOM_CHECK(static_cast<int>(out.size()) == size_, ValueError, "allgather: expected ", size_,
                " output tensors (one per rank); got ", out.size());
     for (const Tensor& o : out) check_like("allgather", "an output", o, input);
-    return enqueue("allgather", shape_detail(input), /*full_sync=*/true,
+    return enqueue("allgather", describe_tensor(input), /*full_sync=*/true,
                    [this, out, input](uint32_t tag, Milliseconds timeout) {
                      const size_t nbytes = input.nbytes();
                      if (nbytes == 0) return;
@@ -521,7 +518,8 @@ class ProcessGroupGloo final : public ProcessGroup {
                size_, " input tensors (one per rank); got ", inputs.size());
     for (const Tensor& in : inputs) check_like("reduce_scatter", "an input", in, out);
     Tensor flat = loom::empty({size_ * out.numel()}, out.dtype());
-    return enqueue("reduce_scatter", shape_detail(out) + ", " + to_string(op), /*full_sync=*/true,
+    return enqueue("reduce_scatter", describe_tensor(out) + ", " + to_string(op),
+                   /*full_sync=*/true,
                    [this, out, inputs, flat, op](uint32_t tag, Milliseconds timeout) {
                      const size_t nbytes = out.nbytes();
                      auto* bytes = static_cast<uint8_t*>(flat.data());
@@ -554,7 +552,7 @@ class ProcessGroupGloo final : public ProcessGroup {
   struct Task {
     std::shared_ptr<CollectiveWork> work;
     int64_t seq = 0;
-    std::string fingerprint;  // "allreduce(float32 x 1000, sum)"
+    std::string fingerprint;  // "allreduce(float32 [1000], sum)"
     bool full_sync = false;   // every rank's data reaches every rank (not broadcast)
     Body body;
   };
@@ -588,7 +586,7 @@ class ProcessGroupGloo final : public ProcessGroup {
                " is not another rank of this group of ", size_, " (this is rank ", rank_, ")");
     LOOM_CHECK(tag >= 0, ValueError, op, ": the tag must be non-negative; got ", tag);
     const std::string description = detail::str(op, is_send ? " to rank " : " from rank ", peer,
-                                                " (", shape_detail(t), ", tag ", tag, ")");
+                                                " (", describe_tensor(t), ", tag ", tag, ")");
     throw_if_broken(description);
     std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
     if (t.nbytes() > 0) {
@@ -646,10 +644,6 @@ class ProcessGroupGloo final : public ProcessGroup {
     }
   }
 
-  std::string key(int64_t seq, int rank) const {
-    return "coll/" + std::to_string(seq) + "/" + std::to_string(rank);
-  }
-
   void execute(Task& task) {
     CollectiveWork& work = *task.work;
     work.start();
@@ -663,7 +657,8 @@ class ProcessGroupGloo final : public ProcessGroup {
     }
     std::string error;
     try {
-      if (options_.check_collectives && size_ > 1) check_fingerprint(task, deadline);
+      if (options_.check_collectives && size_ > 1)
+        checks_.check(task.seq, task.fingerprint, work.description(), time_left(deadline));
       try {
         task.body(static_cast<uint32_t>(task.seq), time_left(deadline));
       } catch (const std::exception& e) {
@@ -681,94 +676,6 @@ class ProcessGroupGloo final : public ProcessGroup {
     work.finish(std::move(error));
   }
 
-  // Note [Collective checks]: publish ours, compare with one peer's (rank 0's; rank 0 compares
-  // with the last rank's, so that with two ranks both see a mismatch at once). A rank that
-  // finds a mismatch fails the group, which closes its connections: peers already inside the
-  // collective then fail too and find the mismatch in the store (diagnose).
-  void check_fingerprint(const Task& task, Clock::time_point deadline) {
-    try {
-      store_->set(key(task.seq, rank_), to_bytes(task.fingerprint));
-    } catch (const DistError& e) {
-      throw DistError(task.work->description() +
-                      ": could not publish its fingerprint: " + e.what());
-    }
-    const int peer = rank_ == 0 ? size_ - 1 : 0;
-    Bytes theirs;
-    try {
-      theirs = store_->get(key(task.seq, peer), time_left(deadline));
-    } catch (const DistError& e) {
-      throw DistError(diagnose(task, /*timed_out=*/true, e.what()));
-    }
-    const std::string text = to_text(theirs);
-    if (is_tombstone(text)) {
-      throw DistError(task.work->description() + " failed; " + text.substr(kTombstone.size()));
-    }
-    if (text != task.fingerprint) throw DistError(mismatch(task, peer, text));
-  }
-
-  // A rank that finds peers missing writes this in their place (unless they arrived
-  // meanwhile), so that ranks blocked on their fingerprints learn it at once instead of at
-  // their own timeout; a late rank that does arrive overwrites it.
-  static constexpr std::string_view kTombstone = "(never arrived) ";
-  static bool is_tombstone(const std::string& value) { return value.starts_with(kTombstone); }
-
-  std::string mismatch(const Task& task, int peer, const std::string& theirs) const {
-    return detail::str(task.work->description(),
-                       ": the ranks called different collectives: this rank (", rank_, ") called ",
-                       task.fingerprint, ", rank ", peer, " called ", theirs);
-  }
-
-  // Why a collective failed, from the fingerprints in the store: a rank that called something
-  // else, or the ranks that never arrived.
-  std::string diagnose(const Task& task, bool timed_out, const std::string& cause) {
-    std::string head = task.work->description();
-    head += timed_out ? detail::str(" timed out after ", options_.timeout.count(), " ms")
-                      : std::string(" failed");
-    if (!options_.check_collectives) {
-      return head + " (" + cause +
-             "); with check_collectives on, this message would name the ranks that never arrived";
-    }
-    try {
-      store_->num_keys();
-    } catch (const DistError& e) {
-      return head + "; the store does not answer either (" + e.what() + "); " + cause;
-    }
-    std::vector<int> missing;
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      try {
-        const std::string theirs = to_text(store_->get(key(task.seq, r), Milliseconds(0)));
-        if (is_tombstone(theirs)) {
-          missing.push_back(r);
-        } else if (theirs != task.fingerprint) {
-          return mismatch(task, r, theirs);
-        }
-      } catch (const DistError&) {
-        missing.push_back(r);
-      }
-    }
-    std::string never_arrived = "ranks that never arrived: ";
-    for (size_t i = 0; i < missing.size(); ++i)
-      never_arrived += (i ? ", " : "") + std::to_string(missing[i]);
-    std::string message = head + "; ";
-    message +=
-        missing.empty() ? "every rank arrived, so one failed or stalled inside it" : never_arrived;
-    if (!timed_out) message += " (" + cause + ")";
-    const Bytes tombstone = to_bytes(
-        detail::str(kTombstone, never_arrived, " (reported by rank ", rank_,
-                    timed_out ? detail::str(" after its ", options_.timeout.count(), " ms timeout")
-                              : ": " + cause,
-                    ")"));
-    for (int r : missing) {
-      try {
-        store_->compare_set(key(task.seq, r), Bytes{}, tombstone);
-      } catch (const DistError&) {
-        break;  // the store is going away: the message above is all we can do
-      }
-    }
-    return message;
-  }
-
   // Fingerprint keys are deleted once every rank is known to have read them: after a
   // collective in which every rank's data reaches every rank (all but broadcast) completed
   // here, each rank has passed its own check for it and for every collective before. The
@@ -778,17 +685,30 @@ class ProcessGroupGloo final : public ProcessGroup {
   }
 
   void collect_garbage() {
-    try {
-      store_->delete_key(key(deleted_upto_ + 1, rank_));
+    if (checks_.forget(deleted_upto_ + 1)) {
       ++deleted_upto_;
-    } catch (const DistError&) {
+    } else {
       deleted_upto_ = synced_upto_;  // the store is gone: the group will find out on its own
     }
+  }
+
+  // Why a collective failed, from the fingerprints in the store (Note [Collective checks]).
+  std::string diagnose(const Task& task, bool timed_out, const std::string& cause) {
+    if (options_.check_collectives)
+      return checks_.diagnose(task.seq, task.fingerprint, task.work->description(), timed_out,
+                              cause);
+    return detail::str(task.work->description(),
+                       timed_out ? detail::str(" timed out after ", options_.timeout.count(), " ms")
+                                 : std::string(" failed"),
+                       " (", cause,
+                       "); with check_collectives on, this message would name the ranks that "
+                       "never arrived");
   }
 
   const ProcessGroupOptions options_;
   const std::shared_ptr<Store> store_;  // this group's keys: pg<id>/...
   const std::shared_ptr<GroupState> state_;
+  CollectiveChecks checks_;
 
   std::mutex queue_mutex_;
   std::condition_variable queue_cv_;
@@ -802,107 +722,6 @@ class ProcessGroupGloo final : public ProcessGroup {
   std::thread worker_;
 };
 
-// Note [gloo with CUDA tensors]
-// Gloo moves host memory. So that CUDA tensors work too (several ranks sharing one GPU in a
-// test, or a machine without NCCL), the group loom hands out stages them: the device tensors
-// are copied to host tensors (a synchronous copy, which also waits for the kernels that wrote
-// them), the collective runs on those, and wait() copies the results back into the device
-// tensors. CPU tensors pass straight through. It is slower than nccl by two copies through
-// PCIe per collective, and wait() is where the copy back happens: a caller that only polls
-// is_completed() sees the host result, not yet the device one.
-class HostStagingGroup : public ProcessGroup {
- public:
-  explicit HostStagingGroup(std::shared_ptr<ProcessGroup> inner)
-      : ProcessGroup(inner->rank(), inner->size()), inner_(std::move(inner)) {}
-  std::string backend() const override { return inner_->backend(); }
-
-  std::shared_ptr<Work> allreduce(Tensor t, ReduceOp op) override {
-    if (!t.defined() || !t.is_cuda()) return inner_->allreduce(t, op);
-    Tensor host = on_host(t);
-    return staged(inner_->allreduce(host, op), {{t, host}});
-  }
-  std::shared_ptr<Work> broadcast(Tensor t, int root) override {
-    if (!t.defined() || !t.is_cuda()) return inner_->broadcast(t, root);
-    Tensor host = on_host(t);
-    return staged(inner_->broadcast(host, root), {{t, host}});
-  }
-  std::shared_ptr<Work> allgather(std::vector<Tensor> out, Tensor input) override {
-    if (!any_cuda(out) && !(input.defined() && input.is_cuda()))
-      return inner_->allgather(std::move(out), input);
-    std::vector<std::pair<Tensor, Tensor>> back;
-    std::vector<Tensor> host_out = to_host(out, &back);
-    return staged(inner_->allgather(host_out, on_host(input)), std::move(back));
-  }
-  std::shared_ptr<Work> reduce_scatter(Tensor out, std::vector<Tensor> inputs,
-                                       ReduceOp op) override {
-    if (!any_cuda(inputs) && !(out.defined() && out.is_cuda()))
-      return inner_->reduce_scatter(out, std::move(inputs), op);
-    std::vector<std::pair<Tensor, Tensor>> back;
-    Tensor host_out = on_host(out);
-    if (out.defined() && out.is_cuda()) back.emplace_back(out, host_out);
-    std::vector<std::pair<Tensor, Tensor>> unused;
-    return staged(inner_->reduce_scatter(host_out, to_host(inputs, &unused), op), std::move(back));
-  }
-  std::shared_ptr<Work> barrier() override { return inner_->barrier(); }
-  std::shared_ptr<Work> send(Tensor t, int dst, int tag) override {
-    return inner_->send(on_host(t), dst, tag);  // the host copy lives in the work
-  }
-  std::shared_ptr<Work> recv(Tensor t, int src, int tag) override {
-    if (!t.defined() || !t.is_cuda()) return inner_->recv(t, src, tag);
-    Tensor host = empty(t.sizes(), t.dtype(), kCPU);
-    return staged(inner_->recv(host, src, tag), {{t, host}});
-  }
-
- private:
-  // Waits for the collective, then copies each host result into its device tensor, once.
-  class StagedWork : public Work {
-   public:
-    StagedWork(std::shared_ptr<Work> inner, std::vector<std::pair<Tensor, Tensor>> back)
-        : inner_(std::move(inner)), back_(std::move(back)) {}
-    bool is_completed() const override { return inner_->is_completed(); }
-    void wait(Milliseconds timeout) override {
-      inner_->wait(timeout);
-      std::lock_guard<std::mutex> lock(mutex_);
-      for (auto& [device, host] : back_) kernels::copy_(device, host);
-      back_.clear();
-    }
-    double started_at() const override { return inner_->started_at(); }
-    double finished_at() const override { return inner_->finished_at(); }
-
-   private:
-    std::shared_ptr<Work> inner_;
-    std::mutex mutex_;
-    std::vector<std::pair<Tensor, Tensor>> back_;  // (device tensor, its host copy)
-  };
-
-  static bool any_cuda(const std::vector<Tensor>& ts) {
-    return std::any_of(ts.begin(), ts.end(),
-                       [](const Tensor& t) { return t.defined() && t.is_cuda(); });
-  }
-  // A deferred check of an earlier op (Note [Deferred device checks]) must not throw out of a
-  // collective half enqueued: the copy to the host holds them.
-  static Tensor on_host(const Tensor& t) {
-    if (!t.defined() || !t.is_cuda()) return t;
-    cuda::DeferredChecksHold hold;
-    return t.to(kCPU);
-  }
-  static std::vector<Tensor> to_host(const std::vector<Tensor>& ts,
-                                     std::vector<std::pair<Tensor, Tensor>>* back) {
-    std::vector<Tensor> host;
-    for (const Tensor& t : ts) {
-      host.push_back(on_host(t));
-      if (t.defined() && t.is_cuda()) back->emplace_back(t, host.back());
-    }
-    return host;
-  }
-  static std::shared_ptr<Work> staged(std::shared_ptr<Work> inner,
-                                      std::vector<std::pair<Tensor, Tensor>> back) {
-    return std::make_shared<StagedWork>(std::move(inner), std::move(back));
-  }
-
-  std::shared_ptr<ProcessGroup> inner_;
-};
-
 }  // namespace
 
 std::shared_ptr<ProcessGroup> make_gloo_process_group(std::shared_ptr<Store> store, int rank,
@@ -913,7 +732,7 @@ std::shared_ptr<ProcessGroup> make_gloo_process_group(std::shared_ptr<Store> sto
   LOOM_CHECK(options.timeout > Milliseconds(0), ValueError,
              "make_gloo_process_group: the timeout must be positive; got ", options.timeout.count(),
              " ms");
-  return std::make_shared<HostStagingGroup>(
+  return stage_through_host(
       std::make_shared<ProcessGroupGloo>(std::move(store), rank, size, options));
 }
 

@@ -18,6 +18,7 @@
 #include <optional>
 #include <thread>
 
+#include "dist/collective_checks.h"
 #include "dist/nccl_process_group.h"
 #include "tensor/cuda/common.cuh"
 #include "tensor/error.h"
@@ -35,8 +36,6 @@ constexpr auto kWatchdogPoll = 1ms;  // how often the watchdog queries the oldes
 constexpr double kProbeAfter = 0.5;  // seconds a collective stalls before fingerprints are compared
 constexpr double kProbeEvery = 0.25;
 
-Bytes to_bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
-std::string to_text(const Bytes& b) { return std::string(b.begin(), b.end()); }
 int64_t to_ms(double seconds) { return static_cast<int64_t>(seconds * 1e3); }
 
 // Sleeps that start short (an enqueue usually finishes within microseconds) and grow to 1 ms.
@@ -162,8 +161,6 @@ void check_like(const char* op, const char* what, const Tensor& t, const Tensor&
   LOOM_CHECK(t.sizes() == like.sizes(), ShapeError, op, ": ", what, " has shape ", t.sizes(),
              ", expected ", like.sizes());
 }
-
-std::string shape_detail(const Tensor& t) { return detail::str(t.dtype(), " x ", t.numel()); }
 
 // True when `parts` lie back to back, in order, in one storage: one flat buffer for NCCL.
 bool back_to_back(const std::vector<Tensor>& parts) {
@@ -311,8 +308,8 @@ class NcclWork final : public Work {
  private:
   enum class State { Pending, Completed, Failed };
 
-  const std::string description_;  // "allreduce #3 (float32 x 1000, sum)"
-  const std::string fingerprint_;  // "allreduce(float32 x 1000, sum)"
+  const std::string description_;  // "allreduce #3 (float32 [1000], sum)"
+  const std::string fingerprint_;  // "allreduce(float32 [1000], sum)"
   const int64_t seq_;
   const bool full_sync_;  // every rank's data reaches every rank (not broadcast, send, recv)
   const int device_;
@@ -348,7 +345,8 @@ class ProcessGroupNCCL final : public ProcessGroup {
         device_(device),
         blocking_wait_(blocking_wait_from_env()),
         // Groups are numbered in the order they are made: the same on every rank.
-        store_(std::make_shared<PrefixStore>("nccl" + std::to_string(next_group_id++), store)) {
+        store_(std::make_shared<PrefixStore>("nccl" + std::to_string(next_group_id++), store)),
+        checks_(store_, rank, size, options_.timeout) {
     store_->set_timeout(options_.timeout);
     cuda::DeviceGuard guard(device_);
     comm_stream_.emplace(cuda::Stream::create(device_));
@@ -386,7 +384,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
     if (divides_after(op, t.dtype()))
       after = [this, t](cudaStream_t s) { divide_by_world_size(t, size_, s, device_); };
     return enqueue(
-        "allreduce", shape_detail(t) + ", " + to_string(op), /*collective=*/true,
+        "allreduce", describe_tensor(t) + ", " + to_string(op), /*collective=*/true,
         /*full_sync=*/true, {t},
         [&](ncclComm_t comm, cudaStream_t s) {
           if (n == 0) return ncclSuccess;
@@ -400,7 +398,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
     check_tensor("broadcast", t, device_);
     LOOM_CHECK(root >= 0 && root < size_, ValueError, "broadcast: root ", root,
                " is not a rank of this group of ", size_);
-    return enqueue("broadcast", shape_detail(t) + ", root " + std::to_string(root),
+    return enqueue("broadcast", describe_tensor(t) + ", root " + std::to_string(root),
                    /*collective=*/true, /*full_sync=*/false, {t},
                    [&](ncclComm_t comm, cudaStream_t s) {
                      if (t.nbytes() == 0) return ncclSuccess;
@@ -430,7 +428,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
                                  cuda::CopyKind::DeviceToDevice, *comm_stream_);
       };
     return enqueue(
-        "allgather", shape_detail(input), /*collective=*/true, /*full_sync=*/true, keep,
+        "allgather", describe_tensor(input), /*collective=*/true, /*full_sync=*/true, keep,
         [&](ncclComm_t comm, cudaStream_t s) {
           if (nbytes == 0) return ncclSuccess;
           return ncclAllGather(input.data(), flat.data(), nbytes, ncclUint8, comm, s);
@@ -459,7 +457,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
     if (divides_after(op, out.dtype()))
       after = [this, out](cudaStream_t s) { divide_by_world_size(out, size_, s, device_); };
     return enqueue(
-        "reduce_scatter", shape_detail(out) + ", " + to_string(op), /*collective=*/true,
+        "reduce_scatter", describe_tensor(out) + ", " + to_string(op), /*collective=*/true,
         /*full_sync=*/true, keep,
         [&](ncclComm_t comm, cudaStream_t s) {
           if (n == 0) return ncclSuccess;
@@ -511,7 +509,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
                " is not another rank of this group of ", size_, " (this is rank ", rank_, ")");
     LOOM_CHECK(tag >= 0, ValueError, op, ": the tag must be non-negative; got ", tag);
     const std::string name = detail::str(op, is_send ? " to rank " : " from rank ", peer);
-    return enqueue(name, detail::str(shape_detail(t), ", tag ", tag), /*collective=*/false,
+    return enqueue(name, detail::str(describe_tensor(t), ", tag ", tag), /*collective=*/false,
                    /*full_sync=*/false, {t}, [&](ncclComm_t comm, cudaStream_t s) {
                      if (t.nbytes() == 0) return ncclSuccess;
                      return is_send ? ncclSend(t.data(), t.nbytes(), ncclUint8, peer, comm, s)
@@ -794,10 +792,6 @@ class ProcessGroupNCCL final : public ProcessGroup {
 
   // ---- fingerprints (Note [NCCL streams and waits]); watchdog thread, mutex_ not held
 
-  std::string key(int64_t seq, int rank) const {
-    return "coll/" + std::to_string(seq) + "/" + std::to_string(rank);
-  }
-
   // A rank's own keys are deleted once a later full-sync collective completed here: every rank
   // then completed the earlier ones, so none is still probing them.
   bool has_garbage() const {
@@ -815,11 +809,11 @@ class ProcessGroupNCCL final : public ProcessGroup {
           w = unpublished_.front();
           unpublished_.pop_front();
         }
-        store_->set(key(w->seq(), rank_), to_bytes(w->fingerprint()));
+        checks_.publish(w->seq(), w->fingerprint());
         published_upto_ = w->seq();
       }
       while (has_garbage()) {
-        store_->delete_key(key(deleted_upto_ + 1, rank_));
+        if (!checks_.forget(deleted_upto_ + 1)) throw DistError("the store does not answer");
         ++deleted_upto_;
       }
       probe_stalled();
@@ -843,7 +837,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
         now - stalled->started_at() < kProbeAfter || now - last_probe_ < kProbeEvery)
       return;
     last_probe_ = now;
-    const std::string mismatch = find_mismatch(*stalled);
+    const std::string mismatch = checks_.find_mismatch(stalled->seq(), stalled->fingerprint());
     if (mismatch.empty()) return;
     const std::string why =
         stalled->description() + mismatch + "; the NCCL communicator was aborted";
@@ -857,26 +851,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
     if (broken_.empty() && !completed_meanwhile) fail_locked(why, stalled.get(), why);
   }
 
-  // ": the ranks called different collectives: ..." when a peer published another fingerprint
-  // for this collective, else "" (peers that have not published yet may still arrive).
-  std::string find_mismatch(const NcclWork& work) {
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      std::string theirs;
-      try {
-        theirs = to_text(store_->get(key(work.seq(), r), Milliseconds(0)));
-      } catch (const DistError&) {
-        continue;
-      }
-      if (theirs != work.fingerprint()) {
-        return detail::str(": the ranks called different collectives: this rank (", rank_,
-                           ") called ", work.fingerprint(), ", rank ", r, " called ", theirs);
-      }
-    }
-    return "";
-  }
-
-  // "allreduce #2 (float32 x 1000, sum) timed out after 2000 ms on cuda:0 (it ran 2001 ms;
+  // "allreduce #2 (float32 [1000], sum) timed out after 2000 ms on cuda:0 (it ran 2001 ms;
   // NCCL's state: no error); ranks that never arrived: 1; the NCCL communicator was aborted".
   // Reads the store: call without mutex_.
   std::string timeout_message(const NcclWork& work, ncclResult_t state) {
@@ -890,41 +865,17 @@ class ProcessGroupNCCL final : public ProcessGroup {
             "; with check_collectives on, this message would name the ranks that never "
             "arrived";
       } else {
-        message += arrivals(work);
+        message += checks_.arrivals_suffix(work.seq(), work.fingerprint());
       }
     }
     return message + "; the NCCL communicator was aborted";
-  }
-
-  // Which peers published this collective's fingerprint: "; ranks that never arrived: 1", or a
-  // mismatch.
-  std::string arrivals(const NcclWork& work) {
-    try {
-      store_->num_keys();
-    } catch (const DistError& e) {
-      return detail::str("; the store does not answer either (", e.what(), ")");
-    }
-    std::vector<int> missing;
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      try {
-        const std::string theirs = to_text(store_->get(key(work.seq(), r), Milliseconds(0)));
-        if (theirs != work.fingerprint()) return find_mismatch(work);
-      } catch (const DistError&) {
-        missing.push_back(r);
-      }
-    }
-    if (missing.empty()) return "; every rank arrived, so one failed or stalled inside it";
-    std::string text = "; ranks that never arrived: ";
-    for (size_t i = 0; i < missing.size(); ++i)
-      text += (i ? ", " : "") + std::to_string(missing[i]);
-    return text;
   }
 
   const ProcessGroupOptions options_;
   const int device_;
   const bool blocking_wait_;            // LOOM_NCCL_BLOCKING_WAIT
   const std::shared_ptr<Store> store_;  // this group's keys: nccl<id>/...
+  CollectiveChecks checks_;
   std::optional<cuda::Stream> comm_stream_;
   Tensor barrier_buffer_;
 

@@ -24,7 +24,7 @@
 //   work: its wait() raises DistError naming the op, its sequence number, the time it ran and
 //   NCCL's error string; every later call raises DistError at once ("unusable after an earlier
 //   failure"). Make a new group after a failure.
-// - Collective checks (Note [Collective checks], process_group.h) are diagnostic here: running
+// - Collective checks (Note [Collective checks], collective_checks.h) are diagnostic here: running
 //   them before each collective would cost a store round trip per call and the asynchrony, so
 //   the watchdog publishes each fingerprint after the call, compares the peers' only for a
 //   collective that has stalled for a while, and names the ranks that never arrived when one

@@ -1,19 +1,10 @@
 // dist/process_group.h — collectives between the ranks of a job, asynchronous: every call
 // returns a Work handle at once and the operation runs in the background, in the order calls
 // were made (the same order on every rank: that is the caller's contract, as in PyTorch).
-// Tensors are reduced in place; on CPUs the backend is gloo over TCP (ProcessGroupGloo); the
-// CUDA issue adds nccl under the same interface.
-//
-// Note [Collective checks]
-// Each collective gets a sequence number (1, 2, ... per process group). Before running it, a
-// rank publishes its fingerprint (op, dtype, element count, root) under "coll/<seq>/<rank>" in
-// the store and compares it with rank 0's: ranks that call different collectives raise
-// DistError naming both fingerprints instead of hanging or reducing the wrong bytes. A
-// collective that does not finish within the timeout raises DistError naming the op, its
-// sequence number and the ranks that never published their fingerprint (never arrived).
-// (Rank 0 compares with the last rank's, so both sides of a two-rank mismatch see it at once;
-// a rank that fails closes its connections, so that peers inside the collective fail too and
-// read the fingerprints to say why. gloo_process_group.cpp has the details.)
+// Tensors are reduced in place. Two backends share this interface: gloo over TCP for CPU
+// tensors (and CUDA tensors staged through the host), nccl for CUDA tensors. Both check that
+// the ranks call the same collectives on alike tensors (Note [Collective checks],
+// dist/collective_checks.h).
 #pragma once
 
 #include <chrono>
@@ -21,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/collective_checks.h"
 #include "dist/store.h"
 #include "tensor/tensor.h"
 
@@ -52,7 +44,8 @@ class Work {
 
 struct ProcessGroupOptions {
   Milliseconds timeout{std::chrono::minutes(5)};
-  bool check_collectives = true;  // Note [Collective checks]
+  // Note [Collective checks]; LOOM_CHECK_COLLECTIVES=0 makes the default off.
+  bool check_collectives = check_collectives_from_environment();
 };
 
 class ProcessGroup {

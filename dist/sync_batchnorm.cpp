@@ -8,8 +8,8 @@
 #include "autograd/autocast.h"
 #include "autograd/function.h"
 #include "autograd/graph.h"
+#include "tensor/accelerator.h"
 #include "tensor/copy.h"
-#include "tensor/cuda/runtime.h"
 #include "tensor/elementwise.h"
 #include "tensor/index.h"
 #include "tensor/norm.h"
@@ -34,7 +34,7 @@ void check_total(const char* op, int64_t count, const Tensor& total, const Tenso
   if (count > 1) return;
   double value = 0;
   {
-    cuda::DeferredChecksHold hold;  // an earlier op's check must not throw on some ranks only
+    DeferredChecksHold hold;  // an earlier op's check must not throw on some ranks only
     value = total.item<double>();
   }
   LOOM_CHECK(value > 1, ValueError, op,

@@ -3,6 +3,7 @@
 // failures of Note [Collective checks] (mismatched collectives, a rank that never arrives).
 #include "dist/process_group.h"
 
+#include <cstdlib>
 #include <thread>
 
 #include "dist/multiprocess.h"
@@ -205,7 +206,7 @@ TEST(ProcessGroupGloo, WaitWithATimeoutGivesUpButTheOperationGoesOn) {
     auto work = pg->allreduce(t);
     if (r.rank == 0) {
       EXPECT_LOOM_ERROR(work->wait(100ms), DistError,
-                        {"allreduce #1 (float32 x 8, sum)", "gave up after 100 ms"});
+                        {"allreduce #1 (float32 [8], sum)", "gave up after 100 ms"});
       EXPECT_FALSE(work->is_completed());
       EXPECT_EQ(work->finished_at(), 0.0);
     }
@@ -232,11 +233,49 @@ TEST(ProcessGroupGloo, MismatchedCollectivesRaiseOnBothRanksWithBothFingerprints
     Tensor t = ones({r.rank == 0 ? 10 : 11});
     const auto start = Clock::now();
     EXPECT_LOOM_ERROR(pg->allreduce(t)->wait(), DistError,
-                      {"allreduce #1", "different collectives", "allreduce(float32 x 10, sum)",
-                       "allreduce(float32 x 11, sum)"});
+                      {"allreduce #1", "different collectives", "allreduce(float32 [10], sum)",
+                       "allreduce(float32 [11], sum)"});
     EXPECT_LT(ms_since(start), 3000);  // found by the check, not by the timeout
     // The group is unusable from then on.
     EXPECT_LOOM_ERROR(pg->barrier(), DistError, {"barrier", "unusable", "different collectives"});
+  });
+}
+
+// The same number of elements in another shape is another collective: the fingerprint carries
+// the shape and the dtype, not only the count.
+TEST(ProcessGroupGloo, AllreducesOfTheSameCountInOtherShapesOrDtypesAreAMismatch) {
+  test::run_ranks(2, [](test::Rank& r) {
+    auto pg = join(r, 5s);
+    Tensor t = r.rank == 0 ? ones({2, 3}) : ones({3, 2});
+    EXPECT_LOOM_ERROR(pg->allreduce(t)->wait(), DistError,
+                      {"allreduce #1", "different collectives", "allreduce(float32 [2, 3], sum)",
+                       "allreduce(float32 [3, 2], sum)"});
+  });
+  test::run_ranks(2, [](test::Rank& r) {
+    auto pg = join(r, 5s);
+    Tensor t = ones({4}, r.rank == 0 ? kFloat32 : kInt32);
+    EXPECT_LOOM_ERROR(pg->allreduce(t)->wait(), DistError,
+                      {"allreduce #1", "different collectives", "allreduce(float32 [4], sum)",
+                       "allreduce(int32 [4], sum)"});
+  });
+}
+
+// LOOM_CHECK_COLLECTIVES=0 makes the default off: the same call then goes through unchecked (the
+// bytes of a [2, 3] and a [3, 2] tensor agree) and the store holds no fingerprint.
+TEST(ProcessGroupGloo, LoomCheckCollectivesZeroTurnsTheChecksOffByDefault) {
+  test::run_ranks(2, [](test::Rank& r) {
+    ::setenv("LOOM_CHECK_COLLECTIVES", "0", 1);
+    ProcessGroupOptions options;
+    ::unsetenv("LOOM_CHECK_COLLECTIVES");
+    EXPECT_FALSE(options.check_collectives);
+    EXPECT_TRUE(ProcessGroupOptions{}.check_collectives);
+    options.timeout = 5s;
+    auto pg = make_gloo_process_group(r.store, r.rank, r.world_size, options);
+    const int64_t before = r.store->num_keys();
+    Tensor t = r.rank == 0 ? ones({2, 3}) : ones({3, 2});
+    pg->allreduce(t)->wait();
+    EXPECT_EQ(t.to_vector<float>(), std::vector<float>(6, 2.0f));
+    EXPECT_EQ(r.store->num_keys(), before);
   });
 }
 
@@ -248,8 +287,8 @@ TEST(ProcessGroupGloo, AMismatchOnOneOfThreeRanksRaisesOnAll) {
     const auto start = Clock::now();
     auto work = r.rank == 1 ? pg->broadcast(t, 0) : pg->allreduce(t);
     EXPECT_LOOM_ERROR(work->wait(), DistError,
-                      {"#2", "different collectives", "broadcast(float32 x 5, root 0)",
-                       "allreduce(float32 x 5, sum)"});
+                      {"#2", "different collectives", "broadcast(float32 [5], root 0)",
+                       "allreduce(float32 [5], sum)"});
     EXPECT_LT(ms_since(start), 3000);
   });
 }
@@ -265,7 +304,7 @@ TEST(ProcessGroupGloo, ARankThatNeverArrivesIsNamedAfterTheTimeout) {
     Tensor t = ones({1000});
     const auto start = Clock::now();
     EXPECT_LOOM_ERROR(pg->allreduce(t)->wait(), DistError,
-                      {"allreduce #1 (float32 x 1000, sum)", "ranks that never arrived: 2"});
+                      {"allreduce #1 (float32 [1000], sum)", "ranks that never arrived: 2"});
     EXPECT_GE(ms_since(start), 900);
     EXPECT_LT(ms_since(start), 4000);
     r.store->set("raised/" + std::to_string(r.rank), std::string("1"));
@@ -285,7 +324,7 @@ TEST(ProcessGroupGloo, ARankThatDiesIsNamedLongBeforeTheTimeout) {
     // Rank 1 finds out through gloo, rank 0 (blocked on rank 2's fingerprint) through the
     // marker rank 1 leaves in rank 2's place.
     EXPECT_LOOM_ERROR(pg->allreduce(ones({1000}))->wait(), DistError,
-                      {"allreduce #2 (float32 x 1000, sum)", "never arrived", "2"});
+                      {"allreduce #2 (float32 [1000], sum)", "never arrived", "2"});
     EXPECT_LT(ms_since(start), 4000);
   });
 }
@@ -298,7 +337,7 @@ TEST(ProcessGroupGloo, TheTimeoutMessageOfTheRankThatWaitedForTheMissingOne) {
       return;
     }
     EXPECT_LOOM_ERROR(pg->allreduce(ones({1000}))->wait(), DistError,
-                      {"allreduce #1 (float32 x 1000, sum) timed out after 500 ms",
+                      {"allreduce #1 (float32 [1000], sum) timed out after 500 ms",
                        "ranks that never arrived: 1"});
     r.store->set("raised", std::string("1"));
   });

@@ -1,0 +1,56 @@
+// tensor/accelerator.h — what the layers above tensor/ (dist/, optim/, the apps) need of the
+// devices, without naming a CUDA header: whether loom has CUDA and how many GPUs it sees, the
+// current GPU, waiting for a device, holding Note [Deferred device checks], and uploading
+// batches without stopping the host (Note [Uploading batches]). Without CUDA or a GPU the
+// counts are 0 and the CPU calls do nothing.
+#pragma once
+
+#include <memory>
+
+#include "tensor/tensor.h"
+
+namespace loom {
+
+namespace cuda {
+class DeferredChecksHold;
+class Uploader;
+}  // namespace cuda
+
+bool cuda_is_built();          // loom was compiled with CUDA
+int cuda_device_count();       // visible GPUs; 0 without CUDA, a driver or a GPU
+Device current_cuda_device();  // the GPU this thread launches on
+void set_cuda_device(Device device);
+void synchronize(Device device);  // waits for all work queued on `device` (a CPU: nothing)
+
+// While one lives, an earlier op's deferred device check cannot throw on this thread (Note
+// [Deferred device checks] in tensor/cuda/runtime.h): for library code that waits for the
+// device in the middle of changing its own state, so that it is never left half changed.
+class DeferredChecksHold {
+ public:
+  DeferredChecksHold();
+  ~DeferredChecksHold();
+  DeferredChecksHold(const DeferredChecksHold&) = delete;
+  DeferredChecksHold& operator=(const DeferredChecksHold&) = delete;
+
+ private:
+  std::unique_ptr<cuda::DeferredChecksHold> hold_;
+};
+
+// Copies training batches to a GPU through a ring of pinned buffers, so that the host does not
+// wait for each copy (Note [Uploading batches] in tensor/cuda/upload.h). On a CPU device it
+// returns kernels::contiguous(t, format).
+class BatchUploader {
+ public:
+  explicit BatchUploader(int ring_size = 4);
+  ~BatchUploader();  // waits for the copies still reading its buffers
+  BatchUploader(const BatchUploader&) = delete;
+  BatchUploader& operator=(const BatchUploader&) = delete;
+  // `t` (a CPU tensor) on `device`, stored in `format`.
+  Tensor operator()(const Tensor& t, Device device,
+                    MemoryFormat format = MemoryFormat::kContiguous);
+
+ private:
+  std::unique_ptr<cuda::Uploader> uploader_;
+};
+
+}  // namespace loom
