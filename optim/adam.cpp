@@ -1,24 +1,18 @@
-// optim/adam.cpp — Adam's and AdamW's fused update: one pass through memory over each parameter,
-// its gradient and its moment buffers (in L1-sized blocks: Note [sqrt in vectorized loops]);
-// threads split the elements of a parameter into contiguous chunks.
-// The scalar factors (bias corrections, step size) are computed in double, as PyTorch computes
-// them in Python, and cast to the parameter's type once.
+// optim/adam.cpp — Adam and AdamW (amsgrad, L2 or decoupled weight decay), as torch.optim's: the
+// state, the checkpoint and the scalar factors of each step (bias corrections, step size, in
+// double, as PyTorch computes them in Python); the fused update is tensor/optim.h's.
 
 #include "optim/adam.h"
 
-#include <algorithm>
 #include <cmath>
-#if __has_include(<experimental/simd>)
-#include <experimental/simd>
-#define LOOM_HAVE_STD_SIMD 1
-#endif
+#include <tuple>
 
 #include "autograd/graph.h"
-#include "tensor/cuda/optim.h"
-#include "tensor/dispatch.h"
-#include "tensor/parallel.h"
+#include "tensor/optim.h"
 
 namespace loom::optim {
+
+namespace k = loom::kernels;
 
 namespace {
 
@@ -56,91 +50,6 @@ AdamScalars scalars_at(const AdamOptions& o, double lr, bool decoupled, int64_t 
   s.step_size = lr / (1.0 - std::pow(o.beta1, step));
   s.bias_correction2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, step));
   return s;
-}
-
-// The arrays of one parameter's update.
-template <typename T>
-struct AdamArrays {
-  T* param;
-  const T* grad;
-  T* exp_avg;
-  T* exp_avg_sq;
-  T* max_exp_avg_sq;  // amsgrad only
-};
-
-// Note [sqrt in vectorized loops]
-// Under GCC's default -fmath-errno, std::sqrt is a branch to the C library for negative input
-// (to set errno), and the branch keeps a loop scalar: a one-loop Adam step took twice the time of
-// the memory traffic. So the update goes in blocks that stay in L1: a loop for the moments, a
-// vector sqrt over the block (std::experimental::simd: vsqrtps, correctly rounded, no errno), a
-// loop for the parameters. Both loops vectorize.
-constexpr int64_t kSqrtBlock = 512;
-
-template <typename T>
-void sqrt_block(T* values, int64_t len) {
-  int64_t j = 0;
-#ifdef LOOM_HAVE_STD_SIMD
-  namespace stdx = std::experimental;
-  using Vec = stdx::native_simd<T>;
-  constexpr auto width = static_cast<int64_t>(Vec::size());
-  for (; j + width <= len; j += width) {
-    Vec x(values + j, stdx::element_aligned);
-    stdx::sqrt(x).copy_to(values + j, stdx::element_aligned);
-  }
-#endif
-  for (; j < len; ++j) values[j] = std::sqrt(values[j]);
-}
-
-// Elements [lo, hi) of one parameter. The flags are template parameters so that each variant is
-// a branch-free loop.
-template <typename T, bool kDecoupled, bool kL2, bool kAmsgrad>
-void adam_chunk(const AdamArrays<T>& a, const AdamOptions& o, const AdamScalars& s, int64_t lo,
-                int64_t hi) {
-  const T beta1 = static_cast<T>(o.beta1), beta2 = static_cast<T>(o.beta2);
-  const T keep1 = static_cast<T>(1.0 - o.beta1), keep2 = static_cast<T>(1.0 - o.beta2);
-  const T eps = static_cast<T>(o.eps), l2 = static_cast<T>(s.l2);
-  const T decay_factor = static_cast<T>(s.decay_factor);
-  const T neg_step_size = static_cast<T>(-s.step_size);
-  const T bc2_sqrt = static_cast<T>(s.bias_correction2_sqrt);
-  alignas(64) T root[kSqrtBlock];
-  for (int64_t begin = lo; begin < hi; begin += kSqrtBlock) {
-    const int64_t len = std::min(kSqrtBlock, hi - begin);
-    T* __restrict param = a.param + begin;
-    const T* __restrict grad = a.grad + begin;
-    T* __restrict exp_avg = a.exp_avg + begin;
-    T* __restrict exp_avg_sq = a.exp_avg_sq + begin;
-    T* __restrict max_exp_avg_sq = kAmsgrad ? a.max_exp_avg_sq + begin : nullptr;
-    for (int64_t j = 0; j < len; ++j) {
-      T g = grad[j];
-      if constexpr (kL2) g = g + l2 * param[j];
-      exp_avg[j] = exp_avg[j] * beta1 + keep1 * g;
-      T v = exp_avg_sq[j] * beta2 + keep2 * g * g;
-      exp_avg_sq[j] = v;
-      if constexpr (kAmsgrad) {
-        const T previous = max_exp_avg_sq[j];
-        v = (previous > v || previous != previous) ? previous : v;  // keeps NaN (torch.maximum)
-        max_exp_avg_sq[j] = v;
-      }
-      root[j] = v;
-    }
-    sqrt_block(root, len);
-    for (int64_t j = 0; j < len; ++j) {
-      T p = param[j];
-      if constexpr (kDecoupled) p = p * decay_factor;
-      const T denom = root[j] / bc2_sqrt + eps;
-      param[j] = p + neg_step_size * exp_avg[j] / denom;
-    }
-  }
-}
-
-template <typename T, bool kDecoupled, bool kL2>
-void adam_update(const AdamArrays<T>& a, int64_t n, const AdamOptions& o, const AdamScalars& s) {
-  parallel_for(0, n, kUpdateGrain, [&](int64_t lo, int64_t hi) {
-    if (a.max_exp_avg_sq)
-      adam_chunk<T, kDecoupled, kL2, true>(a, o, s, lo, hi);
-    else
-      adam_chunk<T, kDecoupled, kL2, false>(a, o, s, lo, hi);
-  });
 }
 
 }  // namespace
@@ -185,9 +94,10 @@ Metadata AdamBase::hyper_parameters() const {
 
 void AdamBase::step() {
   autograd::NoGradGuard no_grad;
-  // CUDA parameters are updated together after the loop: one tensor list per device, dtype and
-  // step count (the bias corrections depend on the step).
-  std::vector<std::pair<int64_t, cuda::AdamTensors>> on_gpu;
+  // The parameters are updated together after the loop: one list per device, dtype and step
+  // count (the bias corrections depend on the step; on CUDA a few launches for all of them).
+  using Entry = std::pair<int64_t, k::AdamTensors>;
+  std::vector<Entry> updates;
   std::vector<std::pair<size_t, Tensor>> to_finish;
   const std::vector<Tensor> grads = update_grads();
   for (size_t i = 0; i < params().size(); ++i) {
@@ -196,40 +106,22 @@ void AdamBase::step() {
     ParamState& state = state_for(i);
     const int64_t t = ++state.steps;
     const Tensor target = update_target(i);
-    if (target.is_cuda()) {
-      on_gpu.push_back({t,
-                        {target, grad, state.buffers[0], state.buffers[1],
-                         options_.amsgrad ? state.buffers[2] : Tensor()}});
-      to_finish.emplace_back(i, target);
-      continue;
-    }
-    const AdamScalars s = scalars_at(options_, lr(), decoupled_, t);
-    dispatch_floating(target.dtype(), name().c_str(), [&]<typename T>() {
-      const AdamArrays<T> arrays{target.data_ptr<T>(), grad.data_ptr<T>(),
-                                 state.buffers[0].data_ptr<T>(), state.buffers[1].data_ptr<T>(),
-                                 options_.amsgrad ? state.buffers[2].data_ptr<T>() : nullptr};
-      const int64_t n = target.numel();
-      if (decoupled_)
-        adam_update<T, true, false>(arrays, n, options_, s);
-      else if (s.l2 != 0)
-        adam_update<T, false, true>(arrays, n, options_, s);
-      else
-        adam_update<T, false, false>(arrays, n, options_, s);
-    });
-    finish_update(i, target);
+    updates.push_back({t,
+                       {target, grad, state.buffers[0], state.buffers[1],
+                        options_.amsgrad ? state.buffers[2] : Tensor()}});
+    to_finish.emplace_back(i, target);
   }
-  using Entry = std::pair<int64_t, cuda::AdamTensors>;
   for_each_group(
-      on_gpu,
+      updates,
       [](const Entry& e) {
         return std::tuple_cat(device_and_dtype(e.second.param), std::make_tuple(e.first));
       },
       [&](std::span<const Entry> group) {
-        std::vector<cuda::AdamTensors> list;
+        std::vector<k::AdamTensors> list;
         for (const Entry& e : group) list.push_back(e.second);
         const AdamScalars s = scalars_at(options_, lr(), decoupled_, group.front().first);
-        cuda::adam_update(list, {options_.beta1, options_.beta2, options_.eps, s.l2, s.decay_factor,
-                                 s.step_size, s.bias_correction2_sqrt, decoupled_});
+        k::adam_update(list, {options_.beta1, options_.beta2, options_.eps, s.l2, s.decay_factor,
+                              s.step_size, s.bias_correction2_sqrt, decoupled_});
       });
   for (const auto& [i, target] : to_finish) finish_update(i, target);
 }

@@ -14,11 +14,9 @@
 
 #include "autograd/graph.h"
 #include "autograd/ops/elementwise.h"
+#include "tensor/accelerator.h"
 #include "tensor/copy.h"
-#include "tensor/cuda/optim.h"
-#include "tensor/cuda/runtime.h"
-#include "tensor/dispatch.h"
-#include "tensor/parallel.h"
+#include "tensor/optim.h"
 
 namespace loom::optim {
 
@@ -46,24 +44,6 @@ void validate(const GradScalerOptions& o, const std::string& where, const std::s
 // scale in a float32 tensor and refuses a growth that would make it inf).
 constexpr double kMaxScale = std::numeric_limits<float>::max();
 
-// g <- g * inv_scale over one dense CPU gradient; true when a result is not finite (an inf
-// or NaN in g, or a finite value that overflows when unscaled by a scale below 1).
-template <typename T>
-bool unscale_and_check(T* g, int64_t n, T inv_scale) {
-  std::atomic<bool> found{false};
-  parallel_for(0, n, kUpdateGrain, [&](int64_t lo, int64_t hi) {
-    constexpr T kMax = std::numeric_limits<T>::max();
-    bool bad = false;
-    for (int64_t j = lo; j < hi; ++j) {
-      const T v = g[j] * inv_scale;
-      g[j] = v;
-      bad |= !(std::abs(v) <= kMax);  // false for inf and NaN
-    }
-    if (bad) found = true;
-  });
-  return found;
-}
-
 }  // namespace
 
 GradScaler::GradScaler(GradScalerOptions options) : options_(options), scale_(options.init_scale) {
@@ -80,7 +60,7 @@ void GradScaler::unscale_(Optimizer& optimizer) {
   if (!options_.enabled) return;
   // The found-inf read below must not throw an earlier op's deferred check (Note [Deferred device
   // checks]) with the gradients unscaled and the record not saying so.
-  cuda::DeferredChecksHold hold;
+  DeferredChecksHold hold;
   OptimizerRecord& record = records_[&optimizer];
   LOOM_CHECK(!record.unscaled, ValueError, "GradScaler: unscale_ was already called for this ",
              optimizer.name(), " optimizer since the last update() (step() calls it when it was ",
@@ -90,34 +70,27 @@ void GradScaler::unscale_(Optimizer& optimizer) {
   // any other through a contiguous copy written back.
   const double inv_scale = 1.0 / scale_;
   bool local_found_inf = false;
-  std::vector<std::pair<Device, Tensor>> device_flags;  // int32 [1] on each CUDA device: 1 = inf
+  std::vector<std::pair<Device, Tensor>> device_flags;  // int32 [1] on each device: 1 = inf
   {
     autograd::NoGradGuard no_grad;
-    // CUDA gradients are unscaled together after the loop, one tensor list per device and
-    // dtype; (g, grad) pairs where g is a contiguous copy are written back after that.
-    std::vector<Tensor> on_gpu;
+    // The gradients are unscaled together after the loop, one list per device and dtype (on
+    // CUDA a few launches); (g, grad) pairs where g is a contiguous copy are written back after.
+    std::vector<Tensor> dense;
     std::vector<std::pair<Tensor, Tensor>> to_finish;
     for (const Tensor& param : optimizer.params()) {
       const Tensor grad = param.grad();
       if (!grad.defined() || grad.numel() == 0) continue;
       const Tensor g = k::is_dense(grad) ? grad : k::contiguous(grad);
-      if (g.is_cuda()) {
-        on_gpu.push_back(g);
-      } else {
-        dispatch_floating(g.dtype(), "GradScaler: unscale_", [&]<typename T>() {
-          if (unscale_and_check(g.data_ptr<T>(), g.numel(), static_cast<T>(inv_scale)))
-            local_found_inf = true;
-        });
-      }
+      dense.push_back(g);
       to_finish.emplace_back(g, grad);
     }
-    for_each_group(on_gpu, device_and_dtype, [&](std::span<const Tensor> list) {
+    for_each_group(dense, device_and_dtype, [&](std::span<const Tensor> list) {
       const Device device = list.front().device();
       auto it = device_flags.begin();
       while (it != device_flags.end() && !(it->first == device)) ++it;
       if (it == device_flags.end())
         it = device_flags.insert(it, {device, zeros({1}, kInt32, device)});
-      cuda::unscale_and_check_(list, inv_scale, it->second);
+      k::unscale_and_check_(list, inv_scale, it->second);
     });
     for (const auto& [g, grad] : to_finish) {
       if (!g.is_same(grad))

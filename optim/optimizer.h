@@ -129,8 +129,8 @@ std::string format_double(double value);
 double parse_double(const std::string& text, const std::string& what);
 
 // Calls fn(std::span<const Item>) once per run of `items` that share key(item), after a stable
-// sort by key: a CUDA update takes one tensor list per device and dtype (Note [Tensor lists] in
-// tensor/cuda/tensor_list.h), and the parameters keep their order within each.
+// sort by key: a fused update takes one list per device and dtype (tensor/optim.h), and the
+// parameters keep their order within each.
 template <typename Item, typename Key, typename Fn>
 void for_each_group(std::vector<Item>& items, Key key, Fn fn) {
   std::stable_sort(items.begin(), items.end(),
@@ -142,13 +142,9 @@ void for_each_group(std::vector<Item>& items, Key key, Fn fn) {
     lo = hi;
   }
 }
-// The group of a CUDA tensor: its device and dtype.
-inline std::tuple<int, int> device_and_dtype(const Tensor& t) {
-  return {t.device().index, static_cast<int>(t.dtype())};
+// The group of a tensor for a fused update (tensor/optim.h): its device and dtype.
+inline std::tuple<int, int, int> device_and_dtype(const Tensor& t) {
+  return {static_cast<int>(t.device().type), t.device().index, static_cast<int>(t.dtype())};
 }
-
-// Elements per thread below which a fused update stays on one thread (waking the others costs
-// more than the work).
-inline constexpr int64_t kUpdateGrain = 1 << 15;
 
 }  // namespace loom::optim

@@ -1,16 +1,16 @@
-// optim/sgd.cpp — SGD's fused update: one pass over each parameter, its gradient and its
-// momentum buffer; threads split the elements of a parameter into contiguous chunks.
+// optim/sgd.cpp — SGD with momentum, dampening, Nesterov and weight decay, as torch.optim.SGD:
+// the state and the checkpoint here, the fused update in tensor/optim.h.
 
 #include "optim/sgd.h"
 
 #include <cmath>
 
 #include "autograd/graph.h"
-#include "tensor/cuda/optim.h"
-#include "tensor/dispatch.h"
-#include "tensor/parallel.h"
+#include "tensor/optim.h"
 
 namespace loom::optim {
+
+namespace k = loom::kernels;
 
 namespace {
 
@@ -26,31 +26,6 @@ void validate(const SGDOptions& o) {
   LOOM_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), ValueError,
              "SGD: Nesterov momentum requires momentum > 0 and dampening == 0; got momentum=",
              o.momentum, " dampening=", o.dampening);
-}
-
-// One parameter's update; `first`: its momentum buffer takes the first direction as it is.
-template <typename T>
-void sgd_update(T* param, const T* grad, T* buffer, int64_t n, const SGDOptions& o, double lr,
-                bool first) {
-  const T weight_decay = static_cast<T>(o.weight_decay), momentum = static_cast<T>(o.momentum);
-  const T keep = static_cast<T>(1.0 - o.dampening), neg_lr = static_cast<T>(-lr);
-  const bool decay = o.weight_decay != 0, nesterov = o.nesterov;
-  parallel_for(0, n, kUpdateGrain, [&](int64_t lo, int64_t hi) {
-    if (!buffer) {  // plain SGD
-      for (int64_t j = lo; j < hi; ++j) {
-        const T d = decay ? grad[j] + weight_decay * param[j] : grad[j];
-        param[j] = param[j] + neg_lr * d;
-      }
-      return;
-    }
-    for (int64_t j = lo; j < hi; ++j) {
-      T d = decay ? grad[j] + weight_decay * param[j] : grad[j];
-      const T buf = first ? d : buffer[j] * momentum + keep * d;
-      buffer[j] = buf;
-      d = nesterov ? d + momentum * buf : buf;
-      param[j] = param[j] + neg_lr * d;
-    }
-  });
 }
 
 }  // namespace
@@ -86,8 +61,9 @@ Metadata SGD::hyper_parameters() const {
 
 void SGD::step() {
   autograd::NoGradGuard no_grad;
-  // CUDA parameters are updated together after the loop, a few launches for all of them.
-  std::vector<cuda::SgdTensors> on_gpu;
+  // The parameters are updated together after the loop: one list per device and dtype (on CUDA
+  // a few launches for all of them).
+  std::vector<k::SgdTensors> updates;
   std::vector<std::pair<size_t, Tensor>> to_finish;
   const std::vector<Tensor> grads = update_grads();
   for (size_t i = 0; i < params().size(); ++i) {
@@ -98,23 +74,14 @@ void SGD::step() {
     ++state.steps;
     const Tensor target = update_target(i);
     const Tensor buffer = state.buffers.empty() ? Tensor() : state.buffers[0];
-    if (target.is_cuda()) {
-      on_gpu.push_back({target, grad, buffer, first});
-      to_finish.emplace_back(i, target);
-      continue;
-    }
-    dispatch_floating(target.dtype(), "SGD", [&]<typename T>() {
-      sgd_update<T>(target.data_ptr<T>(), grad.data_ptr<T>(),
-                    buffer.defined() ? buffer.data_ptr<T>() : nullptr, target.numel(), options_,
-                    lr(), first);
-    });
-    finish_update(i, target);
+    updates.push_back({target, grad, buffer, first});
+    to_finish.emplace_back(i, target);
   }
-  const cuda::SgdStep s{lr(), options_.weight_decay, options_.momentum, options_.dampening,
-                        options_.nesterov};
+  const k::SgdStep s{lr(), options_.weight_decay, options_.momentum, options_.dampening,
+                     options_.nesterov};
   for_each_group(
-      on_gpu, [](const cuda::SgdTensors& e) { return device_and_dtype(e.param); },
-      [&](std::span<const cuda::SgdTensors> list) { cuda::sgd_update(list, s); });
+      updates, [](const k::SgdTensors& e) { return device_and_dtype(e.param); },
+      [&](std::span<const k::SgdTensors> list) { k::sgd_update(list, s); });
   for (const auto& [i, target] : to_finish) finish_update(i, target);
 }
 
