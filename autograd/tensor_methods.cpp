@@ -59,6 +59,17 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
   autograd::backward({*this}, {gradient}, retain_graph);
 }
 
+std::string Tensor::str() const {
+  std::string note;
+  if (defined() && requires_grad()) {
+    const std::string fn = grad_fn_name();
+    note = fn.empty() ? ", requires_grad=True" : ", grad_fn=<" + fn + ">";
+  }
+  return detail::tensor_repr(*this, note);
+}
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str(); }
+
 Tensor Tensor::detach() const { return kernels::alias(*this); }
 
 void Tensor::retain_grad() const {

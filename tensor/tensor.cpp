@@ -7,6 +7,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "tensor/copy.h"
 #include "tensor/dispatch.h"
 
 namespace loom {
@@ -318,7 +319,9 @@ template <typename T>
 T Tensor::item() const {
   LOOM_CHECK(numel() == 1, ValueError,
              "item: expected a tensor with one element; got shape=", sizes());
-  if (!is_cpu()) return to(kCPU).item<T>();  // waits for the device, as PyTorch's item() does
+  if (!is_cpu())
+    return kernels::to_device(*this, kCPU)
+        .item<T>();  // waits for the device, as PyTorch's item() does
   return dispatch_all(dtype(), "item", [&]<typename S>() {
     return static_cast<T>(static_cast<double>(*static_cast<const S*>(data())));
   });
@@ -347,7 +350,7 @@ static void for_each_element(const Tensor& t, F&& f) {
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
-  if (!is_cpu()) return to(kCPU).to_vector<T>();
+  if (!is_cpu()) return kernels::to_device(*this, kCPU).to_vector<T>();
   std::vector<T> out;
   out.reserve(numel());
   dispatch_all(dtype(), "to_vector", [&]<typename S>() {
@@ -433,15 +436,17 @@ void print_dims(std::ostringstream& os, const std::vector<double>& values, const
 
 }  // namespace
 
-std::string Tensor::str() const {
-  if (!defined()) return "tensor(undefined)";
+namespace detail {
+
+std::string tensor_repr(const Tensor& t, const std::string& grad_note) {
+  if (!t.defined()) return "tensor(undefined)";
   std::ostringstream os;
   os << "tensor(";
   const std::vector<double> values =
-      is_cpu() ? to_vector<double>() : std::vector<double>{};  // device tensors: metadata only
+      t.is_cpu() ? t.to_vector<double>() : std::vector<double>{};  // device tensors: metadata only
   Formatter fmt;
-  fmt.boolean = dtype() == kBool;
-  fmt.floating = is_floating(dtype());
+  fmt.boolean = t.dtype() == kBool;
+  fmt.floating = is_floating(t.dtype());
   double max_abs = 0, min_abs = INFINITY;
   bool whole = true;
   for (double v : values) {
@@ -455,27 +460,25 @@ std::string Tensor::str() const {
                    (max_abs >= 1e8 || (min_abs < 1e-4 && max_abs > 0) ||
                     (max_abs / min_abs > 1000 && max_abs > 1e3));
   for (double v : values) fmt.width = std::max<int>(fmt.width, fmt.format(v).size());
-  if (!is_cpu()) {
-    os << "<on " << device() << ">";
-  } else if (dim() == 0) {
+  if (!t.is_cpu()) {
+    os << "<on " << t.device() << ">";
+  } else if (t.dim() == 0) {
     os << fmt.format(values[0]);
   } else {
     int64_t offset0 = 0;
-    print_dims(os, values, sizes(), 0, offset0, fmt, 7, numel() > 1000,
-               contiguous_strides(sizes()));
+    print_dims(os, values, t.sizes(), 0, offset0, fmt, 7, t.numel() > 1000,
+               contiguous_strides(t.sizes()));
   }
-  if (dtype() != kFloat32 && dtype() != kInt64 && dtype() != kBool) os << ", dtype=" << dtype();
-  if (dtype() == kBool && numel() == 0) os << ", dtype=bool";
-  if (!is_cpu()) os << ", device='" << device() << "'";
-  if (numel() == 0 && dim() != 1) os << ", size=" << detail::str(sizes());
-  if (requires_grad()) {
-    std::string fn = grad_fn_name();
-    os << (fn.empty() ? ", requires_grad=True" : ", grad_fn=<" + fn + ">");
-  }
-  os << ')';
+  if (t.dtype() != kFloat32 && t.dtype() != kInt64 && t.dtype() != kBool)
+    os << ", dtype=" << t.dtype();
+  if (t.dtype() == kBool && t.numel() == 0) os << ", dtype=bool";
+  if (!t.is_cpu()) os << ", device='" << t.device() << "'";
+  if (t.numel() == 0 && t.dim() != 1) os << ", size=" << detail::str(t.sizes());
+  os << grad_note << ')';
   return os.str();
 }
 
-std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str(); }
+}  // namespace detail
+
 
 }  // namespace loom

@@ -104,7 +104,8 @@ class Tensor {
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
 
-  std::string str() const;  // printing that looks like PyTorch's
+  // Printing that looks like PyTorch's (defined in autograd/: it shows requires_grad and grad_fn).
+  std::string str() const;
 
   // --- autograd (defined in autograd/) ---
   bool requires_grad() const;
@@ -185,7 +186,13 @@ class Tensor {
   std::shared_ptr<TensorImpl> impl_;
 };
 
-std::ostream& operator<<(std::ostream& os, const Tensor& t);
+std::ostream& operator<<(std::ostream& os, const Tensor& t);  // t.str(), in autograd/
+
+namespace detail {
+// Tensor::str() without autograd's part: the values, dtype, device and size, then `grad_note`
+// (", requires_grad=True" or ", grad_fn=<...>" where autograd has one).
+std::string tensor_repr(const Tensor& t, const std::string& grad_note);
+}  // namespace detail
 
 // --- shape helpers used across loom ---
 int64_t shape_numel(const Shape& shape);

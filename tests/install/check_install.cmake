@@ -1,5 +1,8 @@
-# Installs the built loom into WORK_DIR/prefix, then builds and runs tests/install/main.cpp
-# against it with find_package(loom CONFIG). Any failing step fails the test.
+# Installs the built loom into WORK_DIR/prefix, then: runs the installed resnet18_cifar from the
+# prefix (it must find its library through its RUNPATH, with no LD_LIBRARY_PATH), checks the
+# library's versioned SONAME, builds and runs tests/install/main.cpp against the prefix with
+# find_package(loom CONFIG) and, where pkg-config is installed, with loom.pc. Any failing step
+# fails the test.
 file(REMOVE_RECURSE ${WORK_DIR})
 function(run)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -8,8 +11,41 @@ function(run)
   endif()
 endfunction()
 run(${CMAKE_COMMAND} --install ${LOOM_BINARY_DIR} --prefix ${WORK_DIR}/prefix)
+set(prefix ${WORK_DIR}/prefix)
+
+# The installed app runs where it is installed.
+run(${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH ${prefix}/bin/resnet18_cifar
+    --dataset synthetic --synthetic-size 64 --batch-size 32 --epochs 1 --width 4 --max-steps 2
+    --threads 1 --workers 0)
+
+# Each layer's library: libloom_<layer>.so -> .so.MAJOR.MINOR -> .so.VERSION, the SONAME naming
+# MAJOR.MINOR.
+find_program(READELF readelf)
+foreach(layer tensor autograd data nn optim dist)
+  file(GLOB versioned ${prefix}/lib*/libloom_${layer}.so.*.*)
+  if(LOOM_SHARED AND NOT versioned)
+    message(FATAL_ERROR "no versioned libloom_${layer}.so.MAJOR.MINOR under ${prefix}")
+  endif()
+  if(LOOM_SHARED AND READELF)
+    file(GLOB library ${prefix}/lib*/libloom_${layer}.so)
+    execute_process(COMMAND ${READELF} -d ${library} OUTPUT_VARIABLE dynamic)
+    if(NOT dynamic MATCHES "SONAME[^\n]*libloom_${layer}\\.so\\.[0-9]+\\.[0-9]+\\]")
+      message(FATAL_ERROR "libloom_${layer}.so has no versioned SONAME:\n${dynamic}")
+    endif()
+  endif()
+endforeach()
 run(${CMAKE_COMMAND} -S ${CONSUMER_SOURCE_DIR} -B ${WORK_DIR}/build
     -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCMAKE_BUILD_TYPE=Release)
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${WORK_DIR}/build/consumer)
+
+# The same program through pkg-config.
+find_program(PKG_CONFIG pkg-config)
+if(LOOM_SHARED AND PKG_CONFIG)
+  file(GLOB pc_dir ${prefix}/lib*/pkgconfig)
+  run(${CMAKE_COMMAND} -E env PKG_CONFIG_PATH=${pc_dir} sh -c
+      "c++ -O1 -o '${WORK_DIR}/consumer_pc' '${CONSUMER_SOURCE_DIR}/main.cpp' \
+       $(${PKG_CONFIG} --cflags --libs loom)")
+  run(${WORK_DIR}/consumer_pc)
+endif()
 message(STATUS "installed loom found, linked and ran")
