@@ -37,9 +37,8 @@
 //   On the CPU the "as is" class is widened like the float32 class. The CPU has no 16-bit
 //   arithmetic to gain from 16-bit activations (its 16-bit products widen to float32 too, Note
 //   [16-bit products on the CPU]), and each 16-bit op there pays a widening and a rounding pass.
-//   Measured in one session (train_step_bench, width 16, batch 128, median of 9), the fp16 step
-//   ran at 0.81 of float32's speed with 16-bit layers and at 0.89 with them widened (bf16: 0.87,
-//   0.90). A GPU reads half the bytes instead, which is the point of the class.
+//   (docs/decisions.md, Mixed precision, has the measurement.) A GPU reads half the bytes
+//   instead, which is the point of the class.
 //
 //   embedding and one_hot take no 16-bit input (an index, and a float32 weight).
 //   float64 tensors are never cast (as in PyTorch): a region changes only float32 and 16-bit

@@ -1,6 +1,6 @@
-// apps/fashion_mlp — loom's first real training run, until resnet18_cifar arrives: a two-layer
-// perceptron (784 -> 256 -> 10) on Fashion-MNIST with SGD and momentum, written with loom's
-// tensors and autograd alone, printing the loss as it goes and the test accuracy at the end.
+// apps/fashion_mlp — the smallest complete training program: a two-layer perceptron
+// (784 -> 256 -> 10) on Fashion-MNIST with SGD and momentum, written with loom's tensors and
+// autograd alone, printing the loss as it goes and the test accuracy at the end.
 
 #include <CLI/CLI.hpp>
 #include <algorithm>

@@ -5,9 +5,9 @@
 // The ops live in four files: elementwise.cu (binary arithmetic), elementwise_compare.cu
 // (comparisons), elementwise_unary.cu (unary ops, where, the fused backwards) and
 // elementwise_inplace.cu (the in-place ops). Each op instantiates its loops for every dtype it
-// takes, and the one file they used to share was the build's longest compile by far (4.5
-// minutes of a shared core, against 1 minute for the next, reduce.cu): split, they compile side
-// by side, which shortens the build that tools/gpu_check.sh fits into a GPU's few minutes.
+// takes, so one file of them all would be the build's longest compile by far: four files
+// compile side by side, which shortens the build that tools/gpu_check.sh fits into a GPU's few
+// minutes.
 #pragma once
 
 #include <cmath>
