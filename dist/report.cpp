@@ -81,6 +81,18 @@ void Reporter::end_progress() {
   if (bar_) std::printf("\r\033[K");
 }
 
+void Reporter::open_tensorboard(const std::string& dir) {
+  if (!dir.empty() && leader_) writer_ = std::make_unique<SummaryWriter>(dir);
+}
+
+void Reporter::scalar(const std::string& tag, double value, int64_t step) {
+  if (writer_) writer_->add_scalar(tag, value, step);
+}
+
+void Reporter::flush() {
+  if (writer_) writer_->flush();
+}
+
 void Reporter::log(const LogRecord& record) {
   if (!log_) return;
   std::fprintf(log_, "%s\n", record.json().c_str());

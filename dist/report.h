@@ -1,6 +1,7 @@
 // dist/report.h — what a training run tells its user: lines on the terminal (rank 0 alone), a
 // progress bar redrawn in place, one JSON object per line in a log file (--log-json), and the
-// images per second of an epoch with its first step (warm-up) left out.
+// images per second of an epoch with its first step (warm-up) left out; TensorBoard scalars
+// (--tensorboard, dist/tensorboard.h).
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "dist/job.h"
+#include "dist/tensorboard.h"
 
 namespace loom::dist {
 
@@ -93,11 +95,19 @@ class Reporter {
   void end_progress();  // clears the bar's line
   // A JSON line in the log (rank 0; nothing without a log).
   void log(const LogRecord& record);
+  // TensorBoard event files in `dir` (rank 0; empty: none). IOError when it cannot be made.
+  void open_tensorboard(const std::string& dir);
+  bool tensorboard() const { return writer_ != nullptr; }
+  // A point of the scalar `tag` at `step` (nothing without TensorBoard); flush() makes what
+  // was added readable.
+  void scalar(const std::string& tag, double value, int64_t step);
+  void flush();
 
  private:
   bool leader_, bar_;
   double last_draw_ = -1e30;  // steady-clock seconds
   std::FILE* log_ = nullptr;
+  std::unique_ptr<SummaryWriter> writer_;
 };
 
 }  // namespace loom::dist

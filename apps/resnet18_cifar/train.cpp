@@ -214,6 +214,15 @@ void report_epoch(dist::Reporter& out, const Options& o, const dist::Job& job,
       e.test.mean_loss(), 100 * e.test.accuracy(), e.images_per_s, e.data_wait,
       static_cast<double>(e.peak_bytes) / (1 << 20), extra.c_str(), e.seconds,
       e.complete ? "" : "  (stopped by --max-steps)");
+  for (const auto& [tag, value] :
+       {std::pair<const char*, double>{"epoch/train_loss", e.train.mean_loss()},
+        {"epoch/train_acc", e.train.accuracy()},
+        {"epoch/test_loss", e.test.mean_loss()},
+        {"epoch/test_acc", e.test.accuracy()},
+        {"epoch/images_per_s", e.images_per_s},
+        {"epoch/peak_memory_mib", static_cast<double>(e.peak_bytes) / (1 << 20)}})
+    out.scalar(tag, value, e.steps);
+  out.flush();
   out.log(dist::LogRecord()
               .add("epoch", e.epoch)
               .add("train_loss", e.train.mean_loss())
@@ -320,6 +329,7 @@ double run(const Options& o) {
           static_cast<long long>(o.width), static_cast<long long>(model->num_parameters()),
           data.description.c_str());
   out.open_log(o.log_json, /*append=*/!resumed.path.empty());
+  out.open_tensorboard(o.tensorboard);
 
   cuda::Uploader
       upload;  // batches reach a GPU without stopping the host (Note [Uploading batches])
@@ -399,6 +409,12 @@ double run(const Options& o) {
       speed.add_step(dist::steady_seconds() - step_start, batch->labels.size(0));
       ++progress.step;
       progress.batch = skip + speed.steps();
+      if (out.tensorboard() && progress.step % o.tensorboard_every == 0) {
+        out.scalar("train/loss", loss.item(), progress.step);
+        out.scalar("train/lr", optimizer.lr(), progress.step);
+        if (scaler.is_enabled()) out.scalar("train/loss_scale", scaler.get_scale(), progress.step);
+        out.scalar("train/images_per_s", job.world * speed.running_images_per_s(), progress.step);
+      }
       if (out.progress_due(progress.batch, steps_per_epoch)) {
         const dist::Totals so_far = train.read();
         out.progress({.epoch = epoch + 1,
