@@ -1,4 +1,4 @@
-// dist/sampler.cpp — DistributedSampler.
+// dist/sampler.cpp — DistributedSampler and ShardSampler.
 
 #include "dist/sampler.h"
 
@@ -31,6 +31,18 @@ std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
   mine.reserve(static_cast<size_t>(per_rank_));
   for (int64_t i = rank_; i < total; i += world_) mine.push_back(all[static_cast<size_t>(i)]);
   return mine;
+}
+
+ShardSampler::ShardSampler(int64_t n, int rank, int world) : n_(n), rank_(rank), world_(world) {
+  LOOM_CHECK(n >= 0 && world >= 1 && rank >= 0 && rank < world, ValueError,
+             "ShardSampler: expected n >= 0 and 0 <= rank < world_size; got n=", n, " rank=", rank,
+             " world_size=", world);
+}
+
+std::vector<int64_t> ShardSampler::indices(int64_t) const {
+  std::vector<int64_t> out;
+  for (int64_t i = rank_; i < n_; i += world_) out.push_back(i);
+  return out;
 }
 
 }  // namespace loom::dist

@@ -3,6 +3,8 @@
 // same on every rank; padded by repeating its start (or, with drop_last, cut) to a multiple of
 // the world size; rank r takes positions r, r + W, r + 2W, ... Every rank gets the same number
 // of samples, so every rank takes the same number of steps (collectives stay matched).
+// ShardSampler: the evaluation form, rank r takes samples r, r + W, ... with no padding, so that
+// metrics summed over ranks count every sample exactly once.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +28,18 @@ class DistributedSampler : public data::Sampler {
   bool shuffle_, drop_last_;
   uint64_t seed_;
   int64_t per_rank_;
+};
+
+// Rank r of W takes samples r, r + W, ... of n, in order: every sample once over all ranks (no
+// padding, so ranks may get one sample more or less: for evaluation, not for training steps).
+class ShardSampler : public data::Sampler {
+ public:
+  ShardSampler(int64_t dataset_size, int rank, int world_size);
+  std::vector<int64_t> indices(int64_t epoch) const override;
+
+ private:
+  int64_t n_;
+  int rank_, world_;
 };
 
 }  // namespace loom::dist

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "dist/ddp.h"
 #include "tensor/atomic_file.h"
 #include "tensor/error.h"
 
@@ -55,6 +56,24 @@ void Trace::write(const std::string& path, Store* store, int world_size) const {
   AtomicFile file(path, "trace");
   file.write(text.data(), text.size());
   file.commit();
+}
+
+void StepTimeline::mark(const std::string& name, const std::string& category) {
+  const double now = steady_seconds();
+  if (record_) trace_.add(name, category, last_, now);
+  last_ = now;
+}
+
+void StepTimeline::end_step(const Reducer* reducer) {
+  if (!reducer) return;
+  const ReducerTimeline& tl = reducer->timeline();
+  if (record_)
+    for (size_t b = 0; b < tl.launched.size(); ++b)
+      trace_.add("allreduce bucket " + std::to_string(b), "communication",
+                 tl.start + tl.launched[b], tl.start + tl.completed[b], 1);
+  const double overlap = tl.overlap();
+  overlap_ += overlap, epoch_overlap_ += overlap;
+  ++steps_, ++epoch_steps_;
 }
 
 }  // namespace loom::dist

@@ -4,13 +4,14 @@
 #   scripts/setup.sh           build and test dependencies, and the Fashion-MNIST data
 #   scripts/setup.sh --torch   also python3-torch (golden fixtures, PyTorch benchmarks, the
 #                              interop tests) and the `safetensors` Python package from PyPI,
-#                              in .pydeps/ (Debian 12 does not package it)
+#                              and `tensorboard` (its event-file reader, for the tests), in
+#                              .pydeps/ (Debian 12 packages neither)
 set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config ccache
   libeigen3-dev libgtest-dev googletest nlohmann-json3-dev libcli11-dev zlib1g-dev libstb-dev
-  libgloo-dev
+  libgloo-dev libprotobuf-dev protobuf-compiler libisal-dev
   dataset-fashion-mnist
 )
 if [[ "${1:-}" == "--torch" ]]; then
@@ -34,5 +35,10 @@ if [[ "${1:-}" == "--torch" ]]; then
     echo "setup: installing the safetensors Python package into $root/.pydeps"
     /usr/bin/python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
       --target "$root/.pydeps" safetensors
+  fi
+  if ! PYTHONPATH="$root/.pydeps" /usr/bin/python3 -c "import tensorboard" 2>/dev/null; then
+    echo "setup: installing the tensorboard Python package into $root/.pydeps"
+    /usr/bin/python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+      --target "$root/.pydeps" tensorboard
   fi
 fi

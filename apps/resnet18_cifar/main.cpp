@@ -53,6 +53,12 @@ int main(int argc, char** argv) {
   app.add_option("--max-steps", o.max_steps, "stop after this many optimizer steps in all")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--log-json", o.log_json, "append one JSON object per epoch to this file");
+  app.add_option("--tensorboard", o.tensorboard,
+                 "write TensorBoard event files to this directory: loss, accuracy, lr, loss "
+                 "scale, throughput and memory");
+  app.add_option("--tensorboard-every", o.tensorboard_every,
+                 "the training scalars every this many steps (default 10)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--nproc", o.nproc,
                  "data-parallel CPU worker processes to start (each with cores/N threads)")
       ->check(CLI::PositiveNumber);

@@ -32,155 +32,50 @@
 // allreduce. bf16 keeps float32's exponent range, so it needs no scaling. The scaler's state is
 // part of the checkpoint. --comm-dtype fp16|bf16 sends DDP's gradients in 16 bits.
 //
-// Note [The memory report]
-// --print-memory prints, after the first training step the optimizer takes (with --amp fp16 a
-// step skipped for an overflow does not count), where this rank's device memory went, from
-// loom's own count of the bytes its tensors hold and of the allocator's cache (memory_stats):
-//   weights           the parameters;
-//   gradients         their .grad tensors: under DDP the bucket buffers, which hold them;
-//   optimizer state   the optimizer's buffers (SGD's momentum: as large as the weights);
-//   buffers           the modules' buffers (batch norm's running statistics);
-//   other held        whatever else outlives the step: the batch and the running totals, and
-//                     on the CPU the dataset (CIFAR-10 and Fashion-MNIST are held as tensors)
-//                     and the batches the loader has ready;
-//   step peak         the most the step held at once, beyond what outlives it: the activations
-//                     autograd saved for backward, and the temporaries alive with them. It
-//                     grows with the batch; the lines above do not;
-//   cached            freed blocks the allocator keeps for reuse (on a GPU the caching
-//                     allocator's, which nvidia-smi counts as used; on the CPU large blocks).
-// The first four are the model's fixed cost (with momentum SGD, three times the weights);
-// mixed precision shrinks the activations, not them.
+//
+// The loop's parts are library code: dist/job.h (joining the job), dist/sampler.h, dist/metrics.h
+// (totals summed over ranks), optim/checkpoint_manager.h, dist/trace.h (the step timeline),
+// dist/memory_report.h (Note [The memory report]) and dist/report.h (terminal, JSON log).
 
 #include "train.h"
 
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
-#include <set>
 
 #include "data/cifar10.h"
 #include "data/idx.h"
 #include "data/loader.h"
 #include "data/synthetic.h"
 #include "dist/ddp.h"
-#include "dist/nccl_process_group.h"
-#include "dist/process_group.h"
+#include "dist/job.h"
+#include "dist/memory_report.h"
+#include "dist/metrics.h"
+#include "dist/report.h"
 #include "dist/sampler.h"
-#include "dist/store.h"
 #include "dist/sync_batchnorm.h"
 #include "dist/trace.h"
 #include "loom.h"
-#include "optim/checkpoint.h"
+#include "optim/checkpoint_manager.h"
 #include "optim/grad_scaler.h"
 #include "optim/schedule.h"
 #include "optim/sgd.h"
-#include "tensor/atomic_file.h"
-#include "tensor/cuda/runtime.h"
+#include "tensor/cuda/runtime.h"  // synchronize
 #include "tensor/cuda/upload.h"
 
 namespace resnet18_cifar {
 
 using namespace loom;
-using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 std::string floats_json(const std::vector<float>& v) {
   nlohmann::json j = nlohmann::json::array();
   for (float x : v) j.push_back(x);
   return j.dump();
 }
-
-std::string duration_str(double seconds) {
-  const auto s = static_cast<int64_t>(std::max(0.0, seconds) + 0.5);
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%lld:%02lld", static_cast<long long>(s / 60),
-                static_cast<long long>(s % 60));
-  return buf;
-}
-
-// The progress bar of a terminal: redrawn in place, at most ten times a second.
-class ProgressBar {
- public:
-  explicit ProgressBar(bool enabled) : enabled_(enabled) {}
-  // Whether to draw now (the running loss is read back from the GPU only then).
-  bool due(int64_t done, int64_t total) const {
-    return enabled_ && (seconds_since(last_) >= 0.1 || done >= total);
-  }
-  void draw(int epoch, int64_t done, int64_t total, double loss, double acc, double ips,
-            double eta) {
-    last_ = Clock::now();
-    constexpr int kWidth = 24;
-    const int filled = total > 0 ? static_cast<int>(kWidth * done / total) : kWidth;
-    std::string bar(static_cast<size_t>(filled), '=');
-    if (filled < kWidth) bar += '>' + std::string(static_cast<size_t>(kWidth - filled - 1), ' ');
-    std::printf("\r\033[Kepoch %d [%s] %lld/%lld  loss %.4f  acc %.2f%%  %.0f img/s  left %s",
-                epoch, bar.c_str(), static_cast<long long>(done), static_cast<long long>(total),
-                loss, 100 * acc, ips, duration_str(eta).c_str());
-    std::fflush(stdout);
-  }
-  void clear() {
-    if (enabled_) std::printf("\r\033[K");
-  }
-
- private:
-  bool enabled_;
-  Clock::time_point last_{};
-};
-
-// Sums over the samples a rank saw, so that ranks can add them up.
-struct Totals {
-  double loss = 0, correct = 0, seen = 0;
-  double mean_loss() const { return seen > 0 ? loss / seen : 0.0; }
-  double accuracy() const { return seen > 0 ? correct / seen : 0.0; }
-};
-
-// Totals summed where the logits are: reading a number back from a GPU waits for all its queued
-// work, so the sums stay on the device until someone prints them.
-class RunningTotals {
- public:
-  explicit RunningTotals(Device device)
-      : loss_(zeros({}, kFloat64, device)), correct_(zeros({}, kFloat64, device)) {}
-  void add(const Tensor& loss, const Tensor& logits, const Tensor& labels) {
-    NoGradGuard no_grad;
-    const auto n = labels.size(0);
-    loss_ = loss_ + loss.to(kFloat64) * static_cast<double>(n);
-    correct_ = correct_ + sum(argmax(logits.to(kFloat32), 1) == labels).to(kFloat64);
-    seen_ += static_cast<double>(n);
-  }
-  double seen() const { return seen_; }
-  Totals read() const { return {loss_.item(), correct_.item(), seen_}; }
-
- private:
-  Tensor loss_, correct_;
-  double seen_ = 0;
-};
-
-// Rank r of W takes test samples r, r + W, ...: every sample once over all ranks (no padding).
-class ShardSampler : public data::Sampler {
- public:
-  ShardSampler(int64_t n, int rank, int world) : n_(n), rank_(rank), world_(world) {}
-  std::vector<int64_t> indices(int64_t) const override {
-    std::vector<int64_t> out;
-    for (int64_t i = rank_; i < n_; i += world_) out.push_back(i);
-    return out;
-  }
-
- private:
-  int64_t n_;
-  int rank_, world_;
-};
 
 // The dtype a flag names: fp32, fp16 or bf16.
 DType flag_dtype(const std::string& flag) {
@@ -193,122 +88,156 @@ struct AmpRegion : autocast::Guard {
       : autocast::Guard(amp == "fp16" ? kFloat16 : kBFloat16, amp != "off") {}
 };
 
-Totals evaluate(nn::Module& model, data::DataLoader& loader, cuda::Uploader& upload, Device device,
-                const std::string& amp, MemoryFormat format) {
+// The test loss and accuracy of the whole job: each rank evaluates its shard, then one allreduce.
+dist::Totals evaluate(nn::Module& model, data::DataLoader& loader, cuda::Uploader& upload,
+                      const dist::Job& job, const std::string& amp, MemoryFormat format) {
   model.eval();
   NoGradGuard no_grad;
   AmpRegion region(amp);
-  RunningTotals totals(device);
+  dist::RunningTotals totals(job.device);
   loader.start_epoch(0);
   while (auto batch = loader.next()) {
-    const Tensor labels = upload(batch->labels, device);
-    const Tensor logits = model.forward(upload(batch->images, device, format));
+    const Tensor labels = upload(batch->labels, job.device);
+    const Tensor logits = model.forward(upload(batch->images, job.device, format));
     totals.add(cross_entropy(logits, labels), logits, labels);
   }
   model.train();
-  return totals.read();
+  return dist::sum_over_ranks(job, totals.read());
 }
 
-// Note [The memory report], from memory_stats after the first step (its peak reset before it).
-std::string memory_report(nn::Module& model, const optim::Optimizer& optimizer,
-                          dist::DistributedDataParallel* ddp, Device device,
-                          const MemoryStats& stats) {
-  const int64_t held = stats.current_bytes, peak = stats.peak_bytes;
-  int64_t weights = 0, gradients = 0, buffers = 0;
-  std::set<const StorageImpl*> grad_storages;  // DDP's views share their bucket's
-  for (const Tensor& p : model.parameters()) {
-    weights += static_cast<int64_t>(p.nbytes());
-    const Tensor g = p.grad();
-    if (g.defined() && grad_storages.insert(g.storage().get()).second)
-      gradients += static_cast<int64_t>(g.storage()->nbytes);
-  }
-  for (const Tensor& b : model.buffers()) buffers += static_cast<int64_t>(b.nbytes());
-  const int64_t state = optimizer.state_bytes();
-  const auto mib = [](int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
-  const std::string where =
-      ddp ? detail::str("in ", ddp->reducer().buckets().size(), " DDP buckets")
-          : detail::str("one per parameter");
-  char text[1024];
-  std::snprintf(
-      text, sizeof text,
-      "memory after the first step on %s (MiB; Note [The memory report]):\n"
-      "  weights          %9.2f  (%lld parameters)\n"
-      "  gradients        %9.2f  (%s)\n"
-      "  optimizer state  %9.2f  (%s)\n"
-      "  buffers          %9.2f  (batch norm's running statistics)\n"
-      "  other held       %9.2f\n"
-      "  step peak        %9.2f  above what is held after it (activations saved for "
-      "backward, temporaries)\n"
-      "  cached           %9.2f  (freed blocks kept for reuse)\n",
-      detail::str(device).c_str(), mib(weights), static_cast<long long>(model.num_parameters()),
-      mib(gradients), where.c_str(), mib(state), optimizer.name().c_str(), mib(buffers),
-      mib(held - weights - gradients - state - buffers), mib(peak - held), mib(stats.cached_bytes));
-  return text;
-}
-
-// The job this process belongs to (one rank of one when not launched).
-struct Job {
-  int rank = 0, world = 1;
-  Device device = kCPU;  // where this rank trains
-  std::shared_ptr<dist::Store> store;
-  std::shared_ptr<dist::ProcessGroup> group;
-  bool parallel() const { return group != nullptr; }
-  bool leader() const { return rank == 0; }
-  // Element-wise sums over ranks of a few numbers (on the device, which nccl needs).
-  std::vector<double> sum(std::vector<double> v) const {
-    if (!group) return v;
-    Tensor t = tensor<double>(v, {static_cast<int64_t>(v.size())}).to(device);
-    group->allreduce(t, dist::ReduceOp::Sum)->wait();
-    return t.to(kCPU).to_vector<double>();
-  }
-  Totals sum(const Totals& t) const {
-    const std::vector<double> v = sum(std::vector<double>{t.loss, t.correct, t.seen});
-    return {v[0], v[1], v[2]};
-  }
+// A rank's loaders: its DistributedSampler share of the training set (all of it in a job of
+// one), and a strided shard of the test set (Note [resnet18_cifar in parallel]).
+struct Loaders {
+  std::unique_ptr<data::DataLoader> train, test;
 };
-
-// With --gpus, local rank r trains on cuda:(r % visible GPUs): one GPU each under nccl, or
-// several ranks sharing a GPU under gloo (which stages CUDA tensors through host memory).
-Device rank_device(const Options& o, int local_rank) {
-  if (o.gpus == 0) return kCPU;
-  const int visible = cuda::device_count();
-  LOOM_CHECK(visible > 0, DeviceError, "--gpus ", o.gpus, ": no CUDA device is visible",
-             cuda::is_built() ? "" : " (loom was built without CUDA)");
-  LOOM_CHECK(o.backend != "nccl" || o.gpus <= visible, ValueError, "--gpus ", o.gpus, ": only ",
-             visible,
-             " CUDA devices are visible, and nccl needs one per rank (--backend gloo "
-             "lets ranks share a GPU)");
-  const Device device{DeviceType::CUDA, local_rank % visible};
-  cuda::set_device(device.index);
-  return device;
-}
-
-Job join_job(const Options& o) {
-  Job job;
-  LOOM_CHECK(o.backend == "gloo" || o.gpus > 0, ValueError, "--backend ", o.backend,
-             " needs GPUs (--gpus N); CPU workers use gloo");
-  if (!dist::launched_by_launcher()) {
-    job.device = rank_device(o, 0);
-    return job;
+Loaders make_loaders(const Options& o, const Data& data, const dist::Job& job) {
+  data::LoaderOptions train_options{
+      .batch_size = o.batch_size, .shuffle = true, .seed = o.seed, .num_workers = o.workers};
+  std::shared_ptr<const data::Sampler> train_sampler, test_sampler;
+  int64_t train_share = data.train.dataset->size();
+  if (job.parallel()) {
+    train_sampler = std::make_shared<dist::DistributedSampler>(data.train.dataset->size(), job.rank,
+                                                               job.world, /*shuffle=*/true, o.seed);
+    test_sampler =
+        std::make_shared<dist::ShardSampler>(data.test.dataset->size(), job.rank, job.world);
+    train_share = train_sampler->size();
   }
-  const dist::Environment env = dist::environment_from_env();
-  job.rank = env.rank;
-  job.world = env.world_size;
-  job.device = rank_device(o, env.local_rank);
-  job.store = dist::rendezvous(env, std::chrono::minutes(5));
-  job.group = o.backend == "nccl"
-                  ? dist::make_nccl_process_group(job.store, env.rank, env.world_size)
-                  : dist::make_gloo_process_group(job.store, env.rank, env.world_size);
-  return job;
+  // A last batch of one sample cannot be batch-normalised in training: drop it in that case.
+  train_options.drop_last = train_share % o.batch_size == 1;
+  Loaders loaders;
+  loaders.train = std::make_unique<data::DataLoader>(data.train.dataset, data.train.transforms,
+                                                     train_options, train_sampler);
+  loaders.test = std::make_unique<data::DataLoader>(
+      data.test.dataset, data.test.transforms,
+      data::LoaderOptions{.batch_size = std::max<int64_t>(o.batch_size, 256),
+                          .shuffle = false,
+                          .seed = o.seed,
+                          .num_workers = o.workers},
+      test_sampler);
+  return loaders;
 }
 
-std::unique_ptr<optim::LRSchedule> make_schedule(const Options& o, optim::Optimizer& opt,
+std::unique_ptr<optim::LRSchedule> make_schedule(const Options& o, optim::Optimizer& opt, double lr,
                                                  int64_t total_steps) {
-  if (o.schedule == "onecycle") return std::make_unique<optim::OneCycleLR>(opt, o.lr, total_steps);
+  if (o.schedule == "onecycle") return std::make_unique<optim::OneCycleLR>(opt, lr, total_steps);
   if (o.schedule == "cosine") return std::make_unique<optim::CosineAnnealingLR>(opt, total_steps);
   // "step": x0.1 at half and at three quarters of the run.
   return std::make_unique<optim::MultiStepLR>(
       opt, std::vector<int64_t>{total_steps / 2, total_steps * 3 / 4}, 0.1);
+}
+
+// What the checkpoints say of the model, for readers that are not this program.
+optim::Metadata model_info(const Options& o, const std::string& model, const Data& data,
+                           int64_t in_channels) {
+  return {{"model", model},
+          {"width", std::to_string(o.width)},
+          {"in_channels", std::to_string(in_channels)},
+          {"num_classes", std::to_string(data.train.dataset->num_classes())},
+          {"dataset", o.dataset},
+          {"mean", floats_json(data.mean)},
+          {"std", floats_json(data.std)}};
+}
+
+// The lines that say how this run trains.
+void describe(const dist::Reporter& out, const Options& o, const dist::Job& job, double lr,
+              dist::DistributedDataParallel* ddp, const optim::GradScaler& scaler,
+              int64_t steps_per_epoch) {
+  if (ddp) {
+    out.say(
+        "data parallel: world size %d (%s), global batch %lld, effective lr %g%s; %zu DDP "
+        "buckets\n",
+        job.world, job.group->backend().c_str(), static_cast<long long>(o.batch_size * job.world),
+        lr, o.sync_bn ? ", SyncBatchNorm" : "", ddp->reducer().buckets().size());
+    if (o.print_buckets) out.say("%s", ddp->bucket_plan().c_str());
+  }
+  out.say(
+      "batch %lld, %d threads, %d loader workers; SGD lr %g momentum %g%s weight decay %g, "
+      "schedule %s; %lld steps per epoch\n",
+      static_cast<long long>(o.batch_size), get_num_threads(), o.workers, lr, o.momentum,
+      o.nesterov ? " (nesterov)" : "", o.weight_decay, o.schedule.c_str(),
+      static_cast<long long>(steps_per_epoch));
+  if (o.amp != "off")
+    out.say(
+        "mixed precision: convolutions and the classifier in %s, the rest in float32, float32 "
+        "master weights%s\n",
+        o.amp.c_str(),
+        scaler.is_enabled() ? detail::str("; dynamic loss scale from ", scaler.get_scale()).c_str()
+                            : "");
+}
+
+// The end of an epoch: its line on the terminal and in the JSON log.
+struct EpochSummary {
+  int64_t epoch = 0;  // counted from 1
+  dist::Totals train, test;
+  double images_per_s = 0, seconds = 0, data_wait = 0;
+  int64_t peak_bytes = 0, steps = 0, skipped = 0;
+  double overlap = -1;  // -1: no DDP
+  bool complete = true;
+};
+void report_epoch(dist::Reporter& out, const Options& o, const dist::Job& job,
+                  const optim::GradScaler& scaler, const EpochSummary& e) {
+  std::string extra;
+  char buf[128];
+  if (e.overlap >= 0) {
+    std::snprintf(buf, sizeof buf, "  allreduce overlap %.0f%%", 100 * e.overlap);
+    extra = buf;
+  }
+  if (scaler.is_enabled()) {
+    std::snprintf(buf, sizeof buf, "  loss scale %g (%lld steps skipped)", scaler.get_scale(),
+                  static_cast<long long>(e.skipped));
+    extra += buf;
+  }
+  out.say(
+      "epoch %lld/%d  train loss %.4f  acc %.2f%%  test loss %.4f  acc %.2f%%  %.0f img/s  "
+      "data wait %.1f s  peak memory %.1f MiB%s  %.1f s%s\n",
+      static_cast<long long>(e.epoch), o.epochs, e.train.mean_loss(), 100 * e.train.accuracy(),
+      e.test.mean_loss(), 100 * e.test.accuracy(), e.images_per_s, e.data_wait,
+      static_cast<double>(e.peak_bytes) / (1 << 20), extra.c_str(), e.seconds,
+      e.complete ? "" : "  (stopped by --max-steps)");
+  for (const auto& [tag, value] :
+       {std::pair<const char*, double>{"epoch/train_loss", e.train.mean_loss()},
+        {"epoch/train_acc", e.train.accuracy()},
+        {"epoch/test_loss", e.test.mean_loss()},
+        {"epoch/test_acc", e.test.accuracy()},
+        {"epoch/images_per_s", e.images_per_s},
+        {"epoch/peak_memory_mib", static_cast<double>(e.peak_bytes) / (1 << 20)}})
+    out.scalar(tag, value, e.steps);
+  out.flush();
+  out.log(dist::LogRecord()
+              .add("epoch", e.epoch)
+              .add("train_loss", e.train.mean_loss())
+              .add("train_acc", e.train.accuracy())
+              .add("test_loss", e.test.mean_loss())
+              .add("test_acc", e.test.accuracy())
+              .add("images_per_s", e.images_per_s)
+              .add("seconds", e.seconds)
+              .add("peak_memory_bytes", e.peak_bytes)
+              .add("steps", e.steps)
+              .add("world_size", job.world)
+              .add("amp", o.amp)
+              .add("loss_scale", scaler.get_scale())
+              .add("skipped_steps", e.skipped)
+              .add("complete", e.complete));
 }
 
 }  // namespace
@@ -358,13 +287,8 @@ Data load_data(const Options& o) {
 double run(const Options& o) {
   if (o.threads > 0) set_num_threads(o.threads);
   manual_seed(o.seed);
-  const Job job = join_job(o);
-  const bool tty = job.leader() && isatty(STDOUT_FILENO) != 0;
-  auto say = [&](const char* format, auto... args) {
-    if (!job.leader()) return;
-    std::printf(format, args...);
-    std::fflush(stdout);
-  };
+  const dist::Job job = dist::join_job({.gpus = o.gpus, .backend = o.backend});
+  dist::Reporter out(job, /*progress_bar=*/isatty(STDOUT_FILENO) != 0);
 
   const Data data = load_data(o);
   const Shape image = data.train.transforms.output_shape(data.train.dataset->image_shape());
@@ -372,96 +296,53 @@ double run(const Options& o) {
                              .in_channels = image[0],
                              .num_classes = data.train.dataset->num_classes(),
                              .fuse_bn_relu = o.fuse_bn_relu});
-  if (!o.fuse_bn_relu) say("batch norm, add and ReLU run one by one (--no-fusion)\n");
+  if (!o.fuse_bn_relu) out.say("batch norm, add and ReLU run one by one (--no-fusion)\n");
   model->to(job.device);
   // Weights in the order NHWC convolutions read, before the optimizer and DDP see them.
   if (o.channels_last) model->to(MemoryFormat::kChannelsLast);
-
-  data::LoaderOptions train_options{
-      .batch_size = o.batch_size, .shuffle = true, .seed = o.seed, .num_workers = o.workers};
-  std::shared_ptr<const data::Sampler> train_sampler, test_sampler;
-  int64_t train_share = data.train.dataset->size();
-  if (job.parallel()) {
-    train_sampler = std::make_shared<dist::DistributedSampler>(data.train.dataset->size(), job.rank,
-                                                               job.world, /*shuffle=*/true, o.seed);
-    test_sampler = std::make_shared<ShardSampler>(data.test.dataset->size(), job.rank, job.world);
-    train_share = train_sampler->size();
-  }
-  // A last batch of one sample cannot be batch-normalised in training: drop it in that case.
-  train_options.drop_last = train_share % o.batch_size == 1;
-  data::DataLoader train_loader(data.train.dataset, data.train.transforms, train_options,
-                                train_sampler);
-  data::DataLoader test_loader(data.test.dataset, data.test.transforms,
-                               {.batch_size = std::max<int64_t>(o.batch_size, 256),
-                                .shuffle = false,
-                                .seed = o.seed,
-                                .num_workers = o.workers},
-                               test_sampler);
-  const int64_t steps_per_epoch = train_loader.batches_per_epoch();
+  Loaders loaders = make_loaders(o, data, job);
+  const int64_t steps_per_epoch = loaders.train->batches_per_epoch();
   const int64_t total_steps = std::max<int64_t>(1, steps_per_epoch * o.epochs);
 
   const double lr = o.lr * (o.scale_lr ? job.world : 1);
   optim::SGD optimizer(
       model->parameters(),
       {.lr = lr, .momentum = o.momentum, .weight_decay = o.weight_decay, .nesterov = o.nesterov});
-  Options with_lr = o;
-  with_lr.lr = lr;
-  auto schedule = make_schedule(with_lr, optimizer, total_steps);
+  auto schedule = make_schedule(o, optimizer, lr, total_steps);
   // fp16 only: bf16 has float32's exponent range (Note [resnet18_cifar in mixed precision]).
   optim::GradScaler scaler({.enabled = o.amp == "fp16"});
   optim::GradScaler* saved_scaler = scaler.is_enabled() ? &scaler : nullptr;
-
-  // A restarted job (the launcher sets LOOM_RESTART_COUNT) resumes from its last checkpoint.
-  std::string resume = o.resume;
-  const char* restarts = std::getenv("LOOM_RESTART_COUNT");
-  const std::string last =
-      o.checkpoint_dir.empty()
-          ? std::string()
-          : (std::filesystem::path(o.checkpoint_dir) / "last.safetensors").string();
-  if (resume.empty() && restarts && std::atoi(restarts) > 0 && !last.empty() &&
-      std::filesystem::exists(last))
-    resume = last;
-  optim::TrainingProgress progress;
-  if (!resume.empty()) {
-    // A run that switches to --amp fp16 from a checkpoint without a loss scale starts a new one.
-    optim::GradScaler* resumed_scaler =
-        saved_scaler && optim::read_checkpoint_metadata(resume).count("scaler.scale") ? saved_scaler
-                                                                                      : nullptr;
-    if (saved_scaler && !resumed_scaler)
-      say("the checkpoint holds no loss scale: starting from %g\n", scaler.get_scale());
-    progress = o.eval_only ? optim::load_checkpoint(resume, *model)
-                           : optim::load_checkpoint(resume, *model, &optimizer, schedule.get(),
-                                                    /*restore_generator=*/true, resumed_scaler);
-    say("resumed from %s: %lld epochs and %lld steps done\n", resume.c_str(),
-        static_cast<long long>(progress.epoch), static_cast<long long>(progress.step));
+  optim::CheckpointManager checkpoints(
+      {.dir = o.checkpoint_dir, .writer = job.leader(), .world_size = job.world}, *model, optimizer,
+      schedule.get(), saved_scaler, model_info(o, model->name(), data, image[0]));
+  // --resume, or after a restart (LOOM_RESTART_COUNT > 0) the last checkpoint.
+  const optim::Resumed resumed = checkpoints.resume(o.resume, *model, &optimizer, schedule.get(),
+                                                    saved_scaler, /*model_only=*/o.eval_only);
+  optim::TrainingProgress progress = resumed.progress;
+  if (!resumed.path.empty()) {
+    if (saved_scaler && !resumed.scaler_restored)
+      out.say("the checkpoint holds no loss scale: starting from %g\n", scaler.get_scale());
+    out.say("resumed from %s: %lld epochs and %lld steps done\n", resumed.path.c_str(),
+            static_cast<long long>(progress.epoch), static_cast<long long>(progress.step));
   }
+  out.say("resnet18_cifar: ResNet-18 width %lld (%lld parameters), %s\n",
+          static_cast<long long>(o.width), static_cast<long long>(model->num_parameters()),
+          data.description.c_str());
+  out.open_log(o.log_json, /*append=*/!resumed.path.empty());
+  out.open_tensorboard(o.tensorboard);
 
-  say("resnet18_cifar: ResNet-18 width %lld (%lld parameters), %s\n",
-      static_cast<long long>(o.width), static_cast<long long>(model->num_parameters()),
-      data.description.c_str());
-  std::FILE* log = nullptr;
-  if (!o.log_json.empty() && job.leader()) {
-    log = std::fopen(o.log_json.c_str(), resume.empty() ? "w" : "a");
-    LOOM_CHECK(log != nullptr, IOError, "cannot open the JSON log ", o.log_json);
-  }
-  auto log_line = [&](const nlohmann::json& j) {
-    if (!log) return;
-    std::fprintf(log, "%s\n", j.dump().c_str());
-    std::fflush(log);
-  };
-
-  // Batches reach a GPU without stopping the host (Note [Uploading batches]).
-  cuda::Uploader upload;
+  cuda::Uploader
+      upload;  // batches reach a GPU without stopping the host (Note [Uploading batches])
   const MemoryFormat format =
       o.channels_last ? MemoryFormat::kChannelsLast : MemoryFormat::kContiguous;
-  if (o.channels_last) say("batches, activations and weights channels-last (NHWC)\n");
+  if (o.channels_last) out.say("batches, activations and weights channels-last (NHWC)\n");
   if (o.eval_only) {
-    const Totals test = job.sum(evaluate(*model, test_loader, upload, job.device, o.amp, format));
-    say("test loss %.4f  test accuracy %.2f%%\n", test.mean_loss(), 100 * test.accuracy());
-    log_line({{"epoch", progress.epoch},
-              {"test_loss", test.mean_loss()},
-              {"test_acc", test.accuracy()}});
-    if (log) std::fclose(log);
+    const dist::Totals test = evaluate(*model, *loaders.test, upload, job, o.amp, format);
+    out.say("test loss %.4f  test accuracy %.2f%%\n", test.mean_loss(), 100 * test.accuracy());
+    out.log(dist::LogRecord()
+                .add("epoch", progress.epoch)
+                .add("test_loss", test.mean_loss())
+                .add("test_acc", test.accuracy()));
     return test.accuracy();
   }
 
@@ -473,76 +354,37 @@ double run(const Options& o) {
         model, job.group, dist::DDPOptions{.comm_dtype = flag_dtype(o.comm_dtype)});
     if (scaler.is_enabled())
       scaler.set_found_inf_agreement(dist::found_inf_agreement(job.group, job.device));
-    say("data parallel: world size %d (%s), global batch %lld, effective lr %g%s; %zu DDP "
-        "buckets\n",
-        job.world, job.group->backend().c_str(), static_cast<long long>(o.batch_size * job.world),
-        lr, o.sync_bn ? ", SyncBatchNorm" : "", ddp->reducer().buckets().size());
-    if (o.print_buckets) say("%s", ddp->bucket_plan().c_str());
   }
   nn::Module& net = ddp ? static_cast<nn::Module&>(*ddp) : *model;
+  describe(out, o, job, lr, ddp.get(), scaler, steps_per_epoch);
 
-  say("batch %lld, %d threads, %d loader workers; SGD lr %g momentum %g%s weight decay %g, "
-      "schedule %s; %lld steps per epoch\n",
-      static_cast<long long>(o.batch_size), get_num_threads(), o.workers, lr, o.momentum,
-      o.nesterov ? " (nesterov)" : "", o.weight_decay, o.schedule.c_str(),
-      static_cast<long long>(steps_per_epoch));
-  if (o.amp != "off")
-    say("mixed precision: convolutions and the classifier in %s, the rest in float32, float32 "
-        "master weights%s\n",
-        o.amp.c_str(),
-        scaler.is_enabled() ? detail::str("; dynamic loss scale from ", scaler.get_scale()).c_str()
-                            : "");
-
-  const optim::Metadata info = {{"model", model->name()},
-                                {"width", std::to_string(o.width)},
-                                {"in_channels", std::to_string(image[0])},
-                                {"num_classes", std::to_string(data.train.dataset->num_classes())},
-                                {"dataset", o.dataset},
-                                {"mean", floats_json(data.mean)},
-                                {"std", floats_json(data.std)},
-                                {"world_size", std::to_string(job.world)}};
-  // The checkpoint of the state now, as <checkpoint-dir>/<name> and as last.safetensors (what a
-  // restarted job resumes from): one file under two names.
-  bool last_is_current = false;
-  auto checkpoint = [&](const std::string& name) {
-    last_is_current = true;
-    if (o.checkpoint_dir.empty() || !job.leader()) return;
-    std::filesystem::create_directories(o.checkpoint_dir);
-    const std::string path = (std::filesystem::path(o.checkpoint_dir) / name).string();
-    optim::save_checkpoint(path, *model, optimizer, schedule.get(), progress, info, saved_scaler);
-    if (path != last) link_atomically(path, last, "resnet18_cifar: checkpoint");
-  };
-
-  ProgressBar bar(tty);
-  // Note [The memory report]: after this run's first step the optimizer took (a loss-scaled
-  // step skipped for an overflow has made no optimizer state yet).
-  bool memory_to_report = o.print_memory;
-  dist::Trace trace(job.rank);
-  double overlap_total = 0;
-  int64_t overlap_steps = 0;
-  Totals test;
+  dist::StepTimeline timeline(job.rank, /*record=*/!o.trace.empty());
+  dist::FirstStepMemoryReport memory(o.print_memory);
+  dist::Totals test;
   bool stopped = false, evaluated = false;
   for (int64_t epoch = progress.epoch; epoch < o.epochs && !stopped; ++epoch) {
     if (o.max_steps >= 0 && progress.step >= o.max_steps) break;
-    const auto epoch_start = Clock::now();
+    const double epoch_start = dist::steady_seconds();
     reset_peak_memory(job.device);  // the epoch's peak: weights, state, activations, batches
     const int64_t skip = progress.batch;
-    train_loader.start_epoch(epoch, skip);
+    loaders.train->start_epoch(epoch, skip);
     net.train();
-    RunningTotals train(job.device);
-    double train_seconds = 0, first_step_seconds = 0, overlap_sum = 0;
-    int64_t first_step_images = 0, trained = 0, skipped = 0;
-    double data_start = dist::steady_seconds();
-    while (auto batch = train_loader.next()) {
+    dist::RunningTotals train(job.device);
+    dist::Throughput speed;
+    int64_t skipped = 0;
+    timeline.begin_epoch();
+    timeline.restart();
+    while (auto batch = loaders.train->next()) {
       if (o.max_steps >= 0 && progress.step >= o.max_steps) {
         stopped = true;
         break;
       }
-      if (memory_to_report) reset_peak_memory(job.device);
-      const auto step_start = Clock::now();
-      const double t0 = dist::steady_seconds();
+      memory.before_step(job.device);
+      const double step_start = dist::steady_seconds();
+      timeline.mark("data", "data");
+      // The step, as in PyTorch: zero the gradients, forward, loss, backward, step.
       optimizer.zero_grad();
-      last_is_current = false;
+      checkpoints.changed();
       const Tensor images = upload(batch->images, job.device, format);
       const Tensor labels = upload(batch->labels, job.device);
       Tensor logits, loss;
@@ -551,135 +393,79 @@ double run(const Options& o) {
         logits = net.forward(images);
         loss = cross_entropy(logits, labels);
       }
-      const double t1 = dist::steady_seconds();
-      scaler.scale(loss).backward();
-      const double t2 = dist::steady_seconds();
-      const bool stepped = scaler.step(optimizer);
+      timeline.mark("forward");
+      scaler.scale(loss).backward();  // under DDP, each full bucket's allreduce starts here
+      timeline.mark("backward");
+      const bool stepped = scaler.step(optimizer);  // skipped when an fp16 gradient overflowed
       if (!stepped) ++skipped;
       scaler.update();
       schedule->step();
-      if (!o.trace.empty()) {
-        const double t3 = dist::steady_seconds();
-        trace.add("data", "data", data_start, t0);
-        trace.add("forward", "compute", t0, t1);
-        trace.add("backward", "compute", t1, t2);
-        trace.add("optimizer", "compute", t2, t3);
-        if (ddp) {
-          const dist::ReducerTimeline& tl = ddp->reducer().timeline();
-          for (size_t b = 0; b < tl.launched.size(); ++b)
-            trace.add("allreduce bucket " + std::to_string(b), "communication",
-                      tl.start + tl.launched[b], tl.start + tl.completed[b], 1);
-        }
-      }
-      const auto n = batch->labels.size(0);
+      timeline.mark("optimizer");
+      timeline.end_step(ddp ? &ddp->reducer() : nullptr);
+
       train.add(loss, logits, labels);
-      if (memory_to_report && stepped) {
-        say("%s", memory_report(*model, optimizer, ddp.get(), job.device, memory_stats(job.device))
-                      .c_str());
-        memory_to_report = false;
-      }
-      const double step_seconds = seconds_since(step_start);
-      if (trained == 0) {
-        first_step_seconds = step_seconds;
-        first_step_images = n;
-      }
-      if (ddp) {
-        const double overlap = ddp->reducer().timeline().overlap();
-        overlap_sum += overlap;
-        overlap_total += overlap;
-        ++overlap_steps;
-      }
-      train_seconds += step_seconds;
-      ++trained;
+      if (auto report = memory.after_step(stepped, *model, optimizer, ddp.get(), job.device))
+        out.say("%s", report->c_str());
+      speed.add_step(dist::steady_seconds() - step_start, batch->labels.size(0));
       ++progress.step;
-      progress.batch = skip + trained;
-      if (bar.due(progress.batch, steps_per_epoch)) {
-        const double ips =
-            job.world * (trained > 1 ? (train.seen() - first_step_images) /
-                                           std::max(1e-9, train_seconds - first_step_seconds)
-                                     : n / std::max(1e-9, step_seconds));
-        const double eta = (steps_per_epoch - progress.batch) * train_seconds / trained;
-        const Totals so_far = train.read();
-        bar.draw(static_cast<int>(epoch + 1), progress.batch, steps_per_epoch, so_far.mean_loss(),
-                 so_far.accuracy(), ips, eta);
+      progress.batch = skip + speed.steps();
+      if (out.tensorboard() && progress.step % o.tensorboard_every == 0) {
+        out.scalar("train/loss", loss.item(), progress.step);
+        out.scalar("train/lr", optimizer.lr(), progress.step);
+        if (scaler.is_enabled()) out.scalar("train/loss_scale", scaler.get_scale(), progress.step);
+        out.scalar("train/images_per_s", job.world * speed.running_images_per_s(), progress.step);
       }
-      data_start = dist::steady_seconds();
+      if (out.progress_due(progress.batch, steps_per_epoch)) {
+        const dist::Totals so_far = train.read();
+        out.progress({.epoch = epoch + 1,
+                      .done = progress.batch,
+                      .total = steps_per_epoch,
+                      .loss = so_far.mean_loss(),
+                      .accuracy = so_far.accuracy(),
+                      .images_per_s = job.world * speed.running_images_per_s(),
+                      .seconds_left = speed.eta(steps_per_epoch - progress.batch)});
+      }
+      timeline.restart();
     }
-    bar.clear();
+    out.end_progress();
     // A GPU may still be working on the last steps: their time belongs to training.
-    if (job.device.is_cuda() && trained > 0) {
-      const auto wait_start = Clock::now();
+    if (job.device.is_cuda() && speed.steps() > 0) {
+      const double wait_start = dist::steady_seconds();
       cuda::synchronize(job.device.index);
-      train_seconds += seconds_since(wait_start);
+      speed.add_seconds(dist::steady_seconds() - wait_start);
     }
-    // Images per second of the whole job: every rank's training images over this rank's
-    // training time, the first step left out.
-    const double seen = train.seen();
-    const double local_ips = trained > 1
-                                 ? (seen - first_step_images) / (train_seconds - first_step_seconds)
-                                 : (trained == 1 ? seen / train_seconds : 0.0);
-    if (!stopped) {
-      progress.epoch = epoch + 1;
-      progress.batch = 0;
-    }
-    const Totals train_all = job.sum(train.read());
-    test = job.sum(evaluate(*model, test_loader, upload, job.device, o.amp, format));
+    if (!stopped) progress.epoch = epoch + 1, progress.batch = 0;
+    EpochSummary summary;
+    summary.epoch = epoch + 1;
+    summary.train = dist::sum_over_ranks(job, train.read());
+    test = summary.test = evaluate(*model, *loaders.test, upload, job, o.amp, format);
     evaluated = true;
-    const double images_per_s = local_ips * job.world;
-    const double seconds = seconds_since(epoch_start);
-    const int64_t peak_bytes = memory_stats(job.device).peak_bytes;
-    std::string extra;
-    if (ddp && trained > 0) {
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "  allreduce overlap %.0f%%", 100 * overlap_sum / trained);
-      extra = buf;
-    }
-    if (scaler.is_enabled()) {
-      char buf[96];
-      std::snprintf(buf, sizeof buf, "  loss scale %g (%lld steps skipped)", scaler.get_scale(),
-                    static_cast<long long>(skipped));
-      extra += buf;
-    }
-    say("epoch %lld/%d  train loss %.4f  acc %.2f%%  test loss %.4f  acc %.2f%%  %.0f img/s  "
-        "data wait %.1f s  peak memory %.1f MiB%s  %.1f s%s\n",
-        static_cast<long long>(epoch + 1), o.epochs, train_all.mean_loss(),
-        100 * train_all.accuracy(), test.mean_loss(), 100 * test.accuracy(), images_per_s,
-        train_loader.wait_seconds(), static_cast<double>(peak_bytes) / (1 << 20), extra.c_str(),
-        seconds, stopped ? "  (stopped by --max-steps)" : "");
-    log_line({{"epoch", epoch + 1},
-              {"train_loss", train_all.mean_loss()},
-              {"train_acc", train_all.accuracy()},
-              {"test_loss", test.mean_loss()},
-              {"test_acc", test.accuracy()},
-              {"images_per_s", images_per_s},
-              {"seconds", seconds},
-              {"peak_memory_bytes", peak_bytes},
-              {"steps", progress.step},
-              {"world_size", job.world},
-              {"amp", o.amp},
-              {"loss_scale", scaler.get_scale()},
-              {"skipped_steps", skipped},
-              {"complete", !stopped}});
-    if (!stopped) {
-      char name[48];
-      std::snprintf(name, sizeof name, "epoch-%03lld.safetensors",
-                    static_cast<long long>(epoch + 1));
-      checkpoint(name);
-    }
+    // Images per second of the whole job: every rank's images over this rank's time.
+    summary.images_per_s = speed.images_per_s() * job.world;
+    summary.seconds = dist::steady_seconds() - epoch_start;
+    summary.data_wait = loaders.train->wait_seconds();
+    summary.peak_bytes = memory_stats(job.device).peak_bytes;
+    summary.steps = progress.step;
+    summary.skipped = skipped;
+    summary.overlap = ddp && speed.steps() > 0 ? timeline.epoch_overlap() : -1;
+    summary.complete = !stopped;
+    report_epoch(out, o, job, scaler, summary);
+    if (!stopped) checkpoints.save_epoch(progress);
   }
-  if (!evaluated)  // nothing left to train
-    test = job.sum(evaluate(*model, test_loader, upload, job.device, o.amp, format));
-  if (!last_is_current) checkpoint("last.safetensors");
-  if (log) std::fclose(log);
-  if (overlap_steps > 0)
-    say("communication hidden behind backward: %.0f%% of the allreduce time (mean over %lld "
+  if (!evaluated)
+    test = evaluate(*model, *loaders.test, upload, job, o.amp, format);  // no epoch left
+  checkpoints.save_last(progress);
+  if (timeline.overlap_steps() > 0)
+    out.say(
+        "communication hidden behind backward: %.0f%% of the allreduce time (mean over %lld "
         "steps)\n",
-        100 * overlap_total / overlap_steps, static_cast<long long>(overlap_steps));
+        100 * timeline.mean_overlap(), static_cast<long long>(timeline.overlap_steps()));
   if (!o.trace.empty()) {
-    trace.write(o.trace, job.store.get(), job.world);
-    say("trace of %zu events per rank written to %s\n", trace.size(), o.trace.c_str());
+    timeline.trace().write(o.trace, job.store.get(), job.world);
+    out.say("trace of %zu events per rank written to %s\n", timeline.trace().size(),
+            o.trace.c_str());
   }
-  say("test accuracy %.2f%%\n", 100 * test.accuracy());
+  out.say("test accuracy %.2f%%\n", 100 * test.accuracy());
   return test.accuracy();
 }
 

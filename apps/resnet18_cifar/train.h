@@ -33,6 +33,8 @@ struct Options {
   bool eval_only = false;
   int64_t max_steps = -1;  // stop after this many optimizer steps in all (-1: no limit)
   std::string log_json;
+  std::string tensorboard;         // TensorBoard event files in this directory
+  int64_t tensorboard_every = 10;  // training scalars every this many steps
   // Data parallelism (Note [resnet18_cifar in parallel] in train.cpp).
   int nproc = 1;  // CPU worker processes this program starts (--nproc)
   int gpus = 0;   // GPU worker processes (--gpus): rank r trains on cuda:(local rank % GPUs)

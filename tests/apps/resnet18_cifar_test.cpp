@@ -3,15 +3,20 @@
 // the last test accuracy; the JSON log and checkpoints hold what they promise; bad input exits
 // with status 2 and a message that says what is wrong, never a crash. Small synthetic runs.
 
+#include <stdlib.h>
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 
+#include "dist/tensorboard.h"
 #include "tensor/cuda/runtime.h"
 #include "test_util.h"
 
@@ -271,6 +276,71 @@ TEST_F(App, TrainsOnAGpu) {
   ASSERT_EQ(g.size(), c.size());
   // Same data, same initialisation; float rounding differs between the devices.
   EXPECT_NEAR(g.back()["train_loss"].get<double>(), c.back()["train_loss"].get<double>(), 0.05);
+}
+
+// A fixture whose directory is made by mkdtemp: unique even when several checkouts run the tests
+// at once.
+class AppTemp : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(kApp)) GTEST_SKIP() << kApp << " is not built (LOOM_BUILD_APPS=OFF)";
+    std::string pattern = (fs::temp_directory_path() / "loom_app_XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  fs::path dir_;
+};
+
+// --tensorboard: an event file whose records are framed as TFRecords with valid CRCs, holding
+// the training scalars every --tensorboard-every steps and the epoch's; read back by the
+// tensorboard package where it is installed.
+TEST_F(AppTemp, TensorBoardFilesHoldTheScalars) {
+  Result r = run_app(kSmall + "--epochs 1 --tensorboard " + path("tb") + " --tensorboard-every 2");
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(path("tb"))) files.push_back(e.path());
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_EQ(files[0].filename().string().rfind("events.out.tfevents.", 0), 0u);
+  std::ifstream in(files[0], std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t at = 0, records = 0;
+  while (at + 12 <= bytes.size()) {
+    uint64_t n = 0;
+    std::memcpy(&n, bytes.data() + at, 8);
+    uint32_t length_crc = 0, data_crc = 0;
+    std::memcpy(&length_crc, bytes.data() + at + 8, 4);
+    ASSERT_LE(at + 16 + n, bytes.size());
+    std::memcpy(&data_crc, bytes.data() + at + 12 + n, 4);
+    EXPECT_EQ(length_crc, loom::dist::masked_crc32c(bytes.data() + at, 8));
+    EXPECT_EQ(data_crc, loom::dist::masked_crc32c(bytes.data() + at + 12, n));
+    at += 16 + n, ++records;
+  }
+  EXPECT_EQ(at, bytes.size());
+  // The version, 6 steps / 2 x 3 training scalars (no loss scale without fp16), 6 epoch scalars.
+  EXPECT_EQ(records, 1u + 3 * 3 + 6);
+  for (const char* tag :
+       {"train/loss", "train/lr", "train/images_per_s", "epoch/test_acc", "epoch/peak_memory_mib"})
+    EXPECT_NE(bytes.find(tag), std::string::npos) << tag;
+
+  const std::string env = std::string("PYTHONPATH=") + LOOM_PYDEPS_DIR;
+  if (std::system((env + " python3 -c 'import tensorboard' > /dev/null 2>&1").c_str()) != 0)
+    GTEST_SKIP() << "the tensorboard Python package is not importable (scripts/setup.sh --torch)";
+  std::ofstream(path("read.py"))
+      << "from tensorboard.backend.event_processing.event_accumulator import EventAccumulator\n"
+         "import sys\n"
+         "acc = EventAccumulator(sys.argv[1]); acc.Reload()\n"
+         "print(' '.join(str(e.step) for e in acc.Scalars('train/loss')))\n"
+         "print(len(acc.Scalars('epoch/test_acc')))\n";
+  FILE* pipe =
+      popen((env + " python3 " + path("read.py") + " " + path("tb") + " 2>&1").c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
+  ASSERT_EQ(pclose(pipe), 0) << out;
+  EXPECT_EQ(out, "2 4 6\n1\n");
 }
 
 }  // namespace
