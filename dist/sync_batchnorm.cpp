@@ -68,12 +68,13 @@ class ProcessGroupBatchNormSync : public nn::BatchNormSync {
     const int world = group_->size();
 
     // This rank's count, mean and biased variance per channel, as one float64 row
-    // [count, mean_0..mean_C-1, var_0..var_C-1] for the allgather.
+    // [count, mean_0..mean_C-1, var_0..var_C-1] for the allgather: float64 moments, rounded to
+    // x's dtype only once combined (Note [SyncBatchNorm and world-size invariance]).
     const int64_t count = x.size(0) * x.size(2) * x.size(3);
     // The rows travel on x's device (nccl needs GPU tensors) and are combined there.
     Tensor mine = zeros({2 * c + 1}, kFloat64, x.device());
     if (count > 0) {
-      const k::BatchNormStats local = k::batch_norm_stats(x, bn.options.eps);
+      const k::BatchNormStats local = k::batch_norm_stats(x, bn.options.eps, kFloat64);
       k::copy_(k::narrow(mine, 0, 1, c), local.mean);
       k::copy_(k::narrow(mine, 0, 1 + c, c), local.var);
     }
@@ -94,10 +95,13 @@ class ProcessGroupBatchNormSync : public nn::BatchNormSync {
     const Tensor spread = k::sub(means, mean);
     const Tensor var = k::sum(k::mul(w, k::add(vars, k::mul(spread, spread))), {0});
 
+    // As batch_norm_forward_train: y from the float64 mean and invstd, backward from them
+    // rounded to pd.
+    const Tensor invstd = k::batch_norm_invstd(var, bn.options.eps);  // float64
     k::BatchNormStats stats;
     stats.mean = k::to_dtype(mean, pd);
     stats.var = k::to_dtype(var, pd);
-    stats.invstd = k::batch_norm_invstd(stats.var, bn.options.eps);
+    stats.invstd = k::to_dtype(invstd, pd);
     if (bn.running_mean.defined()) {
       // running = (1 - momentum) running + momentum stat, with the unbiased variance
       // var N / (N - 1), as batch_norm_update_running_stats_ computes it from a host count.
@@ -111,11 +115,12 @@ class ProcessGroupBatchNormSync : public nn::BatchNormSync {
       update(bn.running_var, k::mul(var, k::div(total, k::add_scalar(total, -1.0))));
     }
 
-    Tensor y = k::batch_norm_elemt(x, stats.mean, stats.invstd, bn.weight, bn.bias);
+    Tensor y = k::batch_norm_elemt(x, mean, invstd, bn.weight, bn.bias);
     std::shared_ptr<ProcessGroup> group = group_;
     // d SyncBatchNorm: dx = weight invstd (dy - sum(dy)/N - x_hat sum(dy x_hat)/N), with the
     // sums over every rank (one allreduce); dweight = sum(dy x_hat), dbias = sum(dy) locally.
-    // The global sums are divided by N on the device and given to backward_elemt as the sums
+    // The local sums are float64 and stay so through the allreduce and into backward_elemt;
+    // the global sums are divided by N on the device and given to backward_elemt as the sums
     // over a count of 1: N stays on the device.
     return autograd::record(
         "sync_batch_norm", y, {x, bn.weight, bn.bias},
@@ -123,16 +128,15 @@ class ProcessGroupBatchNormSync : public nn::BatchNormSync {
         [group, c, pd](const Grads& dout, Saved& s, Grads& g) {
           const Tensor& dy = dout[0];
           auto [sum_dy, sum_dy_xhat] = k::batch_norm_backward_reduce(dy, s[0], s[2], s[3]);
-          if (s.needs_grad(1)) g[1] = k::clone(sum_dy_xhat);
-          if (s.needs_grad(2)) g[2] = k::clone(sum_dy);
-          Tensor both =
-              k::cat({k::to_dtype(sum_dy, kFloat64), k::to_dtype(sum_dy_xhat, kFloat64)}, 0);
+          if (s.needs_grad(1)) g[1] = k::to_dtype(sum_dy_xhat, pd);
+          if (s.needs_grad(2)) g[2] = k::to_dtype(sum_dy, pd);
+          Tensor both = k::cat({sum_dy, sum_dy_xhat}, 0);  // float64
           group->allreduce(both, ReduceOp::Sum)->wait();
           if (s.needs_grad(0)) {
             const Tensor means = k::div(both, s[4]);  // sum(dy)/N, sum(dy x_hat)/N
-            g[0] = k::batch_norm_backward_elemt(dy, s[0], s[2], s[3], s[1],
-                                                k::to_dtype(k::narrow(means, 0, 0, c), pd),
-                                                k::to_dtype(k::narrow(means, 0, c, c), pd), 1);
+            g[0] =
+                k::batch_norm_backward_elemt(dy, s[0], s[2], s[3], s[1], k::narrow(means, 0, 0, c),
+                                             k::narrow(means, 0, c, c), 1);
           }
         });
   }

@@ -51,7 +51,7 @@ DType batch_norm_param_dtype(DType x);
 // A channel's statistics: mean and invstd = 1 / sqrt(var + eps) normalise; the biased var and
 // the count of values behind it give the unbiased variance of the running statistics.
 struct BatchNormStats {
-  Tensor mean;    // [C], batch_norm_param_dtype(x's dtype)
+  Tensor mean;    // [C], batch_norm_param_dtype(x's dtype) unless asked for another
   Tensor invstd;  // [C]
   Tensor var;     // [C], biased
   int64_t count = 0;
@@ -97,8 +97,13 @@ BatchNormSums batch_norm_sums(const Tensor& x);
 BatchNormStats batch_norm_stats_from_sums(const Tensor& sum, const Tensor& sum_sq, int64_t count,
                                           double eps, DType dtype);
 // Statistics of x [N, C, *] itself (on the CPU two passes per channel, the mean then the
-// centred squares; on CUDA one, Note [One-pass moments] in tensor/cuda/norm.cu).
+// centred squares; on CUDA one, Note [One-pass moments] in tensor/cuda/norm.cu), in
+// batch_norm_param_dtype(x's dtype), or in `dtype`: SyncBatchNorm asks for float64, so that the
+// ranks' moments are combined before any rounding (Note [SyncBatchNorm and world-size
+// invariance], dist/sync_batchnorm.h). On the CPU they are computed in double and rounded once
+// to `dtype`; CUDA computes them in batch_norm_param_dtype and converts.
 BatchNormStats batch_norm_stats(const Tensor& x, double eps);
+BatchNormStats batch_norm_stats(const Tensor& x, double eps, DType dtype);
 // invstd = 1 / sqrt(var + eps) of given (running) variances.
 Tensor batch_norm_invstd(const Tensor& var, double eps);
 // running = (1 - momentum) running + momentum stat, with the unbiased variance
@@ -106,7 +111,10 @@ Tensor batch_norm_invstd(const Tensor& var, double eps);
 void batch_norm_update_running_stats_(const Tensor& running_mean, const Tensor& running_var,
                                       const BatchNormStats& stats, double momentum);
 // y = (x - mean) invstd weight + bias per channel; weight and bias may be undefined. The
-// epilogue (a residual, a ReLU) is applied to y as it is written.
+// epilogue (a residual, a ReLU) is applied to y as it is written. mean and invstd may be float64
+// for any x: the CPU computes each channel's scale and shift in double from them as given (so
+// the float64 batch_norm_stats of x give batch_norm_forward_train's y), CUDA in the parameter
+// dtype.
 Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invstd,
                         const Tensor& weight, const Tensor& bias,
                         const BatchNormEpilogue& epilogue = {});
@@ -115,7 +123,9 @@ std::pair<Tensor, BatchNormStats> batch_norm_forward_train(const Tensor& x, cons
                                                            const Tensor& bias, double eps,
                                                            const BatchNormEpilogue& epilogue = {});
 
-// Per-channel sum(dy) and sum(dy x_hat) (= dbias and dweight on one device).
+// Per-channel sum(dy) and sum(dy x_hat) (= dbias and dweight on one device), float64 whatever
+// x's dtype, like BatchNormSums: the sums over ranks are taken before any rounding. The CPU
+// keeps the double accumulators; CUDA rounds to batch_norm_param_dtype first.
 std::pair<Tensor, Tensor> batch_norm_backward_reduce(const Tensor& dy, const Tensor& x,
                                                      const Tensor& mean, const Tensor& invstd);
 // dx from the sums over `count` values per channel (Note [Batch norm pieces]). With sum_dy and

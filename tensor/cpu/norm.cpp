@@ -436,35 +436,46 @@ BatchNormStats batch_norm_stats_from_sums(const Tensor& sum, const Tensor& sum_s
 }
 
 BatchNormStats batch_norm_stats(const Tensor& x, double eps) {
-  const ChannelLayout l = channel_layout("batch_norm_stats", x);
-  if (on_cuda("batch_norm_stats", {x})) return cuda::batch_norm_stats(x, eps);
-  if (is_16bit_float(x.dtype())) return batch_norm_stats(widened(x), eps);
+  return batch_norm_stats(x, eps, batch_norm_param_dtype(x.dtype()));
+}
+
+BatchNormStats batch_norm_stats(const Tensor& x, double eps, DType dtype) {
+  const char* op = "batch_norm_stats";
+  const ChannelLayout l = channel_layout(op, x);
+  require_floating(op, dtype);
+  if (on_cuda(op, {x})) {
+    const BatchNormStats s = cuda::batch_norm_stats(x, eps);
+    return {to_dtype(s.mean, dtype), to_dtype(s.invstd, dtype), to_dtype(s.var, dtype), s.count};
+  }
+  if (is_16bit_float(x.dtype())) return batch_norm_stats(widened(x), eps, dtype);
   const MemoryFormat format = suggest_memory_format(x);
   const Tensor xc = contiguous(x, format);
   const ChannelLayout mem = l.stored(format);  // the loops walk x's memory
-  BatchNormStats out{empty({l.c}, x.dtype()), empty({l.c}, x.dtype()), empty({l.c}, x.dtype()),
-                     l.count()};
-  dispatch_floating(x.dtype(), "batch_norm_stats", [&]<typename T>() {
-    const T* xp = xc.data_ptr<T>();
-    T* mean = out.mean.data_ptr<T>();
-    T* invstd = out.invstd.data_ptr<T>();
-    T* var = out.var.data_ptr<T>();
-    if (mem.s == 1) {  // Note [Batch norm over interleaved channels]
-      const auto [m, v] = interleaved_moments(xp, mem);
-      for (int64_t c = 0; c < l.c; ++c) {
-        mean[c] = static_cast<T>(m[c]);
-        var[c] = static_cast<T>(v[c]);
-        invstd[c] = static_cast<T>(1.0 / std::sqrt(v[c] + eps));
+  BatchNormStats out{empty({l.c}, dtype), empty({l.c}, dtype), empty({l.c}, dtype), l.count()};
+  // T: x's dtype; S: the statistics' dtype. Each is computed in double and rounded once.
+  dispatch_floating(x.dtype(), op, [&]<typename T>() {
+    dispatch_floating(dtype, op, [&]<typename S>() {
+      const T* xp = xc.data_ptr<T>();
+      S* mean = out.mean.data_ptr<S>();
+      S* invstd = out.invstd.data_ptr<S>();
+      S* var = out.var.data_ptr<S>();
+      if (mem.s == 1) {  // Note [Batch norm over interleaved channels]
+        const auto [m, v] = interleaved_moments(xp, mem);
+        for (int64_t c = 0; c < l.c; ++c) {
+          mean[c] = static_cast<S>(m[c]);
+          var[c] = static_cast<S>(v[c]);
+          invstd[c] = static_cast<S>(1.0 / std::sqrt(v[c] + eps));
+        }
+        return;
       }
-      return;
-    }
-    parallel_for(0, l.c, grain_for(l.count()), [&](int64_t lo, int64_t hi) {
-      for (int64_t c = lo; c < hi; ++c) {
-        const auto [m, v] = channel_moments(xp, mem, c);
-        mean[c] = static_cast<T>(m);
-        var[c] = static_cast<T>(v);
-        invstd[c] = static_cast<T>(1.0 / std::sqrt(v + eps));
-      }
+      parallel_for(0, l.c, grain_for(l.count()), [&](int64_t lo, int64_t hi) {
+        for (int64_t c = lo; c < hi; ++c) {
+          const auto [m, v] = channel_moments(xp, mem, c);
+          mean[c] = static_cast<S>(m);
+          var[c] = static_cast<S>(v);
+          invstd[c] = static_cast<S>(1.0 / std::sqrt(v + eps));
+        }
+      });
     });
   });
   return out;
@@ -528,22 +539,23 @@ Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invst
   const Tensor xc = contiguous(x, format);
   const Tensor rc = residual_like(epilogue, format);
   const ChannelLayout mem = l.stored(format);  // the loops walk x's memory
-  const Tensor m = channel_vector(mean, x.dtype());
-  const Tensor is = channel_vector(invstd, x.dtype());
+  // The statistics as given, in double (exact for x's dtype; a float64 one keeps its digits).
+  const Tensor m = channel_vector(mean, kFloat64);
+  const Tensor is = channel_vector(invstd, kFloat64);
   const Tensor w = channel_vector(weight, x.dtype());
   const Tensor b = channel_vector(bias, x.dtype());
   Tensor y = empty(x.sizes(), x.dtype(), x.device(), format);
   dispatch_floating(x.dtype(), op, [&]<typename T>() {
     const T* xp = xc.data_ptr<T>();
-    const T *mp = m.data_ptr<T>(), *ip = is.data_ptr<T>();
+    const double *mp = m.data_ptr<double>(), *ip = is.data_ptr<double>();
     const T *wp = ptr_or_null<T>(w), *bp = ptr_or_null<T>(b);
     T* yp = y.data_ptr<T>();
     const Epilogue<T> e{ptr_or_null<T>(rc), epilogue.relu};
     std::vector<T> scale(l.c), shift(l.c);
     for (int64_t c = 0; c < l.c; ++c) {
-      const double sc = double(ip[c]) * (wp ? double(wp[c]) : 1.0);
+      const double sc = ip[c] * (wp ? double(wp[c]) : 1.0);
       scale[c] = static_cast<T>(sc);
-      shift[c] = static_cast<T>((bp ? double(bp[c]) : 0.0) - double(mp[c]) * sc);
+      shift[c] = static_cast<T>((bp ? double(bp[c]) : 0.0) - mp[c] * sc);
     }
     if (mem.s == 1) return interleaved_affine(xp, yp, mem, scale.data(), shift.data(), e);
     parallel_for(0, l.c, grain_for(l.count()), [&](int64_t lo, int64_t hi) {
@@ -636,16 +648,17 @@ std::pair<Tensor, Tensor> batch_norm_backward_reduce(const Tensor& dy, const Ten
   const ChannelLayout mem = l.stored(format);  // the loops walk x's memory
   const Tensor m = channel_vector(mean, x.dtype());
   const Tensor is = channel_vector(invstd, x.dtype());
-  Tensor sum_dy = empty({l.c}, x.dtype()), sum_dy_xhat = empty({l.c}, x.dtype());
+  // The double accumulators themselves, unrounded (the callers round dweight and dbias).
+  Tensor sum_dy = empty({l.c}, kFloat64), sum_dy_xhat = empty({l.c}, kFloat64);
   dispatch_floating(x.dtype(), op, [&]<typename T>() {
     const T *xp = xc.data_ptr<T>(), *gp = dyc.data_ptr<T>();
     const T *mp = m.data_ptr<T>(), *ip = is.data_ptr<T>();
-    T *sd = sum_dy.data_ptr<T>(), *sdx = sum_dy_xhat.data_ptr<T>();
+    double *sd = sum_dy.data_ptr<double>(), *sdx = sum_dy_xhat.data_ptr<double>();
     if (mem.s == 1) {  // Note [Batch norm over interleaved channels]
       const std::vector<double> t = interleaved_grad_sums(Grad<T, false>{gp, nullptr}, xp, mem, mp);
       for (int64_t c = 0; c < l.c; ++c) {
-        sd[c] = static_cast<T>(t[c]);
-        sdx[c] = static_cast<T>(t[l.c + c] * double(ip[c]));
+        sd[c] = t[c];
+        sdx[c] = t[l.c + c] * double(ip[c]);
       }
       return;
     }
@@ -653,8 +666,8 @@ std::pair<Tensor, Tensor> batch_norm_backward_reduce(const Tensor& dy, const Ten
       for (int64_t c = lo; c < hi; ++c) {
         const auto [s_dy, s_dy_xmu] =
             channel_grad_sums(Grad<T, false>{gp, nullptr}, xp, mem, c, double(mp[c]));
-        sd[c] = static_cast<T>(s_dy);
-        sdx[c] = static_cast<T>(s_dy_xmu * double(ip[c]));
+        sd[c] = s_dy;
+        sdx[c] = s_dy_xmu * double(ip[c]);
       }
     });
   });

@@ -852,7 +852,9 @@ std::pair<Tensor, Tensor> batch_norm_backward_reduce(const Tensor& dy, const Ten
                             sum_dy.data_ptr<P>(), nullptr, true, static_cast<double>(l.count())},
         mem, x, "batch_norm_backward_reduce_kernel");
   });
-  return {sum_dy, sum_dy_xhat};
+  // The interface's float64 (tensor/norm.h); the kernel writes pd, so the digits past pd's are
+  // lost here, unlike on the CPU.
+  return {contiguous_as(sum_dy, kFloat64), contiguous_as(sum_dy_xhat, kFloat64)};
 }
 
 Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor& mean,

@@ -1,5 +1,6 @@
 // tests/dist/resnet18_cifar_app_test.cpp — resnet18_cifar with --nproc: world-size invariance
-// (one process at batch 2B and two at batch B with --sync-bn end with the same weights), and a
+// (one process at batch 2B and two at batch B with --sync-bn end with the same weights; one step
+// at batch 128 as 1 x 128, 2 x 64 and 4 x 32 gives the same gradients), and a
 // worker killed mid-training (the launcher stops the other one, reports the rank, leaves no
 // process behind, and with --max-restarts the job resumes from its last checkpoint and
 // finishes). Small synthetic runs.
@@ -9,12 +10,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
 #include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "test_util.h"
 
@@ -31,11 +38,10 @@ class AppDist : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!fs::exists(kApp)) GTEST_SKIP() << kApp << " is not built";
-    dir_ = fs::temp_directory_path() /
-           ("loom_app_dist_" +
-            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    // A directory of the test's own: others may run these tests at the same time.
+    std::string pattern = (fs::temp_directory_path() / "loom_app_dist_XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
   }
   void TearDown() override { fs::remove_all(dir_); }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
@@ -134,6 +140,54 @@ TEST_F(AppDist, OneProcessAndTwoWithSyncBnEndWithTheSameWeights) {
     ++compared;
   }
   EXPECT_GT(compared, 60);
+}
+
+// max |a - b| / max |a| over the elements of two tensors of one shape.
+double relative_difference(const loom::Tensor& a, const loom::Tensor& b) {
+  const std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
+  double largest = 0, diff = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    largest = std::max(largest, std::fabs(x[i]));
+    diff = std::max(diff, std::fabs(x[i] - y[i]));
+  }
+  return largest > 0 ? diff / largest : diff;
+}
+
+// One step at the global batch 128 as 1 x 128, 2 x 64 and 4 x 32 gives the same gradients, seen
+// as the SGD momentum buffers of the checkpoint (Note [SyncBatchNorm and world-size invariance],
+// dist/sync_batchnorm.h): one process runs plain BatchNorm, the others SyncBatchNorm.
+TEST_F(AppDist, SyncBnGradientsOfOneStepDoNotDependOnTheWorldSize) {
+  const std::string run =
+      "--dataset synthetic --synthetic-size 256 --width 8 --workers 1 --threads 1 --seed 0 "
+      "--epochs 1 --max-steps 1 --sync-bn ";
+  const std::vector<std::pair<int, int>> shapes = {{1, 128}, {2, 64}, {4, 32}};  // ranks x batch
+  std::vector<loom::SafetensorsFile> runs;
+  for (const auto& [ranks, batch] : shapes) {
+    const std::string name = std::to_string(ranks) + "x" + std::to_string(batch);
+    const pid_t pid = spawn(run + "--batch-size " + std::to_string(batch) +
+                                (ranks > 1 ? " --nproc " + std::to_string(ranks) : "") +
+                                " --checkpoint-dir " + path(name),
+                            path(name + ".log"));
+    ASSERT_EQ(wait_for(pid, std::chrono::seconds(120)), 0) << read(path(name + ".log"));
+    runs.push_back(loom::load_safetensors(path(name + "/last.safetensors")));
+    EXPECT_EQ(runs.back().metadata.at("loom.step"), "1");
+  }
+  for (size_t i = 0; i < runs.size(); ++i)
+    for (size_t j = i + 1; j < runs.size(); ++j) {
+      SCOPED_TRACE(loom::detail::str(shapes[i].first, " ranks against ", shapes[j].first));
+      int compared = 0;
+      double worst = 0;
+      std::string worst_name;
+      for (const auto& [name, t] : runs[i].tensors) {
+        if (name.rfind("optimizer.", 0) != 0 || name.find("momentum_buffer") == std::string::npos)
+          continue;
+        const double d = relative_difference(t, runs[j].at(name));
+        if (d > worst) std::tie(worst, worst_name) = std::tie(d, name);
+        ++compared;
+      }
+      EXPECT_EQ(compared, 62);  // every parameter of ResNet-18
+      EXPECT_LE(worst, 1e-5) << worst_name;
+    }
 }
 
 TEST_F(AppDist, AKilledWorkerStopsTheJobOrRestartsItFromTheLastCheckpoint) {

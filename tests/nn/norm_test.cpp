@@ -275,6 +275,37 @@ TEST(BatchNorm, SyncPiecesMatchTheFusedKernels) {
       1e-12));
 }
 
+// What SyncBatchNorm relies on for float32 (Note [SyncBatchNorm and world-size invariance]):
+// float64 statistics of a float32 x normalise it exactly as the fused forward does, and the
+// float64 sums of backward_reduce round to the fused dweight and dbias, bit for bit.
+TEST(BatchNorm, Float64PiecesGiveTheFusedFloat32ResultsBitForBit) {
+  manual_seed(9);
+  for (MemoryFormat format : {MemoryFormat::kContiguous, MemoryFormat::kChannelsLast}) {
+    const Tensor x = (randn({4, 3, 5, 6}) * 3.0 + 2.0).contiguous(format);
+    const Tensor dy = randn({4, 3, 5, 6}).contiguous(format);
+    const Tensor w = randn({3}), b = randn({3});
+    const auto [y, stats] = kernels::batch_norm_forward_train(x, w, b, 1e-5);
+    const kernels::BatchNormStats wide = kernels::batch_norm_stats(x, 1e-5, kFloat64);
+    ASSERT_EQ(wide.mean.dtype(), kFloat64);
+    EXPECT_EQ(wide.mean.to(kFloat32).to_vector<float>(), stats.mean.to_vector<float>());
+    EXPECT_EQ(wide.invstd.to(kFloat32).to_vector<float>(), stats.invstd.to_vector<float>());
+    EXPECT_EQ(kernels::batch_norm_elemt(x, wide.mean, wide.invstd, w, b).to_vector<float>(),
+              y.to_vector<float>());
+
+    const kernels::NormGrads fused =
+        kernels::batch_norm_backward(dy, x, stats.mean, stats.invstd, w, true, {true, true, true});
+    const auto [sum_dy, sum_dy_xhat] =
+        kernels::batch_norm_backward_reduce(dy, x, stats.mean, stats.invstd);
+    ASSERT_EQ(sum_dy.dtype(), kFloat64);
+    ASSERT_EQ(sum_dy_xhat.dtype(), kFloat64);
+    EXPECT_EQ(sum_dy.to(kFloat32).to_vector<float>(), fused.dbias.to_vector<float>());
+    EXPECT_EQ(sum_dy_xhat.to(kFloat32).to_vector<float>(), fused.dweight.to_vector<float>());
+    const Tensor dx = kernels::batch_norm_backward_elemt(dy, x, stats.mean, stats.invstd, w, sum_dy,
+                                                         sum_dy_xhat, stats.count);
+    EXPECT_EQ(dx.to_vector<float>(), fused.dx.to_vector<float>());
+  }
+}
+
 TEST(BatchNorm, Errors) {
   Tensor x = randn({2, 3, 4}, kFloat64);
   Tensor c3 = ones({3}, kFloat64), c4 = ones({4}, kFloat64);
