@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 
+#include "scratch_dir.h"
 #include "tensor/cuda/runtime.h"
 #include "test_util.h"
 
@@ -50,15 +51,10 @@ class App : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!fs::exists(kApp)) GTEST_SKIP() << kApp << " is not built (LOOM_BUILD_APPS=OFF)";
-    dir_ = fs::temp_directory_path() /
-           ("loom_app_test_" +
-            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
   }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  fs::path dir_;
+  // Under this test's own directory (Note [Test scratch directories]).
+  std::string path(const std::string& name) const { return dir_.file(name); }
+  loom::test::ScratchDir dir_;
 };
 
 const std::string kSmall =

@@ -17,6 +17,7 @@
 #include "multiprocess.h"
 #include "optim/checkpoint.h"
 #include "optim/sgd.h"
+#include "scratch_dir.h"
 #include "test_util.h"
 
 namespace loom::dist {
@@ -38,9 +39,10 @@ using test::tensors_close;
 // (convert_late), the views stay row-major and the gradients still reach them.
 void check_parity(int world, bool sync_bn = false, bool channels_last = false,
                   bool convert_late = false) {
+  const test::ScratchDir dir;  // the ranks' checkpoints (Note [Test scratch directories])
   run_ranks(
       world,
-      [sync_bn, channels_last, convert_late](Rank& r) {
+      [&dir, sync_bn, channels_last, convert_late](Rank& r) {
         set_num_threads(1);
         auto group = gloo_group(r);
         // Different seeds per rank: DDP must start every replica from rank 0's weights.
@@ -57,8 +59,7 @@ void check_parity(int world, bool sync_bn = false, bool channels_last = false,
         optim::SGD ref_opt(reference->parameters(), {.lr = 0.1, .momentum = 0.9});
         expect_same_parameters(*net, *reference, 0);
         EXPECT_EQ(ddp.reducer().buckets().size(), 2u);
-        const std::string path = "/tmp/loom_ddp_parity_" + std::to_string(r.world_size) + "_" +
-                                 std::to_string(r.rank) + ".safetensors";
+        const std::string path = dir.file("rank" + std::to_string(r.rank) + ".safetensors");
         for (int step = 0; step < 5; ++step) {
           if (step == 3) {  // save and load back, in the middle of training
             optim::save_checkpoint(path, *net, opt, nullptr, {.step = step});

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "scratch_dir.h"
 #include "test_util.h"
 
 extern char** environ;
@@ -31,14 +32,9 @@ class AppDist : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!fs::exists(kApp)) GTEST_SKIP() << kApp << " is not built";
-    dir_ = fs::temp_directory_path() /
-           ("loom_app_dist_" +
-            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
   }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  // Under this test's own directory (Note [Test scratch directories]).
+  std::string path(const std::string& name) const { return dir_.file(name); }
 
   // Starts the app with its output in `log`; returns its pid.
   pid_t spawn(const std::string& args, const std::string& log) {
@@ -92,7 +88,7 @@ class AppDist : public ::testing::Test {
     return line.substr(line.rfind(')') + 2, 1) != "Z";
   }
 
-  fs::path dir_;
+  loom::test::ScratchDir dir_;
 };
 
 const std::string kRun =
