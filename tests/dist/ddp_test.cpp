@@ -1,16 +1,21 @@
 // tests/dist/ddp_test.cpp — DistributedDataParallel, SyncBatchNorm and DistributedSampler with
 // real processes (tests/dist/multiprocess.h): two ranks on half batches take the same steps as
-// one process on the whole batch; the bucket plan, gradient views, no_sync,
-// find_unused_parameters, the compression hooks, the broadcasts, and SyncBatchNorm with
-// uneven (and empty) shares. Everything is float64 so that parities are tight, and the
-// references are computed inside the ranks (the parent process never starts threads: it forks).
+// one process on the whole batch; the bucket plan, buckets launched while backward still runs,
+// gradient views, no_sync, find_unused_parameters, the compression hooks, the broadcasts, and
+// SyncBatchNorm with uneven (and empty) shares. Everything is float64 so that parities are
+// tight, and the references are computed inside the ranks (the parent process never starts
+// threads: it forks).
 
 #include "dist/ddp.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <thread>
 
+#include "autograd/function.h"
 #include "ddp_fixtures.h"
 #include "dist/sampler.h"
 #include "dist/sync_batchnorm.h"
@@ -18,6 +23,7 @@
 #include "optim/checkpoint.h"
 #include "optim/sgd.h"
 #include "scratch_dir.h"
+#include "tensor/copy.h"
 #include "test_util.h"
 
 namespace loom::dist {
@@ -102,10 +108,7 @@ void check_parity(int world, bool sync_bn = false, bool channels_last = false,
           expect_same_parameters(*net, *reference, 1e-10);
         }
         EXPECT_EQ(ddp.reducer().iterations(), 5);
-        const ReducerTimeline& t = ddp.reducer().timeline();
-        EXPECT_EQ(t.launched.size(), ddp.reducer().buckets().size());
-        EXPECT_GE(t.overlap(), 0.0);
-        EXPECT_LE(t.overlap(), 1.0);
+        EXPECT_EQ(ddp.reducer().timeline().launched.size(), ddp.reducer().buckets().size());
       },
       std::chrono::seconds(60));
 }
@@ -197,6 +200,72 @@ TEST(DDP, BucketsFollowReverseRegistrationOrderAndArePrintable) {
     const auto [x, y] = share(global_batch(0), r.rank, r.world_size);
     cross_entropy(ddp.forward(x), y).backward();
     EXPECT_NE(ddp.bucket_plan().find("rebuilt"), std::string::npos);
+  });
+}
+
+// Passes its input through; its backward sleeps `seconds` first: a layer whose backward is slow,
+// deterministically.
+class SlowBackward : public nn::Module {
+ public:
+  explicit SlowBackward(double seconds) : Module("SlowBackward"), seconds_(seconds) {}
+  Tensor forward(const Tensor& x) override {
+    return autograd::record(
+        "slow_backward", kernels::clone(x), {x}, {},
+        [seconds = seconds_](const autograd::Grads& dout, autograd::Saved&, autograd::Grads& dx) {
+          std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+          dx[0] = dout[0];
+        });
+  }
+
+ private:
+  double seconds_;
+};
+
+// The overlap (Note [The bucketed reducer], step 2): a bucket whose gradients are all in starts
+// its allreduce at once, while backward is still computing the gradients of earlier layers. The
+// second layer's backward sleeps kSlow: the buckets of the layers after it must have been
+// launched at least half that before backward ended; the first layer's bucket only after it.
+TEST(DDP, FullBucketsAreLaunchedWhileBackwardStillRuns) {
+  run_ranks(2, [](Rank& r) {
+    set_num_threads(1);
+    constexpr double kSlow = 0.3;
+    manual_seed(6);
+    auto net = std::make_shared<nn::Sequential>();
+    net->push_back(nn::make<nn::Linear>(8, 8));  // "0": its gradients come after the sleep
+    net->push_back(std::make_shared<SlowBackward>(kSlow));
+    for (int i = 0; i < 3; ++i) net->push_back(nn::make<nn::Linear>(8, 8));  // "2", "3", "4"
+    net->to(kFloat64);
+    // A Linear is 576 bytes (weight 512, bias 64): one bucket each.
+    DistributedDataParallel ddp(net, gloo_group(r),
+                                {.first_bucket_bytes = 512, .bucket_bytes = 512});
+    for (int step = 0; step < 2; ++step) {  // the first plan, then the rebuilt one
+      SCOPED_TRACE("step " + std::to_string(step));
+      const std::vector<Bucket>& buckets = ddp.reducer().buckets();
+      ASSERT_EQ(buckets.size(), 4u) << ddp.bucket_plan();
+      std::vector<bool> after_slow;  // per bucket: only parameters of layers after the sleep
+      for (const Bucket& b : buckets)
+        after_slow.push_back(std::none_of(b.names.begin(), b.names.end(), [](const std::string& n) {
+          return n.rfind("0.", 0) == 0;
+        }));
+      EXPECT_EQ(std::count(after_slow.begin(), after_slow.end(), true), 3);
+
+      net->zero_grad();
+      sum(ddp.forward(full({2, 8}, 1.0 + r.rank, kFloat64))).backward();
+      const ReducerTimeline& t = ddp.reducer().timeline();
+      ASSERT_EQ(t.launched.size(), after_slow.size());  // the plan this backward used
+      EXPECT_GE(t.backward_seconds, kSlow);
+      for (size_t b = 0; b < t.launched.size(); ++b) {
+        EXPECT_LE(t.launched[b], t.completed[b]) << "bucket " << b;
+        if (after_slow[b]) {
+          EXPECT_GE(t.backward_seconds - t.launched[b], kSlow / 2)
+              << "bucket " << b << " was launched at " << t.launched[b] << " s, backward ended at "
+              << t.backward_seconds << " s";
+        } else {
+          EXPECT_GE(t.launched[b], kSlow) << "bucket " << b;
+        }
+      }
+      EXPECT_GT(t.overlap(), 0.0);
+    }
   });
 }
 
