@@ -1,10 +1,10 @@
 // tests/dist/ddp_test.cpp — DistributedDataParallel, SyncBatchNorm and DistributedSampler with
 // real processes (tests/dist/multiprocess.h): two ranks on half batches take the same steps as
-// one process on the whole batch; the bucket plan, buckets launched while backward still runs,
-// gradient views, no_sync, find_unused_parameters, the compression hooks, the broadcasts, and
-// SyncBatchNorm with uneven (and empty) shares. Everything is float64 so that parities are
-// tight, and the references are computed inside the ranks (the parent process never starts
-// threads: it forks).
+// one process on the whole batch; the bucket plan, its rebuild in the order gradients arrived,
+// buckets launched while backward still runs, gradient views, no_sync, find_unused_parameters,
+// the compression hooks, the broadcasts, and SyncBatchNorm with uneven (and empty) shares.
+// Everything is float64 so that parities are tight, and the references are computed inside the
+// ranks (the parent process never starts threads: it forks).
 
 #include "dist/ddp.h"
 
@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <sstream>
 #include <thread>
 
 #include "autograd/function.h"
@@ -200,6 +201,87 @@ TEST(DDP, BucketsFollowReverseRegistrationOrderAndArePrintable) {
     const auto [x, y] = share(global_batch(0), r.rank, r.world_size);
     cross_entropy(ddp.forward(x), y).backward();
     EXPECT_NE(ddp.bucket_plan().find("rebuilt"), std::string::npos);
+  });
+}
+
+// The flattened plan: every bucket's parameters, bucket after bucket.
+std::vector<size_t> plan_order(const Reducer& reducer) {
+  std::vector<size_t> order;
+  for (const Bucket& b : reducer.buckets())
+    order.insert(order.end(), b.params.begin(), b.params.end());
+  return order;
+}
+
+// Registered a, b, c. Rank 0's forward runs c, a, b, so its gradients arrive from b, a, c;
+// rank 1's runs a, b, c, so its arrive from c, b, a (reverse registration: the first plan).
+class Reordered : public nn::Module {
+ public:
+  explicit Reordered(bool c_first) : Module("Reordered"), c_first_(c_first) {
+    a = register_module("a", nn::make<nn::Linear>(4, 4));
+    b = register_module("b", nn::make<nn::Linear>(4, 4));
+    c = register_module("c", nn::make<nn::Linear>(4, 4));
+    to(kFloat64);
+  }
+  Tensor forward(const Tensor& x) override {
+    return c_first_ ? b->forward(a->forward(c->forward(x))) : c->forward(b->forward(a->forward(x)));
+  }
+  std::shared_ptr<nn::Linear> a, b, c;
+
+ private:
+  bool c_first_;
+};
+
+// Note [The bucketed reducer], step 4: after the first iteration the buckets hold the
+// parameters in the order their gradients arrived on rank 0, on every rank, and keep it.
+TEST(DDP, RebuiltBucketsFollowRankZerosArrivalOrder) {
+  run_ranks(2, [](Rank& r) {
+    set_num_threads(1);
+    std::vector<size_t> arrival;  // indices into the reducer's parameters, as their hooks fired
+    manual_seed(4);
+    auto net = std::make_shared<Reordered>(/*c_first=*/r.rank == 0);
+    // A Linear is 160 bytes (weight 128, bias 32): one bucket each.
+    DistributedDataParallel ddp(net, gloo_group(r),
+                                {.first_bucket_bytes = 100, .bucket_bytes = 100});
+    const NamedTensors params = net->named_parameters();  // the reducer's parameters, in order
+    ASSERT_EQ(params.size(), 6u);
+    for (size_t i = 0; i < params.size(); ++i)
+      params[i].second.register_post_accumulate_grad_hook(
+          [&arrival, i](Tensor&) { arrival.push_back(i); });
+    EXPECT_EQ(plan_order(ddp.reducer()), (std::vector<size_t>{5, 4, 3, 2, 1, 0}));
+    EXPECT_EQ(ddp.reducer().buckets().size(), 3u);
+
+    sum(ddp.forward(ones({2, 4}, kFloat64))).backward();
+    ASSERT_EQ(arrival.size(), params.size());
+    std::string mine;
+    for (size_t i : arrival) mine += std::to_string(i) + " ";
+    if (r.rank == 0) r.store->set("test/arrival", mine);
+    const std::string rank0 = r.store->get_string("test/arrival");
+    std::vector<size_t> expected;
+    std::istringstream words(rank0);
+    for (size_t i; words >> i;) expected.push_back(i);
+    // The two ranks' orders differ (else the broadcast would go untested), and rank 0's is
+    // not the first plan's (else the rebuild would).
+    if (r.rank == 1) {
+      EXPECT_NE(mine, rank0);
+    }
+    ASSERT_NE(expected, (std::vector<size_t>{5, 4, 3, 2, 1, 0})) << rank0;
+    EXPECT_EQ(plan_order(ddp.reducer()), expected)
+        << "rank 0's gradients arrived as " << rank0 << "\n"
+        << ddp.bucket_plan();
+    for (const Bucket& b : ddp.reducer().buckets())
+      for (size_t pos = 0; pos < b.params.size(); ++pos)
+        EXPECT_EQ(b.names[pos], params[b.params[pos]].first);
+
+    // Rebuilt once: a second iteration keeps the plan, and the gradients still reach it.
+    net->zero_grad();
+    sum(ddp.forward(ones({2, 4}, kFloat64))).backward();
+    EXPECT_EQ(plan_order(ddp.reducer()), expected);
+    for (const auto& [name, p] : params) {
+      bool in_bucket = false;
+      for (const Bucket& b : ddp.reducer().buckets())
+        in_bucket = in_bucket || p.grad().is_alias_of(b.buffer);
+      EXPECT_TRUE(in_bucket) << name;
+    }
   });
 }
 
