@@ -17,7 +17,6 @@
 #include <cctype>
 #include <cerrno>
 #include <filesystem>
-#include <stdexcept>
 #include <string>
 #include <system_error>
 
@@ -50,13 +49,6 @@ class ScratchDir {
   const std::filesystem::path& path() const { return path_; }
   // The path of `name` inside the directory (not created).
   std::string file(const std::string& name) const { return (path_ / name).string(); }
-  // A subdirectory, created (empty if it existed).
-  std::filesystem::path subdir(const std::string& name) const {
-    const std::filesystem::path dir = path_ / name;
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-    return dir;
-  }
 
  private:
   std::filesystem::path path_;
