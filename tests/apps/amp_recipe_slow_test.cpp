@@ -2,7 +2,8 @@
 // --amp bf16 and --amp fp16 ends no more than 0.5 points below float32's test accuracy. Each run
 // is the recipe (ResNet-18 width 16, batch 128, SGD nesterov, one-cycle to 0.2, flips) cut to one
 // epoch so that the three runs fit a CI job (about 4 minutes each on 2 cores); the two-epoch
-// figures are in docs/benchmarks.md. Slow: labelled so, and skipped where the dataset is not installed.
+// figures are in docs/benchmarks.md. Slow: labelled so, and skipped where the dataset is not
+// installed.
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "scratch_dir.h"
 #include "test_util.h"
 
 namespace {
@@ -24,9 +26,8 @@ const std::string kData = "/usr/share/datasets/fashion-mnist";
 // The test accuracy of the recipe with --amp `amp`, read from the run's JSON log (-1 when the
 // run failed; its output is then printed).
 double recipe_accuracy(const std::string& amp) {
-  const fs::path log = fs::temp_directory_path() /
-                       ("loom_amp_recipe_" + std::to_string(getpid()) + "_" + amp + ".jsonl");
-  fs::remove(log);
+  const loom::test::ScratchDir dir(amp);  // Note [Test scratch directories]
+  const fs::path log = dir.file("log.jsonl");
   const std::string command = kApp + " --dataset fashion-mnist --data " + kData +
                               " --epochs 1 --batch-size 128 --width 16 --lr 0.2 --momentum 0.9 "
                               "--nesterov --weight-decay 5e-4 --schedule onecycle --amp " +
@@ -47,7 +48,6 @@ double recipe_accuracy(const std::string& amp) {
   std::ifstream in(log);
   std::string line, last;
   while (std::getline(in, line)) last = line;
-  fs::remove(log);
   const double accuracy = nlohmann::json::parse(last).at("test_acc").get<double>();
   std::printf("--amp %s: test accuracy %.2f%%\n", amp.c_str(), 100 * accuracy);
   return accuracy;

@@ -17,6 +17,7 @@
 #include <regex>
 
 #include "dist/tensorboard.h"
+#include "scratch_dir.h"
 #include "tensor/cuda/runtime.h"
 #include "test_util.h"
 
@@ -55,15 +56,10 @@ class App : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!fs::exists(kApp)) GTEST_SKIP() << kApp << " is not built (LOOM_BUILD_APPS=OFF)";
-    dir_ = fs::temp_directory_path() /
-           ("loom_app_test_" +
-            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
   }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  fs::path dir_;
+  // Under this test's own directory (Note [Test scratch directories]).
+  std::string path(const std::string& name) const { return dir_.file(name); }
+  loom::test::ScratchDir dir_;
 };
 
 const std::string kSmall =
@@ -278,25 +274,10 @@ TEST_F(App, TrainsOnAGpu) {
   EXPECT_NEAR(g.back()["train_loss"].get<double>(), c.back()["train_loss"].get<double>(), 0.05);
 }
 
-// A fixture whose directory is made by mkdtemp: unique even when several checkouts run the tests
-// at once.
-class AppTemp : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!fs::exists(kApp)) GTEST_SKIP() << kApp << " is not built (LOOM_BUILD_APPS=OFF)";
-    std::string pattern = (fs::temp_directory_path() / "loom_app_XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  fs::path dir_;
-};
-
 // --tensorboard: an event file whose records are framed as TFRecords with valid CRCs, holding
 // the training scalars every --tensorboard-every steps and the epoch's; read back by the
 // tensorboard package where it is installed.
-TEST_F(AppTemp, TensorBoardFilesHoldTheScalars) {
+TEST_F(App, TensorBoardFilesHoldTheScalars) {
   Result r = run_app(kSmall + "--epochs 1 --tensorboard " + path("tb") + " --tensorboard-every 2");
   ASSERT_EQ(r.status, 0) << r.output;
   std::vector<fs::path> files;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda/cuda_test_util.h"
+#include "scratch_dir.h"
 #include "tensor/copy.h"
 #include "tensor/safetensors.h"
 #include "tensor/view.h"
@@ -339,9 +340,9 @@ TEST(CudaCopy, ChannelsLastCrossesDevicesInItsFormat) {
 TEST(CudaCopy, ChannelsLastTensorsAreSavedRowMajor) {
   LOOM_SKIP_WITHOUT_GPU();
   const Tensor x = randn({4, 3, 2, 5});
-  const std::string path = ::testing::TempDir() + "loom_cuda_channels_last.safetensors";
+  const test::ScratchDir dir;  // Note [Test scratch directories]
+  const std::string path = dir.file("channels_last.safetensors");
   save_safetensors(path, {{"w", k::contiguous(x, MemoryFormat::kChannelsLast).to(kCuda0)}});
   const SafetensorsFile file = load_safetensors(path);
   EXPECT_TRUE(test::tensors_close(file.at("w"), x, 0, 0));
-  std::remove(path.c_str());
 }

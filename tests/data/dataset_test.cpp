@@ -13,6 +13,7 @@
 #include "data/idx.h"
 #include "data/image_folder.h"
 #include "data/synthetic.h"
+#include "scratch_dir.h"
 #include "test_util.h"
 
 #define STB_IMAGE_WRITE_STATIC
@@ -23,14 +24,6 @@ using namespace loom;
 namespace fs = std::filesystem;
 
 namespace {
-
-// A fresh empty directory for one test.
-fs::path scratch(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / "loom_dataset_test" / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
 
 void write_file(const fs::path& path, const std::vector<uint8_t>& bytes) {
   std::ofstream(path, std::ios::binary)
@@ -55,9 +48,8 @@ std::vector<uint8_t> cifar_file(int f, int records) {
   return bytes;
 }
 
-// The five training files and the test file, `records` records each.
-fs::path cifar_dir(const std::string& name, int records) {
-  const fs::path dir = scratch(name);
+// The five training files and the test file, `records` records each, written into `dir`.
+fs::path cifar_dir(const fs::path& dir, int records) {
   for (int f = 1; f <= 5; ++f)
     write_file(dir / ("data_batch_" + std::to_string(f) + ".bin"), cifar_file(f, records));
   write_file(dir / "test_batch.bin", cifar_file(0, records));
@@ -77,7 +69,8 @@ void write_png(const fs::path& path, int w, int h, int channels, int base) {
 }  // namespace
 
 TEST(Cifar10, ReadsRecordsInFileOrder) {
-  const fs::path dir = cifar_dir("cifar", 3);
+  const test::ScratchDir scratch;  // Note [Test scratch directories]
+  const fs::path dir = cifar_dir(scratch.path(), 3);
   data::Cifar10 train(dir.string(), /*train=*/true, /*records_per_file=*/3);
   EXPECT_EQ(train.size(), 15);
   EXPECT_EQ(train.image_shape(), (Shape{3, 32, 32}));
@@ -102,14 +95,16 @@ TEST(Cifar10, ReadsRecordsInFileOrder) {
 }
 
 TEST(Cifar10, FindsTheArchiveFolder) {
-  const fs::path dir = scratch("cifar_parent");
+  const test::ScratchDir scratch;  // Note [Test scratch directories]
+  const fs::path dir = scratch.path();
   fs::create_directories(dir / "cifar-10-batches-bin");
   write_file(dir / "cifar-10-batches-bin" / "test_batch.bin", cifar_file(0, 2));
   EXPECT_EQ(data::Cifar10(dir.string(), false, 2).size(), 2);
 }
 
 TEST(Cifar10, BadFilesRaiseIOErrorNamingThePath) {
-  const fs::path dir = cifar_dir("cifar_bad", 2);
+  const test::ScratchDir scratch;  // Note [Test scratch directories]
+  const fs::path dir = cifar_dir(scratch.path(), 2);
   // The real files have 10000 records: 30,730,000 bytes each.
   const std::string test_path = (dir / "test_batch.bin").string();
   EXPECT_LOOM_ERROR(data::Cifar10(dir.string(), false), IOError,
@@ -150,7 +145,8 @@ TEST(FashionMnist, FromDebian) {
 }
 
 TEST(ImageFolder, ClassesInSortedOrderAndPixelsAsCHW) {
-  const fs::path dir = scratch("folder");
+  const test::ScratchDir scratch;  // Note [Test scratch directories]
+  const fs::path dir = scratch.path();
   for (const char* name : {"dog", "cat", ".hidden"}) fs::create_directories(dir / name);
   write_png(dir / "dog" / "b.png", 4, 3, 3, 0);
   write_png(dir / "dog" / "a.png", 4, 3, 3, 100);
@@ -182,7 +178,8 @@ TEST(ImageFolder, ClassesInSortedOrderAndPixelsAsCHW) {
 }
 
 TEST(ImageFolder, DecodesJpeg) {
-  const fs::path dir = scratch("folder_jpeg");
+  const test::ScratchDir scratch;  // Note [Test scratch directories]
+  const fs::path dir = scratch.path();
   fs::create_directories(dir / "only");
   std::vector<uint8_t> pixels(8 * 6 * 3, 128);
   ASSERT_TRUE(stbi_write_jpg((dir / "only" / "a.JPG").c_str(), 8, 6, 3, pixels.data(), 95));
@@ -194,7 +191,8 @@ TEST(ImageFolder, DecodesJpeg) {
 TEST(ImageFolder, BadFoldersRaiseIOErrorNamingThePath) {
   EXPECT_LOOM_ERROR(data::ImageFolder("/nonexistent/folder"), IOError,
                     {"/nonexistent/folder", "no such directory"});
-  const fs::path dir = scratch("folder_bad");
+  const test::ScratchDir scratch;  // Note [Test scratch directories]
+  const fs::path dir = scratch.path();
   EXPECT_LOOM_ERROR(data::ImageFolder(dir.string()), IOError, {dir.string(), "no class folders"});
   fs::create_directories(dir / "a");
   fs::create_directories(dir / "b");

@@ -8,18 +8,13 @@
 #include <filesystem>
 #include <fstream>
 
+#include "scratch_dir.h"
 #include "test_util.h"
 
 using namespace loom;
 namespace fs = std::filesystem;
 
 namespace {
-
-fs::path scratch(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / "loom_idx_test";
-  fs::create_directories(dir);
-  return dir / name;
-}
 
 void write_bytes(const fs::path& path, const std::vector<unsigned char>& bytes, bool gzip) {
   if (gzip) {
@@ -41,6 +36,8 @@ std::vector<unsigned char> small_idx() {
 }  // namespace
 
 TEST(Idx, ReadsPlainAndGzipped) {
+  const test::ScratchDir dir;  // Note [Test scratch directories]
+  const auto scratch = [&dir](const std::string& name) { return fs::path(dir.file(name)); };
   for (bool gzip : {false, true}) {
     const fs::path path = scratch(gzip ? "small.gz" : "small");
     write_bytes(path, small_idx(), gzip);
@@ -52,6 +49,8 @@ TEST(Idx, ReadsPlainAndGzipped) {
 }
 
 TEST(Idx, MalformedFilesRaiseIOError) {
+  const test::ScratchDir dir;  // Note [Test scratch directories]
+  const auto scratch = [&dir](const std::string& name) { return fs::path(dir.file(name)); };
   EXPECT_LOOM_ERROR(data::read_idx(scratch("missing").string()), IOError,
                     {"missing", "no such file"});
   auto bytes = small_idx();

@@ -1,22 +1,30 @@
 // tests/dist/ddp_test.cpp — DistributedDataParallel, SyncBatchNorm and DistributedSampler with
 // real processes (tests/dist/multiprocess.h): two ranks on half batches take the same steps as
-// one process on the whole batch; the bucket plan, gradient views, no_sync,
-// find_unused_parameters, the compression hooks, the broadcasts, and SyncBatchNorm with
-// uneven (and empty) shares. Everything is float64 so that parities are tight, and the
-// references are computed inside the ranks (the parent process never starts threads: it forks).
+// one process on the whole batch; the bucket plan, its rebuild in the order gradients arrived,
+// buckets launched while backward still runs, gradient views, no_sync, find_unused_parameters,
+// the compression hooks, the broadcasts, and SyncBatchNorm with uneven (and empty) shares.
+// Everything is float64 so that parities are tight, and the references are computed inside the
+// ranks (the parent process never starts threads: it forks).
 
 #include "dist/ddp.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <sstream>
+#include <thread>
 
+#include "autograd/function.h"
 #include "ddp_fixtures.h"
 #include "dist/sampler.h"
 #include "dist/sync_batchnorm.h"
 #include "multiprocess.h"
 #include "optim/checkpoint.h"
 #include "optim/sgd.h"
+#include "scratch_dir.h"
+#include "tensor/copy.h"
 #include "test_util.h"
 
 namespace loom::dist {
@@ -38,9 +46,10 @@ using test::tensors_close;
 // (convert_late), the views stay row-major and the gradients still reach them.
 void check_parity(int world, bool sync_bn = false, bool channels_last = false,
                   bool convert_late = false) {
+  const test::ScratchDir dir;  // the ranks' checkpoints (Note [Test scratch directories])
   run_ranks(
       world,
-      [sync_bn, channels_last, convert_late](Rank& r) {
+      [&dir, sync_bn, channels_last, convert_late](Rank& r) {
         set_num_threads(1);
         auto group = gloo_group(r);
         // Different seeds per rank: DDP must start every replica from rank 0's weights.
@@ -57,8 +66,7 @@ void check_parity(int world, bool sync_bn = false, bool channels_last = false,
         optim::SGD ref_opt(reference->parameters(), {.lr = 0.1, .momentum = 0.9});
         expect_same_parameters(*net, *reference, 0);
         EXPECT_EQ(ddp.reducer().buckets().size(), 2u);
-        const std::string path = "/tmp/loom_ddp_parity_" + std::to_string(r.world_size) + "_" +
-                                 std::to_string(r.rank) + ".safetensors";
+        const std::string path = dir.file("rank" + std::to_string(r.rank) + ".safetensors");
         for (int step = 0; step < 5; ++step) {
           if (step == 3) {  // save and load back, in the middle of training
             optim::save_checkpoint(path, *net, opt, nullptr, {.step = step});
@@ -101,10 +109,7 @@ void check_parity(int world, bool sync_bn = false, bool channels_last = false,
           expect_same_parameters(*net, *reference, 1e-10);
         }
         EXPECT_EQ(ddp.reducer().iterations(), 5);
-        const ReducerTimeline& t = ddp.reducer().timeline();
-        EXPECT_EQ(t.launched.size(), ddp.reducer().buckets().size());
-        EXPECT_GE(t.overlap(), 0.0);
-        EXPECT_LE(t.overlap(), 1.0);
+        EXPECT_EQ(ddp.reducer().timeline().launched.size(), ddp.reducer().buckets().size());
       },
       std::chrono::seconds(60));
 }
@@ -196,6 +201,153 @@ TEST(DDP, BucketsFollowReverseRegistrationOrderAndArePrintable) {
     const auto [x, y] = share(global_batch(0), r.rank, r.world_size);
     cross_entropy(ddp.forward(x), y).backward();
     EXPECT_NE(ddp.bucket_plan().find("rebuilt"), std::string::npos);
+  });
+}
+
+// The flattened plan: every bucket's parameters, bucket after bucket.
+std::vector<size_t> plan_order(const Reducer& reducer) {
+  std::vector<size_t> order;
+  for (const Bucket& b : reducer.buckets())
+    order.insert(order.end(), b.params.begin(), b.params.end());
+  return order;
+}
+
+// Registered a, b, c. Rank 0's forward runs c, a, b, so its gradients arrive from b, a, c;
+// rank 1's runs a, b, c, so its arrive from c, b, a (reverse registration: the first plan).
+class Reordered : public nn::Module {
+ public:
+  explicit Reordered(bool c_first) : Module("Reordered"), c_first_(c_first) {
+    a = register_module("a", nn::make<nn::Linear>(4, 4));
+    b = register_module("b", nn::make<nn::Linear>(4, 4));
+    c = register_module("c", nn::make<nn::Linear>(4, 4));
+    to(kFloat64);
+  }
+  Tensor forward(const Tensor& x) override {
+    return c_first_ ? b->forward(a->forward(c->forward(x))) : c->forward(b->forward(a->forward(x)));
+  }
+  std::shared_ptr<nn::Linear> a, b, c;
+
+ private:
+  bool c_first_;
+};
+
+// Note [The bucketed reducer], step 4: after the first iteration the buckets hold the
+// parameters in the order their gradients arrived on rank 0, on every rank, and keep it.
+TEST(DDP, RebuiltBucketsFollowRankZerosArrivalOrder) {
+  run_ranks(2, [](Rank& r) {
+    set_num_threads(1);
+    std::vector<size_t> arrival;  // indices into the reducer's parameters, as their hooks fired
+    manual_seed(4);
+    auto net = std::make_shared<Reordered>(/*c_first=*/r.rank == 0);
+    // A Linear is 160 bytes (weight 128, bias 32): one bucket each.
+    DistributedDataParallel ddp(net, gloo_group(r),
+                                {.first_bucket_bytes = 100, .bucket_bytes = 100});
+    const NamedTensors params = net->named_parameters();  // the reducer's parameters, in order
+    ASSERT_EQ(params.size(), 6u);
+    for (size_t i = 0; i < params.size(); ++i)
+      params[i].second.register_post_accumulate_grad_hook(
+          [&arrival, i](Tensor&) { arrival.push_back(i); });
+    EXPECT_EQ(plan_order(ddp.reducer()), (std::vector<size_t>{5, 4, 3, 2, 1, 0}));
+    EXPECT_EQ(ddp.reducer().buckets().size(), 3u);
+
+    sum(ddp.forward(ones({2, 4}, kFloat64))).backward();
+    ASSERT_EQ(arrival.size(), params.size());
+    std::string mine;
+    for (size_t i : arrival) mine += std::to_string(i) + " ";
+    if (r.rank == 0) r.store->set("test/arrival", mine);
+    const std::string rank0 = r.store->get_string("test/arrival");
+    std::vector<size_t> expected;
+    std::istringstream words(rank0);
+    for (size_t i; words >> i;) expected.push_back(i);
+    // The two ranks' orders differ (else the broadcast would go untested), and rank 0's is
+    // not the first plan's (else the rebuild would).
+    if (r.rank == 1) {
+      EXPECT_NE(mine, rank0);
+    }
+    ASSERT_NE(expected, (std::vector<size_t>{5, 4, 3, 2, 1, 0})) << rank0;
+    EXPECT_EQ(plan_order(ddp.reducer()), expected)
+        << "rank 0's gradients arrived as " << rank0 << "\n"
+        << ddp.bucket_plan();
+    for (const Bucket& b : ddp.reducer().buckets())
+      for (size_t pos = 0; pos < b.params.size(); ++pos)
+        EXPECT_EQ(b.names[pos], params[b.params[pos]].first);
+
+    // Rebuilt once: a second iteration keeps the plan, and the gradients still reach it.
+    net->zero_grad();
+    sum(ddp.forward(ones({2, 4}, kFloat64))).backward();
+    EXPECT_EQ(plan_order(ddp.reducer()), expected);
+    for (const auto& [name, p] : params) {
+      bool in_bucket = false;
+      for (const Bucket& b : ddp.reducer().buckets())
+        in_bucket = in_bucket || p.grad().is_alias_of(b.buffer);
+      EXPECT_TRUE(in_bucket) << name;
+    }
+  });
+}
+
+// Passes its input through; its backward sleeps `seconds` first: a layer whose backward is slow,
+// deterministically.
+class SlowBackward : public nn::Module {
+ public:
+  explicit SlowBackward(double seconds) : Module("SlowBackward"), seconds_(seconds) {}
+  Tensor forward(const Tensor& x) override {
+    return autograd::record(
+        "slow_backward", kernels::clone(x), {x}, {},
+        [seconds = seconds_](const autograd::Grads& dout, autograd::Saved&, autograd::Grads& dx) {
+          std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+          dx[0] = dout[0];
+        });
+  }
+
+ private:
+  double seconds_;
+};
+
+// The overlap (Note [The bucketed reducer], step 2): a bucket whose gradients are all in starts
+// its allreduce at once, while backward is still computing the gradients of earlier layers. The
+// second layer's backward sleeps kSlow: the buckets of the layers after it must have been
+// launched at least half that before backward ended; the first layer's bucket only after it.
+TEST(DDP, FullBucketsAreLaunchedWhileBackwardStillRuns) {
+  run_ranks(2, [](Rank& r) {
+    set_num_threads(1);
+    constexpr double kSlow = 0.3;
+    manual_seed(6);
+    auto net = std::make_shared<nn::Sequential>();
+    net->push_back(nn::make<nn::Linear>(8, 8));  // "0": its gradients come after the sleep
+    net->push_back(std::make_shared<SlowBackward>(kSlow));
+    for (int i = 0; i < 3; ++i) net->push_back(nn::make<nn::Linear>(8, 8));  // "2", "3", "4"
+    net->to(kFloat64);
+    // A Linear is 576 bytes (weight 512, bias 64): one bucket each.
+    DistributedDataParallel ddp(net, gloo_group(r),
+                                {.first_bucket_bytes = 512, .bucket_bytes = 512});
+    for (int step = 0; step < 2; ++step) {  // the first plan, then the rebuilt one
+      SCOPED_TRACE("step " + std::to_string(step));
+      const std::vector<Bucket>& buckets = ddp.reducer().buckets();
+      ASSERT_EQ(buckets.size(), 4u) << ddp.bucket_plan();
+      std::vector<bool> after_slow;  // per bucket: only parameters of layers after the sleep
+      for (const Bucket& b : buckets)
+        after_slow.push_back(std::none_of(b.names.begin(), b.names.end(), [](const std::string& n) {
+          return n.rfind("0.", 0) == 0;
+        }));
+      EXPECT_EQ(std::count(after_slow.begin(), after_slow.end(), true), 3);
+
+      net->zero_grad();
+      sum(ddp.forward(full({2, 8}, 1.0 + r.rank, kFloat64))).backward();
+      const ReducerTimeline& t = ddp.reducer().timeline();
+      ASSERT_EQ(t.launched.size(), after_slow.size());  // the plan this backward used
+      EXPECT_GE(t.backward_seconds, kSlow);
+      for (size_t b = 0; b < t.launched.size(); ++b) {
+        EXPECT_LE(t.launched[b], t.completed[b]) << "bucket " << b;
+        if (after_slow[b]) {
+          EXPECT_GE(t.backward_seconds - t.launched[b], kSlow / 2)
+              << "bucket " << b << " was launched at " << t.launched[b] << " s, backward ended at "
+              << t.backward_seconds << " s";
+        } else {
+          EXPECT_GE(t.launched[b], kSlow) << "bucket " << b;
+        }
+      }
+      EXPECT_GT(t.overlap(), 0.0);
+    }
   });
 }
 

@@ -3,7 +3,8 @@
 // at batch 128 as 1 x 128, 2 x 64 and 4 x 32 gives the same gradients), and a
 // worker killed mid-training (the launcher stops the other one, reports the rank, leaves no
 // process behind, and with --max-restarts the job resumes from its last checkpoint and
-// finishes). Small synthetic runs.
+// finishes), and the --trace file (every rank's phases, every bucket's allreduce). Small
+// synthetic runs.
 
 #include <signal.h>
 #include <spawn.h>
@@ -16,6 +17,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -23,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "scratch_dir.h"
 #include "test_util.h"
 
 extern char** environ;
@@ -38,13 +42,9 @@ class AppDist : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!fs::exists(kApp)) GTEST_SKIP() << kApp << " is not built";
-    // A directory of the test's own: others may run these tests at the same time.
-    std::string pattern = (fs::temp_directory_path() / "loom_app_dist_XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
   }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  // Under this test's own directory (Note [Test scratch directories]).
+  std::string path(const std::string& name) const { return dir_.file(name); }
 
   // Starts the app with its output in `log`; returns its pid.
   pid_t spawn(const std::string& args, const std::string& log) {
@@ -98,7 +98,7 @@ class AppDist : public ::testing::Test {
     return line.substr(line.rfind(')') + 2, 1) != "Z";
   }
 
-  fs::path dir_;
+  loom::test::ScratchDir dir_;
 };
 
 const std::string kRun =
@@ -188,6 +188,82 @@ TEST_F(AppDist, SyncBnGradientsOfOneStepDoNotDependOnTheWorldSize) {
       EXPECT_EQ(compared, 62);  // every parameter of ResNet-18
       EXPECT_LE(worst, 1e-5) << worst_name;
     }
+}
+
+// --trace (dist/trace.h): one Chrome trace of both ranks, in which each of the two steps has its
+// data, forward, backward and optimizer boxes one after the other, and one allreduce box per
+// bucket of the plan that starts after its step's backward started and ends before that
+// backward returned (the reducer waits for every bucket at the end of backward).
+TEST_F(AppDist, TheTraceHoldsEveryPhaseOfEveryRankAndEveryBucketsAllreduce) {
+  // Width 16: about 2.8 MB of gradients, more than the first bucket's 1 MiB: two buckets.
+  const pid_t app = spawn(kRun +
+                              "--epochs 1 --max-steps 2 --batch-size 8 --width 16 --nproc 2 "
+                              "--print-buckets --trace " +
+                              path("trace.json"),
+                          path("trace.log"));
+  ASSERT_EQ(wait_for(app, std::chrono::seconds(120)), 0) << read(path("trace.log"));
+  const std::string log = read(path("trace.log"));
+  std::smatch plan;
+  ASSERT_TRUE(std::regex_search(
+      log, plan, std::regex("DDP bucket plan: [0-9]+ parameters in ([0-9]+) buckets")))
+      << log;
+  const int buckets = std::stoi(plan[1]);
+  EXPECT_GE(buckets, 2) << log;
+
+  const nlohmann::json trace = nlohmann::json::parse(read(path("trace.json")));
+  ASSERT_TRUE(trace.contains("traceEvents")) << trace.dump().substr(0, 500);
+  constexpr double kTolerance = 1.0;  // microseconds: ts and dur are rounded separately
+  for (int rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    // This rank's boxes in the order it recorded them: a step starts with "data".
+    struct Step {
+      std::map<std::string, nlohmann::json> phases;
+      std::map<int, nlohmann::json> allreduces;  // by bucket
+    };
+    std::vector<Step> steps;
+    for (const nlohmann::json& e : trace["traceEvents"]) {
+      if (e.value("pid", -1) != rank || e.value("ph", "") != "X") continue;
+      const std::string name = e.at("name");
+      EXPECT_GE(e.at("dur").get<double>(), 0.0) << e.dump();
+      if (name == "data") steps.emplace_back();
+      ASSERT_FALSE(steps.empty()) << "before the first data box: " << e.dump();
+      const std::string prefix = "allreduce bucket ";
+      if (name.rfind(prefix, 0) == 0) {
+        const int b = std::stoi(name.substr(prefix.size()));
+        EXPECT_EQ(e.at("tid"), 1) << e.dump();
+        EXPECT_TRUE(steps.back().allreduces.emplace(b, e).second) << "twice: " << e.dump();
+      } else {
+        EXPECT_EQ(e.at("tid"), 0) << e.dump();
+        EXPECT_TRUE(steps.back().phases.emplace(name, e).second) << "twice: " << e.dump();
+      }
+    }
+    ASSERT_EQ(steps.size(), 2u);
+    for (size_t s = 0; s < steps.size(); ++s) {
+      SCOPED_TRACE("step " + std::to_string(s));
+      const Step& step = steps[s];
+      double previous_end = 0;
+      for (const char* phase : {"data", "forward", "backward", "optimizer"}) {
+        ASSERT_TRUE(step.phases.count(phase)) << phase;
+        const double ts = step.phases.at(phase).at("ts"), dur = step.phases.at(phase).at("dur");
+        EXPECT_GE(ts, previous_end - kTolerance) << phase << " starts before the last phase ended";
+        previous_end = ts + dur;
+      }
+      EXPECT_EQ(step.phases.size(), 4u);
+      const double backward_start = step.phases.at("backward").at("ts");
+      const double backward_end =
+          backward_start + step.phases.at("backward").at("dur").get<double>();
+      ASSERT_EQ(step.allreduces.size(), static_cast<size_t>(buckets));
+      for (int b = 0; b < buckets; ++b) {
+        ASSERT_TRUE(step.allreduces.count(b)) << "bucket " << b;
+        const double ts = step.allreduces.at(b).at("ts"), dur = step.allreduces.at(b).at("dur");
+        EXPECT_GE(ts, backward_start - kTolerance) << "bucket " << b;
+        EXPECT_LE(ts + dur, backward_end + kTolerance) << "bucket " << b;
+      }
+    }
+  }
+  EXPECT_NE(log.find("trace of " + std::to_string(2 * (4 + buckets)) + " events per rank"),
+            std::string::npos)
+      << log;
 }
 
 TEST_F(AppDist, AKilledWorkerStopsTheJobOrRestartsItFromTheLastCheckpoint) {

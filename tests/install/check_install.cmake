@@ -1,12 +1,23 @@
-# Installs the built loom into WORK_DIR/prefix, then: runs the installed resnet18_cifar from the
-# prefix (it must find its library through its RUNPATH, with no LD_LIBRARY_PATH), checks the
-# library's versioned SONAME, builds and runs tests/install/main.cpp against the prefix with
+# Installs the built loom into a prefix, then: runs the installed resnet18_cifar from the
+# prefix (it must find its libraries through its RUNPATH, with no LD_LIBRARY_PATH), checks the
+# libraries' versioned SONAMEs, builds and runs tests/install/main.cpp against the prefix with
 # find_package(loom CONFIG) and, where pkg-config is installed, with loom.pc. Any failing step
 # fails the test.
-file(REMOVE_RECURSE ${WORK_DIR})
+# Two runs at once (ctest --repeat, -j) must not share it: WORK_DIR becomes a directory of this
+# run's own below it, removed at the end (Note [Test scratch directories], tests/scratch_dir.h).
+# Every step runs there (main.cpp writes a file into its working directory).
+set(runs ${WORK_DIR})
+file(MAKE_DIRECTORY ${runs})
+execute_process(COMMAND mktemp -d ${runs}/run.XXXXXX RESULT_VARIABLE rc
+                OUTPUT_VARIABLE WORK_DIR OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "mktemp -d ${runs}/run.XXXXXX failed (${rc})")
+endif()
 function(run)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  execute_process(COMMAND ${ARGN} WORKING_DIRECTORY ${WORK_DIR} RESULT_VARIABLE rc
+                  OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
+    file(REMOVE_RECURSE ${WORK_DIR})
     message(FATAL_ERROR "failed (${rc}): ${ARGN}\n${out}\n${err}")
   endif()
 endfunction()
@@ -48,4 +59,5 @@ if(LOOM_SHARED AND PKG_CONFIG)
        $(${PKG_CONFIG} --cflags --libs loom)")
   run(${WORK_DIR}/consumer_pc)
 endif()
+file(REMOVE_RECURSE ${WORK_DIR})
 message(STATUS "installed loom found, linked and ran")

@@ -15,6 +15,7 @@
 #include "optim/clip.h"
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
+#include "scratch_dir.h"
 #include "tensor/conv.h"
 #include "tensor/copy.h"
 #include "tensor/elementwise.h"
@@ -218,7 +219,8 @@ TEST(ChannelsLastModel, ConvertingAfterStepsKeepsTheTrajectory) {
 // A checkpoint of a channels-last model holds row-major bytes (what PyTorch reads), and it
 // loads into a model of either layout, which then goes on as the model that wrote it.
 TEST(ChannelsLastModel, CheckpointsAreRowMajorAndLoadIntoEitherLayout) {
-  const std::string path = ::testing::TempDir() + "loom_channels_last_model.safetensors";
+  const test::ScratchDir dir;  // Note [Test scratch directories]
+  const std::string path = dir.file("checkpoint.safetensors");
   auto model = small_resnet(4);
   model->to(kCL);
   optim::SGD opt(model->parameters(), {.lr = 0.05, .momentum = 0.9});
@@ -256,7 +258,6 @@ TEST(ChannelsLastModel, CheckpointsAreRowMajorAndLoadIntoEitherLayout) {
     next(*original, original_opt);
     expect_same_parameters(*loaded, *original, 1e-12);
   }
-  std::remove(path.c_str());
 }
 
 // GradScaler unscales a channels-last gradient where it lies, and clip_grad_norm_ reads it as it

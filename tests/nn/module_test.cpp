@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "scratch_dir.h"
 #include "tensor/cuda/runtime.h"
 #include "test_util.h"
 
@@ -333,11 +334,10 @@ TEST(ResNet, SafetensorsRoundTripGivesTheSameLogits) {
   auto b = resnet18({.width = 4});
   a->eval();
   b->eval();
-  const std::string path =
-      (std::filesystem::temp_directory_path() / "loom_module_test_resnet.safetensors").string();
+  const test::ScratchDir dir;  // Note [Test scratch directories]
+  const std::string path = dir.file("resnet.safetensors");
   save_safetensors(path, a->state_dict());
   SafetensorsFile file = load_safetensors(path);
-  std::remove(path.c_str());
   b->load_state_dict(file.tensors);
   Tensor x = randn({2, 3, 32, 32});
   EXPECT_TRUE(tensors_close(b->forward(x), a->forward(x), 0, 0));

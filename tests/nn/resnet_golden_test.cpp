@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "scratch_dir.h"
 #include "test_util.h"
 
 namespace loom::nn {
@@ -56,8 +57,8 @@ TEST(ResNetGolden, LoomWeightsGiveLoomsLogitsInPyTorch) {
   NamedTensors tensors = model->state_dict();
   tensors.emplace_back("golden.input", x);
   tensors.emplace_back("golden.logits_eval", logits);
-  const std::string path =
-      (std::filesystem::temp_directory_path() / "loom_resnet_to_torch.safetensors").string();
+  const test::ScratchDir dir;  // Note [Test scratch directories]
+  const std::string path = dir.file("resnet_to_torch.safetensors");
   save_safetensors(path, tensors,
                    {{"depth", "18"},
                     {"width", "4"},
@@ -67,7 +68,6 @@ TEST(ResNetGolden, LoomWeightsGiveLoomsLogitsInPyTorch) {
   const std::string command =
       python + " " + LOOM_SOURCE_DIR + "/tools/check_resnet_logits.py " + path;
   const int status = std::system(command.c_str());
-  std::remove(path.c_str());
   EXPECT_EQ(status, 0) << command;
 }
 

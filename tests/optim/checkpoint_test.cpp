@@ -8,14 +8,11 @@
 #include <filesystem>
 
 #include "optim/sgd.h"
+#include "scratch_dir.h"
 #include "test_util.h"
 
 namespace loom::optim {
 namespace {
-
-std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("loom_checkpoint_test_" + name)).string();
-}
 
 // A small conv net with batch norm and dropout (so that buffers and the generator matter),
 // trained with SGD + nesterov + weight decay under a one-cycle schedule.
@@ -60,7 +57,8 @@ TEST(Checkpoint, ResumingGivesTheSameLossesStepForStep) {
     TrainingRun run(7);
     for (int i = 0; i < 10; ++i) straight.push_back(run.step());
   }
-  const std::string path = temp_path("resume.safetensors");
+  const test::ScratchDir dir;  // Note [Test scratch directories]
+  const std::string path = dir.file("resume.safetensors");
   std::vector<double> resumed;
   {
     TrainingRun first(7);
@@ -79,7 +77,6 @@ TEST(Checkpoint, ResumingGivesTheSameLossesStepForStep) {
     second.steps = p.step;
     for (int i = 4; i < 10; ++i) resumed.push_back(second.step());
   }
-  std::remove(path.c_str());
   ASSERT_EQ(resumed.size(), straight.size());
   for (size_t i = 0; i < straight.size(); ++i) EXPECT_EQ(resumed[i], straight[i]) << "step " << i;
 }
@@ -87,11 +84,11 @@ TEST(Checkpoint, ResumingGivesTheSameLossesStepForStep) {
 TEST(Checkpoint, TheFileIsAStateDictWithMetadata) {
   TrainingRun run(1);
   run.step();
-  const std::string path = temp_path("layout.safetensors");
+  const test::ScratchDir dir;  // Note [Test scratch directories]
+  const std::string path = dir.file("layout.safetensors");
   save_checkpoint(path, *run.model, *run.opt, run.schedule.get(), {.epoch = 3, .step = 1},
                   {{"model", "tiny"}, {"mean", "[0.5]"}});
   const SafetensorsFile file = load_safetensors(path);
-  std::remove(path.c_str());
   EXPECT_EQ(file.metadata.at("model"), "tiny");
   EXPECT_EQ(file.metadata.at("mean"), "[0.5]");
   EXPECT_EQ(file.metadata.at("loom.epoch"), "3");
@@ -105,7 +102,8 @@ TEST(Checkpoint, TheFileIsAStateDictWithMetadata) {
 
 TEST(Checkpoint, ACheckpointOfAnotherModelIsRefused) {
   TrainingRun run(1);
-  const std::string path = temp_path("other.safetensors");
+  const test::ScratchDir dir;  // Note [Test scratch directories]
+  const std::string path = dir.file("other.safetensors");
   save_checkpoint(path, *run.model, *run.opt, nullptr, {});
   nn::Sequential other{nn::make<nn::Linear>(2, 2)};
   EXPECT_LOOM_ERROR(
@@ -121,7 +119,8 @@ TEST(Checkpoint, ACheckpointOfAnotherModelIsRefused) {
 
 TEST(Checkpoint, MalformedNumbersAreRefusedBeforeTheModelChanges) {
   TrainingRun run(1);
-  const std::string path = temp_path("malformed.safetensors");
+  const test::ScratchDir dir;  // Note [Test scratch directories]
+  const std::string path = dir.file("malformed.safetensors");
   save_checkpoint(path, *run.model, *run.opt, nullptr, {});
   const SafetensorsFile good = load_safetensors(path);
   auto save_with = [&](const std::string& key, const std::string& value) {
@@ -145,7 +144,6 @@ TEST(Checkpoint, MalformedNumbersAreRefusedBeforeTheModelChanges) {
   for (size_t i = 0; i < before.size(); ++i)
     EXPECT_TRUE(test::tensors_close(other.model->state_dict()[i].second, before[i].second, 0, 0));
   EXPECT_NO_THROW(load_checkpoint(path, *other.model, other.opt.get()));
-  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "optim/checkpoint.h"
 #include "optim/clip.h"
 #include "optim/sgd.h"
+#include "scratch_dir.h"
 #include "tensor/copy.h"
 #include "tensor/view.h"
 #include "test_util.h"
@@ -22,10 +23,6 @@ namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("loom_grad_scaler_test_" + name)).string();
-}
 
 bool same_bits(const Tensor& a, const Tensor& b) {
   return a.sizes() == b.sizes() && a.dtype() == b.dtype() &&
@@ -485,7 +482,8 @@ TEST(GradScaler, StateRoundTripsThroughCheckpoints) {
   scaler.update();
   ASSERT_EQ(scaler.growth_tracker(), 1);
 
-  const std::string path = temp_path("roundtrip.safetensors");
+  const test::ScratchDir dir;  // Note [Test scratch directories]
+  const std::string path = dir.file("roundtrip.safetensors");
   save_checkpoint(path, *net, opt, nullptr, {.step = 6}, {}, &scaler);
   EXPECT_EQ(read_checkpoint_metadata(path).at("scaler.scale"), "1024");
 
@@ -497,14 +495,14 @@ TEST(GradScaler, StateRoundTripsThroughCheckpoints) {
   EXPECT_EQ(restored.get_scale(), 1024.0);
   EXPECT_EQ(restored.growth_tracker(), 1);
   EXPECT_TRUE(same_bits(net2->parameters()[0], net->parameters()[0]));
-  std::filesystem::remove(path);
 }
 
 TEST(GradScaler, CheckpointWithoutScalerKeysIsRefusedBeforeAnythingLoads) {
   manual_seed(4);
   auto net = nn::make<nn::Linear>(3, 2);
   SGD opt(net->parameters(), {.lr = 0.01});
-  const std::string path = temp_path("no_scaler.safetensors");
+  const test::ScratchDir dir;  // Note [Test scratch directories]
+  const std::string path = dir.file("no_scaler.safetensors");
   save_checkpoint(path, *net, opt, nullptr, {.step = 1});  // the existing call, no scaler
 
   auto net2 = nn::make<nn::Linear>(3, 2);
@@ -516,7 +514,6 @@ TEST(GradScaler, CheckpointWithoutScalerKeysIsRefusedBeforeAnythingLoads) {
   EXPECT_TRUE(same_bits(net2->parameters()[0], weight_before));  // the model did not change
   EXPECT_EQ(scaler.get_scale(), 65536.0);
   load_checkpoint(path, *net2, &opt2);  // without a scaler it loads
-  std::filesystem::remove(path);
 }
 
 // ---------------------------------------------------------------- options

@@ -13,6 +13,7 @@
 #include "optim/adam.h"
 #include "optim/clip.h"
 #include "optim/sgd.h"
+#include "scratch_dir.h"
 #include "tensor/safetensors.h"
 #include "test_util.h"
 
@@ -196,14 +197,6 @@ TEST(OptimReference, LargeParametersMatchPlainLoops) {
 
 class OptimStateTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = (fs::path(::testing::TempDir()) /
-             ("loom_optim_" + std::to_string(::getpid()) + "_" + info->name() + ".safetensors"))
-                .string();
-  }
-  void TearDown() override { fs::remove(path_); }
-
   // save_state -> file -> load_safetensors
   SafetensorsFile round_trip(const Optimizer& optimizer, const std::string& prefix) {
     NamedTensors tensors;
@@ -213,7 +206,8 @@ class OptimStateTest : public ::testing::Test {
     return load_safetensors(path_);
   }
 
-  std::string path_;
+  const test::ScratchDir dir_;  // Note [Test scratch directories]
+  const std::string path_ = dir_.file("state.safetensors");
 };
 
 std::vector<Tensor> copies(const std::vector<Tensor>& params) {

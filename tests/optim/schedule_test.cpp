@@ -12,6 +12,7 @@
 
 #include "optim/adam.h"
 #include "optim/sgd.h"
+#include "scratch_dir.h"
 #include "tensor/safetensors.h"
 #include "test_util.h"
 
@@ -114,14 +115,6 @@ TEST(Schedule, OneCycleRefusesToGoPastItsEnd) {
 
 class ScheduleStateTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = (fs::path(::testing::TempDir()) /
-             ("loom_schedule_" + std::to_string(::getpid()) + "_" + info->name() + ".safetensors"))
-                .string();
-  }
-  void TearDown() override { fs::remove(path_); }
-
   SafetensorsFile round_trip(const LRSchedule& schedule, const std::string& prefix) {
     NamedTensors tensors;
     Metadata meta;
@@ -131,7 +124,8 @@ class ScheduleStateTest : public ::testing::Test {
     return load_safetensors(path_);
   }
 
-  std::string path_;
+  const test::ScratchDir dir_;  // Note [Test scratch directories]
+  const std::string path_ = dir_.file("state.safetensors");
 };
 
 TEST_F(ScheduleStateTest, ResumingContinuesTheSameLrs) {

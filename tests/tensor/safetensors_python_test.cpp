@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "scratch_dir.h"
 #include "test_util.h"
 
 namespace loom {
@@ -41,14 +42,9 @@ class SafetensorsPython : public ::testing::Test {
  protected:
   void SetUp() override {
     if (std::string(LOOM_TORCH_PYTHON).empty()) GTEST_SKIP() << "no Python with torch";
-    path_ = (std::filesystem::temp_directory_path() /
-             ("loom_st_python_" +
-              std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) +
-              ".safetensors"))
-                .string();
   }
-  void TearDown() override { std::remove(path_.c_str()); }
-  std::string path_;
+  const test::ScratchDir dir_;  // Note [Test scratch directories]
+  const std::string path_ = dir_.file("file.safetensors");
 };
 
 TEST_F(SafetensorsPython, ThePackageLoadsWhatLoomWrites) {

@@ -15,6 +15,7 @@
 #include <optional>
 #include <thread>
 
+#include "scratch_dir.h"
 #include "tensor/atomic_file.h"
 #include "tensor/cuda/runtime.h"
 #include "test_util.h"
@@ -28,15 +29,6 @@ using test::values_are;
 
 class SafetensorsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(::testing::TempDir()) /
-           ("loom_safetensors_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   std::string file(const std::string& name) const { return (dir_ / name).string(); }
   std::vector<std::string> listing() const {
     std::vector<std::string> names;
@@ -46,7 +38,8 @@ class SafetensorsTest : public ::testing::Test {
     return names;
   }
 
-  fs::path dir_;
+  const test::ScratchDir scratch_;  // Note [Test scratch directories]
+  const fs::path dir_ = scratch_.path();
 };
 
 void write_bytes(const std::string& path, const std::string& bytes) {
@@ -476,14 +469,12 @@ TEST(SafetensorsGolden, LoadsAFileWrittenByPython) {
   EXPECT_EQ(f.at("scalar").item(), 42.0);
 
   // Written back by loom and read again, the data is the same bytes.
-  const std::string copy = (std::filesystem::path(::testing::TempDir()) /
-                            ("loom_dtypes_copy_" + std::to_string(::getpid()) + ".safetensors"))
-                               .string();
+  const test::ScratchDir dir;  // Note [Test scratch directories]
+  const std::string copy = dir.file("dtypes_copy.safetensors");
   save_safetensors(copy, f.tensors, f.metadata);
   const SafetensorsFile again = load_safetensors(copy);
   for (size_t i = 0; i < order.size(); ++i)
     EXPECT_EQ(tensor_bytes(again.tensors[i].second), tensor_bytes(f.tensors[i].second));
-  std::filesystem::remove(copy);
 }
 
 TEST(SafetensorsGolden, EveryGoldenFileLoads) {
