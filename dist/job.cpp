@@ -3,22 +3,22 @@
 #include "dist/job.h"
 
 #include "dist/nccl_process_group.h"
-#include "tensor/cuda/runtime.h"
+#include "tensor/accelerator.h"
 #include "tensor/error.h"
 
 namespace loom::dist {
 
 Device rank_device(const JobOptions& o, int local_rank) {
   if (o.gpus == 0) return kCPU;
-  const int visible = cuda::device_count();
+  const int visible = cuda_device_count();
   LOOM_CHECK(visible > 0, DeviceError, "--gpus ", o.gpus, ": no CUDA device is visible",
-             cuda::is_built() ? "" : " (loom was built without CUDA)");
+             cuda_is_built() ? "" : " (loom was built without CUDA)");
   LOOM_CHECK(o.backend != "nccl" || o.gpus <= visible, ValueError, "--gpus ", o.gpus, ": only ",
              visible,
              " CUDA devices are visible, and nccl needs one per rank (--backend gloo "
              "lets ranks share a GPU)");
   const Device device{DeviceType::CUDA, local_rank % visible};
-  cuda::set_device(device.index);
+  set_cuda_device(device);
   return device;
 }
 

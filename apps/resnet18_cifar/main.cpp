@@ -1,11 +1,13 @@
 // apps/resnet18_cifar — trains ResNet-18 (CIFAR stem) on CIFAR-10, Fashion-MNIST or synthetic
-// images, on CPUs or GPUs, with SGD and a one-cycle, cosine or step schedule; reports progress,
-// the test accuracy each epoch, and writes checkpoints that PyTorch can read.
+// images, on CPUs or GPUs, with SGD, Adam or AdamW and a one-cycle, cosine or step schedule
+// (optionally accumulating gradients and clipping them); reports progress, the test accuracy
+// each epoch, and writes checkpoints that PyTorch can read.
 //
 //   resnet18_cifar --dataset fashion-mnist --epochs 2 --width 16 --nesterov
 //   resnet18_cifar --dataset cifar10 --data DIR/cifar-10-batches-bin --epochs 30
 //   resnet18_cifar --nproc 2 --sync-bn ...       (two data-parallel CPU workers)
 //   resnet18_cifar --gpus 4 --dataset cifar10 ... (four GPU workers over nccl)
+//   resnet18_cifar --optimizer adamw --lr 1e-3 --accumulate 4 --grad-clip 1 ...
 //
 // Exit status: 0 done, 2 bad input (flags, missing or malformed data, unusable checkpoint).
 
@@ -15,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/train_flags.h"
 #include "dist/launch.h"
 #include "dist/store.h"
 #include "tensor/error.h"
@@ -33,11 +36,11 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--epochs", o.epochs, "passes over the training set")->check(CLI::PositiveNumber);
   app.add_option("--batch-size", o.batch_size, "images per step")->check(CLI::PositiveNumber);
-  app.add_option("--lr", o.lr, "learning rate (the peak for onecycle)")->check(CLI::PositiveNumber);
-  app.add_option("--momentum", o.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0));
-  app.add_option("--weight-decay", o.weight_decay, "L2 weight decay")
-      ->check(CLI::NonNegativeNumber);
-  app.add_flag("--nesterov", o.nesterov, "Nesterov momentum");
+  loom_apps::add_train_flags(app, o.train);
+  app.add_flag("--freeze-bn", o.freeze_bn,
+               "keep batch norm in eval mode while training: normalise with the running "
+               "statistics and leave them as they are (as detectron2's FrozenBatchNorm; the "
+               "affine weights still train)");
   app.add_option("--schedule", o.schedule, "onecycle, cosine or step (x0.1 at 50% and 75%)")
       ->check(CLI::IsMember({"onecycle", "cosine", "step"}));
   app.add_option("--width", o.width, "channels of the first stage (64: the standard ResNet-18)")
@@ -50,8 +53,6 @@ int main(int argc, char** argv) {
                  "write epoch-NNN.safetensors after each epoch and last.safetensors at the end");
   app.add_option("--resume", o.resume, "continue from a checkpoint");
   app.add_flag("--eval-only", o.eval_only, "evaluate the --resume checkpoint and stop");
-  app.add_option("--max-steps", o.max_steps, "stop after this many optimizer steps in all")
-      ->check(CLI::NonNegativeNumber);
   app.add_option("--log-json", o.log_json, "append one JSON object per epoch to this file");
   app.add_option("--tensorboard", o.tensorboard,
                  "write TensorBoard event files to this directory: loss, accuracy, lr, loss "

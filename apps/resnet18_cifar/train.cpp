@@ -1,6 +1,8 @@
 // apps/resnet18_cifar/train.cpp — datasets and the training loop of resnet18_cifar.
 //
-// One optimizer step: zero_grad, forward, cross-entropy, backward, SGD step, schedule step.
+// One optimizer step: zero_grad; forward, cross-entropy, backward for each of --accumulate
+// micro-batches (Note [Gradient accumulation] in dist/train_options.h); clip (--grad-clip);
+// the SGD, Adam or AdamW step; the schedule's step.
 // Every epoch ends with an evaluation on the test split (eval mode: batch norm's running
 // statistics), a summary line, a JSON line (--log-json) and a checkpoint (--checkpoint-dir).
 // Resuming restores the weights, optimizer, schedule, generator, epoch and step, and the loader
@@ -31,11 +33,13 @@
 // step is skipped when a gradient overflowed, and under DDP the ranks agree on skipping with one
 // allreduce. bf16 keeps float32's exponent range, so it needs no scaling. The scaler's state is
 // part of the checkpoint. --comm-dtype fp16|bf16 sends DDP's gradients in 16 bits.
-//
+// --grad-clip with fp16 unscales the gradients first (scaler.unscale_), so that the norm clipped is
+// the true one, as PyTorch's recipe does.
 //
 // The loop's parts are library code: dist/job.h (joining the job), dist/sampler.h, dist/metrics.h
-// (totals summed over ranks), optim/checkpoint_manager.h, dist/trace.h (the step timeline),
-// dist/memory_report.h (Note [The memory report]) and dist/report.h (terminal, JSON log).
+// (totals summed over ranks), dist/train_options.h (the optimizer), optim/checkpoint_manager.h,
+// dist/trace.h (the step timeline), dist/memory_report.h (Note [The memory report]) and
+// dist/report.h (terminal, JSON log). run() below is the loop itself; what it calls above it.
 
 #include "train.h"
 
@@ -44,6 +48,7 @@
 #include <algorithm>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "data/cifar10.h"
 #include "data/idx.h"
@@ -57,13 +62,13 @@
 #include "dist/sampler.h"
 #include "dist/sync_batchnorm.h"
 #include "dist/trace.h"
+#include "dist/train_options.h"
 #include "loom.h"
 #include "optim/checkpoint_manager.h"
+#include "optim/clip.h"
 #include "optim/grad_scaler.h"
 #include "optim/schedule.h"
-#include "optim/sgd.h"
-#include "tensor/cuda/runtime.h"  // synchronize
-#include "tensor/cuda/upload.h"
+#include "tensor/accelerator.h"
 
 namespace resnet18_cifar {
 
@@ -88,8 +93,25 @@ struct AmpRegion : autocast::Guard {
       : autocast::Guard(amp == "fp16" ? kFloat16 : kBFloat16, amp != "off") {}
 };
 
+// Note [Frozen batch norm]
+// --freeze-bn trains with every batch norm in eval mode: it normalises with its running mean and
+// variance, which no step changes, so the layer is a fixed per-channel affine map of its input
+// followed by its (trained) weight and bias. detectron2's FrozenBatchNorm2d also fixes the weight
+// and bias; here they keep training. What it buys: a micro-batch's normalisation no longer
+// depends on the other images of the micro-batch, so N accumulated micro-batches of B give the
+// step that one batch of N x B gives (Note [Gradient accumulation] in dist/train_options.h), and
+// small per-device batches do not train on noisy statistics (fine-tuning from a checkpoint).
+// From scratch the running statistics are the initial ones (mean 0, variance 1).
+void train_mode(nn::Module& net, bool freeze_bn) {
+  net.train();
+  if (freeze_bn)
+    net.apply([](nn::Module& m) {
+      if (dynamic_cast<nn::BatchNorm2d*>(&m)) m.eval();
+    });
+}
+
 // The test loss and accuracy of the whole job: each rank evaluates its shard, then one allreduce.
-dist::Totals evaluate(nn::Module& model, data::DataLoader& loader, cuda::Uploader& upload,
+dist::Totals evaluate(nn::Module& model, data::DataLoader& loader, BatchUploader& upload,
                       const dist::Job& job, const std::string& amp, MemoryFormat format) {
   model.eval();
   NoGradGuard no_grad;
@@ -103,6 +125,21 @@ dist::Totals evaluate(nn::Module& model, data::DataLoader& loader, cuda::Uploade
   }
   model.train();
   return dist::sum_over_ranks(job, totals.read());
+}
+
+// ResNet-18 for the dataset's images and classes, on the job's device.
+std::shared_ptr<nn::ResNet> make_model(const Options& o, const Data& data, const dist::Job& job,
+                                       const dist::Reporter& out) {
+  const Shape image = data.train.transforms.output_shape(data.train.dataset->image_shape());
+  auto model = nn::resnet18({.width = o.width,
+                             .in_channels = image[0],
+                             .num_classes = data.train.dataset->num_classes(),
+                             .fuse_bn_relu = o.fuse_bn_relu});
+  if (!o.fuse_bn_relu) out.say("batch norm, add and ReLU run one by one (--no-fusion)\n");
+  model->to(job.device);
+  // Weights in the order NHWC convolutions read, before the optimizer and DDP see them.
+  if (o.channels_last) model->to(MemoryFormat::kChannelsLast);
+  return model;
 }
 
 // A rank's loaders: its DistributedSampler share of the training set (all of it in a job of
@@ -147,35 +184,112 @@ std::unique_ptr<optim::LRSchedule> make_schedule(const Options& o, optim::Optimi
 }
 
 // What the checkpoints say of the model, for readers that are not this program.
-optim::Metadata model_info(const Options& o, const std::string& model, const Data& data,
-                           int64_t in_channels) {
-  return {{"model", model},
+optim::Metadata model_info(const Options& o, const nn::ResNet& model, const Data& data) {
+  const Shape image = data.train.transforms.output_shape(data.train.dataset->image_shape());
+  return {{"model", model.name()},
           {"width", std::to_string(o.width)},
-          {"in_channels", std::to_string(in_channels)},
+          {"in_channels", std::to_string(image[0])},
           {"num_classes", std::to_string(data.train.dataset->num_classes())},
           {"dataset", o.dataset},
           {"mean", floats_json(data.mean)},
           {"std", floats_json(data.std)}};
 }
 
+// --resume, or after a restart (LOOM_RESTART_COUNT > 0) the last checkpoint: what was restored.
+optim::Resumed resume(const Options& o, const optim::CheckpointManager& checkpoints,
+                      nn::Module& model, optim::Optimizer& optimizer, optim::LRSchedule& schedule,
+                      optim::GradScaler* scaler, const dist::Reporter& out) {
+  const optim::Resumed resumed = checkpoints.resume(o.resume, model, &optimizer, &schedule, scaler,
+                                                    /*model_only=*/o.eval_only);
+  if (!resumed.path.empty()) {
+    if (scaler && !resumed.scaler_restored)
+      out.say("the checkpoint holds no loss scale: starting from %g\n", scaler->get_scale());
+    out.say("resumed from %s: %lld epochs and %lld steps done\n", resumed.path.c_str(),
+            static_cast<long long>(resumed.progress.epoch),
+            static_cast<long long>(resumed.progress.step));
+  }
+  return resumed;
+}
+
+// --eval-only: the test metrics of the resumed weights, printed and logged.
+double evaluate_only(const Options& o, nn::Module& model, data::DataLoader& test_loader,
+                     BatchUploader& upload, const dist::Job& job, MemoryFormat format,
+                     const optim::TrainingProgress& progress, dist::Reporter& out) {
+  const dist::Totals test = evaluate(model, test_loader, upload, job, o.amp, format);
+  out.say("test loss %.4f  test accuracy %.2f%%\n", test.mean_loss(), 100 * test.accuracy());
+  out.log(dist::LogRecord()
+              .add("epoch", progress.epoch)
+              .add("test_loss", test.mean_loss())
+              .add("test_acc", test.accuracy()));
+  return test.accuracy();
+}
+
+// The run's first line, and the JSON log and TensorBoard files it writes (`append`: resumed).
+void open_reports(dist::Reporter& out, const Options& o, const nn::ResNet& model, const Data& data,
+                  bool append) {
+  out.say("resnet18_cifar: ResNet-18 width %lld (%lld parameters), %s\n",
+          static_cast<long long>(o.width), static_cast<long long>(model.num_parameters()),
+          data.description.c_str());
+  out.open_log(o.log_json, append);
+  out.open_tensorboard(o.tensorboard);
+}
+
+// The layout batches are stored in on the device (--channels-last).
+MemoryFormat batch_format(const Options& o, const dist::Reporter& out) {
+  if (!o.channels_last) return MemoryFormat::kContiguous;
+  out.say("batches, activations and weights channels-last (NHWC)\n");
+  return MemoryFormat::kChannelsLast;
+}
+
+// The micro-batches the next optimizer step takes: --accumulate, fewer at the end of an epoch;
+// 0 at the end of the epoch, or once --max-steps steps are done.
+int64_t step_size(const dist::TrainOptions& t, const optim::TrainingProgress& progress,
+                  int64_t batches_per_epoch) {
+  if (t.max_steps >= 0 && progress.step >= t.max_steps) return 0;
+  return std::min(t.accumulate, batches_per_epoch - progress.batch);
+}
+
+// In a job of several ranks: the model as SyncBatchNorm (--sync-bn) inside DDP, and the loss
+// scaler's skips agreed over the ranks; null in a job of one.
+std::shared_ptr<dist::DistributedDataParallel> wrap_for_the_job(const Options& o,
+                                                                const dist::Job& job,
+                                                                const nn::ModulePtr& model,
+                                                                optim::GradScaler& scaler) {
+  if (!job.parallel()) return nullptr;
+  if (o.sync_bn) dist::convert_sync_batchnorm(*model, job.group);
+  auto ddp = std::make_shared<dist::DistributedDataParallel>(
+      model, job.group, dist::DDPOptions{.comm_dtype = flag_dtype(o.comm_dtype)});
+  if (scaler.is_enabled())
+    scaler.set_found_inf_agreement(dist::found_inf_agreement(job.group, job.device));
+  return ddp;
+}
+
 // The lines that say how this run trains.
 void describe(const dist::Reporter& out, const Options& o, const dist::Job& job, double lr,
               dist::DistributedDataParallel* ddp, const optim::GradScaler& scaler,
               int64_t steps_per_epoch) {
+  const int64_t accumulate = o.train.accumulate;
   if (ddp) {
     out.say(
         "data parallel: world size %d (%s), global batch %lld, effective lr %g%s; %zu DDP "
         "buckets\n",
-        job.world, job.group->backend().c_str(), static_cast<long long>(o.batch_size * job.world),
-        lr, o.sync_bn ? ", SyncBatchNorm" : "", ddp->reducer().buckets().size());
+        job.world, job.group->backend().c_str(),
+        static_cast<long long>(o.batch_size * accumulate * job.world), lr,
+        o.sync_bn ? ", SyncBatchNorm" : "", ddp->reducer().buckets().size());
     if (o.print_buckets) out.say("%s", ddp->bucket_plan().c_str());
   }
-  out.say(
-      "batch %lld, %d threads, %d loader workers; SGD lr %g momentum %g%s weight decay %g, "
-      "schedule %s; %lld steps per epoch\n",
-      static_cast<long long>(o.batch_size), get_num_threads(), o.workers, lr, o.momentum,
-      o.nesterov ? " (nesterov)" : "", o.weight_decay, o.schedule.c_str(),
-      static_cast<long long>(steps_per_epoch));
+  if (accumulate > 1)
+    out.say(
+        "gradient accumulation: %lld micro-batches of %lld per step, effective batch %lld "
+        "(%lld per rank)\n",
+        static_cast<long long>(accumulate), static_cast<long long>(o.batch_size),
+        static_cast<long long>(o.batch_size * accumulate * job.world),
+        static_cast<long long>(o.batch_size * accumulate));
+  if (o.freeze_bn) out.say("batch norm frozen: running statistics, eval mode (--freeze-bn)\n");
+  out.say("batch %lld, %d threads, %d loader workers; %s, schedule %s; %lld steps per epoch\n",
+          static_cast<long long>(o.batch_size), get_num_threads(), o.workers,
+          dist::describe_optimizer(o.train, lr).c_str(), o.schedule.c_str(),
+          static_cast<long long>(steps_per_epoch));
   if (o.amp != "off")
     out.say(
         "mixed precision: convolutions and the classifier in %s, the rest in float32, float32 "
@@ -184,6 +298,42 @@ void describe(const dist::Reporter& out, const Options& o, const dist::Job& job,
         scaler.is_enabled() ? detail::str("; dynamic loss scale from ", scaler.get_scale()).c_str()
                             : "");
 }
+
+// After an optimizer step: the training scalars (every --tensorboard-every steps) and the bar.
+void report_step(dist::Reporter& out, const Options& o, const dist::Job& job, const Tensor& loss,
+                 const optim::Optimizer& optimizer, const optim::GradScaler& scaler,
+                 const dist::Throughput& speed, const dist::RunningTotals& train,
+                 const optim::TrainingProgress& progress, int64_t epoch,
+                 int64_t batches_per_epoch) {
+  const double images_per_s = job.world * speed.running_images_per_s();
+  if (out.tensorboard() && progress.step % o.tensorboard_every == 0) {
+    out.scalar("train/loss", loss.item(), progress.step);  // the step's last micro-batch
+    out.scalar("train/lr", optimizer.lr(), progress.step);
+    if (scaler.is_enabled()) out.scalar("train/loss_scale", scaler.get_scale(), progress.step);
+    out.scalar("train/images_per_s", images_per_s, progress.step);
+  }
+  if (out.progress_due(progress.batch, batches_per_epoch)) {
+    const dist::Totals so_far = train.read();
+    const int64_t steps_left =
+        dist::optimizer_steps(batches_per_epoch - progress.batch, o.train.accumulate);
+    out.progress({.epoch = epoch + 1,
+                  .done = progress.batch,
+                  .total = batches_per_epoch,
+                  .loss = so_far.mean_loss(),
+                  .accuracy = so_far.accuracy(),
+                  .images_per_s = images_per_s,
+                  .seconds_left = speed.eta(steps_left)});
+  }
+}
+
+// What an epoch counts as it trains.
+struct EpochMeter {
+  explicit EpochMeter(Device device) : train(device) {}
+  double start = dist::steady_seconds();
+  dist::RunningTotals train;  // over this rank's micro-batches
+  dist::Throughput speed;     // per optimizer step
+  int64_t skipped = 0;        // steps the loss scaler skipped (an fp16 gradient overflowed)
+};
 
 // The end of an epoch: its line on the terminal and in the JSON log.
 struct EpochSummary {
@@ -194,6 +344,25 @@ struct EpochSummary {
   double overlap = -1;  // -1: no DDP
   bool complete = true;
 };
+// The epoch's summary: the training metrics summed over the ranks (one allreduce), `test` as
+// evaluated, the throughput, time and memory.
+EpochSummary summarise(const dist::Job& job, int64_t epoch, const EpochMeter& meter,
+                       const dist::Totals& test, const data::DataLoader& train_loader,
+                       const dist::StepTimeline& timeline, bool ddp, int64_t steps, bool complete) {
+  return {.epoch = epoch + 1,
+          .train = dist::sum_over_ranks(job, meter.train.read()),
+          .test = test,
+          // Images per second of the whole job: every rank's images over this rank's time.
+          .images_per_s = meter.speed.images_per_s() * job.world,
+          .seconds = dist::steady_seconds() - meter.start,
+          .data_wait = train_loader.wait_seconds(),
+          .peak_bytes = memory_stats(job.device).peak_bytes,
+          .steps = steps,
+          .skipped = meter.skipped,
+          .overlap = ddp && meter.speed.steps() > 0 ? timeline.epoch_overlap() : -1,
+          .complete = complete};
+}
+
 void report_epoch(dist::Reporter& out, const Options& o, const dist::Job& job,
                   const optim::GradScaler& scaler, const EpochSummary& e) {
   std::string extra;
@@ -238,6 +407,29 @@ void report_epoch(dist::Reporter& out, const Options& o, const dist::Job& job,
               .add("loss_scale", scaler.get_scale())
               .add("skipped_steps", e.skipped)
               .add("complete", e.complete));
+}
+
+// A GPU may still be working on the epoch's last steps: their time belongs to training.
+void wait_for_device(const dist::Job& job, dist::Throughput& speed) {
+  if (!job.device.is_cuda() || speed.steps() == 0) return;
+  const double wait_start = dist::steady_seconds();
+  synchronize(job.device);
+  speed.add_seconds(dist::steady_seconds() - wait_start);
+}
+
+// The run's last lines: how much communication backward hid, and the trace (--trace).
+void report_run(const dist::Reporter& out, const Options& o, const dist::Job& job,
+                const dist::StepTimeline& timeline) {
+  if (timeline.overlap_steps() > 0)
+    out.say(
+        "communication hidden behind backward: %.0f%% of the allreduce time (mean over %lld "
+        "steps)\n",
+        100 * timeline.mean_overlap(), static_cast<long long>(timeline.overlap_steps()));
+  if (!o.trace.empty()) {
+    timeline.trace().write(o.trace, job.store.get(), job.world);
+    out.say("trace of %zu events per rank written to %s\n", timeline.trace().size(),
+            o.trace.c_str());
+  }
 }
 
 }  // namespace
@@ -291,182 +483,113 @@ double run(const Options& o) {
   dist::Reporter out(job, /*progress_bar=*/isatty(STDOUT_FILENO) != 0);
 
   const Data data = load_data(o);
-  const Shape image = data.train.transforms.output_shape(data.train.dataset->image_shape());
-  auto model = nn::resnet18({.width = o.width,
-                             .in_channels = image[0],
-                             .num_classes = data.train.dataset->num_classes(),
-                             .fuse_bn_relu = o.fuse_bn_relu});
-  if (!o.fuse_bn_relu) out.say("batch norm, add and ReLU run one by one (--no-fusion)\n");
-  model->to(job.device);
-  // Weights in the order NHWC convolutions read, before the optimizer and DDP see them.
-  if (o.channels_last) model->to(MemoryFormat::kChannelsLast);
+  const auto model = make_model(o, data, job, out);
   Loaders loaders = make_loaders(o, data, job);
-  const int64_t steps_per_epoch = loaders.train->batches_per_epoch();
-  const int64_t total_steps = std::max<int64_t>(1, steps_per_epoch * o.epochs);
+  const int64_t batches_per_epoch = loaders.train->batches_per_epoch();  // micro-batches
+  const int64_t steps_per_epoch = dist::optimizer_steps(batches_per_epoch, o.train.accumulate);
 
-  const double lr = o.lr * (o.scale_lr ? job.world : 1);
-  optim::SGD optimizer(
-      model->parameters(),
-      {.lr = lr, .momentum = o.momentum, .weight_decay = o.weight_decay, .nesterov = o.nesterov});
-  auto schedule = make_schedule(o, optimizer, lr, total_steps);
+  const double lr = o.train.lr * (o.scale_lr ? job.world : 1);
+  const auto optimizer = dist::make_optimizer(o.train, model->parameters(), lr);
+  const auto schedule =
+      make_schedule(o, *optimizer, lr, std::max<int64_t>(1, steps_per_epoch * o.epochs));
   // fp16 only: bf16 has float32's exponent range (Note [resnet18_cifar in mixed precision]).
   optim::GradScaler scaler({.enabled = o.amp == "fp16"});
   optim::GradScaler* saved_scaler = scaler.is_enabled() ? &scaler : nullptr;
   optim::CheckpointManager checkpoints(
-      {.dir = o.checkpoint_dir, .writer = job.leader(), .world_size = job.world}, *model, optimizer,
-      schedule.get(), saved_scaler, model_info(o, model->name(), data, image[0]));
-  // --resume, or after a restart (LOOM_RESTART_COUNT > 0) the last checkpoint.
-  const optim::Resumed resumed = checkpoints.resume(o.resume, *model, &optimizer, schedule.get(),
-                                                    saved_scaler, /*model_only=*/o.eval_only);
+      {.dir = o.checkpoint_dir, .writer = job.leader(), .world_size = job.world}, *model,
+      *optimizer, schedule.get(), saved_scaler, model_info(o, *model, data));
+  const optim::Resumed resumed =
+      resume(o, checkpoints, *model, *optimizer, *schedule, saved_scaler, out);
   optim::TrainingProgress progress = resumed.progress;
-  if (!resumed.path.empty()) {
-    if (saved_scaler && !resumed.scaler_restored)
-      out.say("the checkpoint holds no loss scale: starting from %g\n", scaler.get_scale());
-    out.say("resumed from %s: %lld epochs and %lld steps done\n", resumed.path.c_str(),
-            static_cast<long long>(progress.epoch), static_cast<long long>(progress.step));
-  }
-  out.say("resnet18_cifar: ResNet-18 width %lld (%lld parameters), %s\n",
-          static_cast<long long>(o.width), static_cast<long long>(model->num_parameters()),
-          data.description.c_str());
-  out.open_log(o.log_json, /*append=*/!resumed.path.empty());
-  out.open_tensorboard(o.tensorboard);
+  open_reports(out, o, *model, data, /*append=*/!resumed.path.empty());
 
-  cuda::Uploader
-      upload;  // batches reach a GPU without stopping the host (Note [Uploading batches])
-  const MemoryFormat format =
-      o.channels_last ? MemoryFormat::kChannelsLast : MemoryFormat::kContiguous;
-  if (o.channels_last) out.say("batches, activations and weights channels-last (NHWC)\n");
-  if (o.eval_only) {
-    const dist::Totals test = evaluate(*model, *loaders.test, upload, job, o.amp, format);
-    out.say("test loss %.4f  test accuracy %.2f%%\n", test.mean_loss(), 100 * test.accuracy());
-    out.log(dist::LogRecord()
-                .add("epoch", progress.epoch)
-                .add("test_loss", test.mean_loss())
-                .add("test_acc", test.accuracy()));
-    return test.accuracy();
-  }
+  BatchUploader upload;  // batches reach a GPU without stopping the host
+  const MemoryFormat format = batch_format(o, out);
+  if (o.eval_only)
+    return evaluate_only(o, *model, *loaders.test, upload, job, format, progress, out);
 
   // The network the training steps run through: the model, or DDP around it.
-  std::shared_ptr<dist::DistributedDataParallel> ddp;
-  if (job.parallel()) {
-    if (o.sync_bn) dist::convert_sync_batchnorm(*model, job.group);
-    ddp = std::make_shared<dist::DistributedDataParallel>(
-        model, job.group, dist::DDPOptions{.comm_dtype = flag_dtype(o.comm_dtype)});
-    if (scaler.is_enabled())
-      scaler.set_found_inf_agreement(dist::found_inf_agreement(job.group, job.device));
-  }
+  const auto ddp = wrap_for_the_job(o, job, model, scaler);
   nn::Module& net = ddp ? static_cast<nn::Module&>(*ddp) : *model;
   describe(out, o, job, lr, ddp.get(), scaler, steps_per_epoch);
 
   dist::StepTimeline timeline(job.rank, /*record=*/!o.trace.empty());
   dist::FirstStepMemoryReport memory(o.print_memory);
-  dist::Totals test;
-  bool stopped = false, evaluated = false;
+  std::optional<dist::Totals> test;
+  bool stopped = false;
   for (int64_t epoch = progress.epoch; epoch < o.epochs && !stopped; ++epoch) {
-    if (o.max_steps >= 0 && progress.step >= o.max_steps) break;
-    const double epoch_start = dist::steady_seconds();
+    if (o.train.max_steps >= 0 && progress.step >= o.train.max_steps) break;
     reset_peak_memory(job.device);  // the epoch's peak: weights, state, activations, batches
-    const int64_t skip = progress.batch;
-    loaders.train->start_epoch(epoch, skip);
-    net.train();
-    dist::RunningTotals train(job.device);
-    dist::Throughput speed;
-    int64_t skipped = 0;
+    loaders.train->start_epoch(epoch, progress.batch);
+    train_mode(net, o.freeze_bn);
+    EpochMeter meter(job.device);
     timeline.begin_epoch();
     timeline.restart();
-    while (auto batch = loaders.train->next()) {
-      if (o.max_steps >= 0 && progress.step >= o.max_steps) {
-        stopped = true;
-        break;
-      }
+    // One optimizer step per `micro` micro-batches (Note [Gradient accumulation]).
+    while (const int64_t micro = step_size(o.train, progress, batches_per_epoch)) {
       memory.before_step(job.device);
       const double step_start = dist::steady_seconds();
-      timeline.mark("data", "data");
-      // The step, as in PyTorch: zero the gradients, forward, loss, backward, step.
-      optimizer.zero_grad();
+      // The step, as in PyTorch: zero the gradients; forward, loss, backward per micro-batch; step.
+      optimizer->zero_grad();
       checkpoints.changed();
-      const Tensor images = upload(batch->images, job.device, format);
-      const Tensor labels = upload(batch->labels, job.device);
-      Tensor logits, loss;
-      {
-        AmpRegion region(o.amp);
-        logits = net.forward(images);
-        loss = cross_entropy(logits, labels);
+      Tensor loss;
+      int64_t images = 0;
+      for (int64_t i = 0; i < micro; ++i) {
+        const auto batch = loaders.train->next();
+        LOOM_ASSERT(batch, "the loader ended its epoch before batches_per_epoch batches");
+        timeline.mark("data", "data");
+        const Tensor x = upload(batch->images, job.device, format);
+        const Tensor y = upload(batch->labels, job.device);
+        // Under DDP the gradients of all micro-batches but the last stay local (no_sync).
+        const auto local = ddp && i + 1 < micro ? ddp->no_sync() : nullptr;
+        Tensor logits;
+        {
+          AmpRegion region(o.amp);
+          logits = net.forward(x);
+          loss = cross_entropy(logits, y);
+        }
+        timeline.mark("forward");
+        // Under DDP, each full bucket's allreduce starts during the last micro-batch's backward.
+        scaler.scale(micro > 1 ? loss / static_cast<double>(micro) : loss).backward();
+        timeline.mark("backward");
+        meter.train.add(loss, logits, y);
+        images += batch->labels.size(0);
       }
-      timeline.mark("forward");
-      scaler.scale(loss).backward();  // under DDP, each full bucket's allreduce starts here
-      timeline.mark("backward");
-      const bool stepped = scaler.step(optimizer);  // skipped when an fp16 gradient overflowed
-      if (!stepped) ++skipped;
+      if (o.train.grad_clip > 0) {
+        scaler.unscale_(*optimizer);  // clip the true gradients, not the loss-scaled ones
+        optim::clip_grad_norm_(optimizer->params(), o.train.grad_clip);
+      }
+      const bool stepped = scaler.step(*optimizer);  // skipped when an fp16 gradient overflowed
+      if (!stepped) ++meter.skipped;
       scaler.update();
       schedule->step();
       timeline.mark("optimizer");
       timeline.end_step(ddp ? &ddp->reducer() : nullptr);
 
-      train.add(loss, logits, labels);
-      if (auto report = memory.after_step(stepped, *model, optimizer, ddp.get(), job.device))
+      if (auto report = memory.after_step(stepped, *model, *optimizer, ddp.get(), job.device))
         out.say("%s", report->c_str());
-      speed.add_step(dist::steady_seconds() - step_start, batch->labels.size(0));
+      meter.speed.add_step(dist::steady_seconds() - step_start, images);
       ++progress.step;
-      progress.batch = skip + speed.steps();
-      if (out.tensorboard() && progress.step % o.tensorboard_every == 0) {
-        out.scalar("train/loss", loss.item(), progress.step);
-        out.scalar("train/lr", optimizer.lr(), progress.step);
-        if (scaler.is_enabled()) out.scalar("train/loss_scale", scaler.get_scale(), progress.step);
-        out.scalar("train/images_per_s", job.world * speed.running_images_per_s(), progress.step);
-      }
-      if (out.progress_due(progress.batch, steps_per_epoch)) {
-        const dist::Totals so_far = train.read();
-        out.progress({.epoch = epoch + 1,
-                      .done = progress.batch,
-                      .total = steps_per_epoch,
-                      .loss = so_far.mean_loss(),
-                      .accuracy = so_far.accuracy(),
-                      .images_per_s = job.world * speed.running_images_per_s(),
-                      .seconds_left = speed.eta(steps_per_epoch - progress.batch)});
-      }
+      progress.batch += micro;
+      report_step(out, o, job, loss, *optimizer, scaler, meter.speed, meter.train, progress, epoch,
+                  batches_per_epoch);
       timeline.restart();
     }
     out.end_progress();
-    // A GPU may still be working on the last steps: their time belongs to training.
-    if (job.device.is_cuda() && speed.steps() > 0) {
-      const double wait_start = dist::steady_seconds();
-      cuda::synchronize(job.device.index);
-      speed.add_seconds(dist::steady_seconds() - wait_start);
-    }
+    wait_for_device(job, meter.speed);
+    stopped = progress.batch < batches_per_epoch;  // by --max-steps
     if (!stopped) progress.epoch = epoch + 1, progress.batch = 0;
-    EpochSummary summary;
-    summary.epoch = epoch + 1;
-    summary.train = dist::sum_over_ranks(job, train.read());
-    test = summary.test = evaluate(*model, *loaders.test, upload, job, o.amp, format);
-    evaluated = true;
-    // Images per second of the whole job: every rank's images over this rank's time.
-    summary.images_per_s = speed.images_per_s() * job.world;
-    summary.seconds = dist::steady_seconds() - epoch_start;
-    summary.data_wait = loaders.train->wait_seconds();
-    summary.peak_bytes = memory_stats(job.device).peak_bytes;
-    summary.steps = progress.step;
-    summary.skipped = skipped;
-    summary.overlap = ddp && speed.steps() > 0 ? timeline.epoch_overlap() : -1;
-    summary.complete = !stopped;
-    report_epoch(out, o, job, scaler, summary);
+    test = evaluate(*model, *loaders.test, upload, job, o.amp, format);
+    report_epoch(out, o, job, scaler,
+                 summarise(job, epoch, meter, *test, *loaders.train, timeline, ddp != nullptr,
+                           progress.step, !stopped));
     if (!stopped) checkpoints.save_epoch(progress);
   }
-  if (!evaluated)
-    test = evaluate(*model, *loaders.test, upload, job, o.amp, format);  // no epoch left
+  if (!test) test = evaluate(*model, *loaders.test, upload, job, o.amp, format);  // no epoch left
   checkpoints.save_last(progress);
-  if (timeline.overlap_steps() > 0)
-    out.say(
-        "communication hidden behind backward: %.0f%% of the allreduce time (mean over %lld "
-        "steps)\n",
-        100 * timeline.mean_overlap(), static_cast<long long>(timeline.overlap_steps()));
-  if (!o.trace.empty()) {
-    timeline.trace().write(o.trace, job.store.get(), job.world);
-    out.say("trace of %zu events per rank written to %s\n", timeline.trace().size(),
-            o.trace.c_str());
-  }
-  out.say("test accuracy %.2f%%\n", 100 * test.accuracy());
-  return test.accuracy();
+  report_run(out, o, job, timeline);
+  out.say("test accuracy %.2f%%\n", 100 * test->accuracy());
+  return test->accuracy();
 }
 
 }  // namespace resnet18_cifar

@@ -10,6 +10,7 @@
 
 #include "data/dataset.h"
 #include "data/transforms.h"
+#include "dist/train_options.h"
 
 namespace resnet18_cifar {
 
@@ -18,11 +19,13 @@ struct Options {
   std::string dataset = "fashion-mnist";  // cifar10 | fashion-mnist | synthetic
   int64_t synthetic_size = 5000;          // training images of the synthetic dataset
   int epochs = 2;
-  int64_t batch_size = 128;
-  double lr = 0.2;  // the peak for onecycle, the start for cosine and step
-  double momentum = 0.9;
-  double weight_decay = 5e-4;
-  bool nesterov = false;
+  int64_t batch_size = 128;  // per process and micro-batch
+  // The optimizer, accumulation, clipping, --max-steps (flags in apps/common/train_flags.h). The
+  // lr is the peak for onecycle, the start for cosine and step.
+  loom::dist::TrainOptions train{.lr = 0.2, .momentum = 0.9, .weight_decay = 5e-4};
+  // Batch norm in eval mode while training: normalised with the running statistics, which stay
+  // as they are (Note [Frozen batch norm] in train.cpp).
+  bool freeze_bn = false;
   std::string schedule = "onecycle";  // onecycle | cosine | step
   int64_t width = 64;
   uint64_t seed = 0;
@@ -31,7 +34,6 @@ struct Options {
   std::string checkpoint_dir;
   std::string resume;
   bool eval_only = false;
-  int64_t max_steps = -1;  // stop after this many optimizer steps in all (-1: no limit)
   std::string log_json;
   std::string tensorboard;         // TensorBoard event files in this directory
   int64_t tensorboard_every = 10;  // training scalars every this many steps

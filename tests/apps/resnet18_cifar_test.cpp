@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 
+#include "apps/checkpoint_updates.h"
 #include "dist/tensorboard.h"
 #include "scratch_dir.h"
 #include "tensor/cuda/runtime.h"
@@ -174,6 +175,107 @@ TEST_F(App, TheMemoryReportAccountsForTheModelAndGrowsWithTheBatch) {
   for (const char* fixed : {"weights", "gradients", "optimizer state", "buffers"})
     EXPECT_EQ(large[fixed], small[fixed]) << fixed;
   EXPECT_GT(large["step peak"], 4 * small["step peak"]);  // 8 times the activations
+}
+
+// The flags of apps/common/train_flags.h, on the first optimizer step, read from checkpoints:
+// --max-steps 0 writes the initial weights, --max-steps 1 those after one step. Plain SGD
+// (cosine schedule: the first step runs at --lr) unless a test says otherwise.
+const std::string kStep =
+    "--dataset synthetic --synthetic-size 256 --width 4 --epochs 1 --workers 1 --threads 1 "
+    "--schedule cosine --lr 0.1 --momentum 0 --weight-decay 0 ";
+
+// Note [Gradient accumulation]: 4 micro-batches of 32 give the step one batch of 128 gives,
+// with batch norm frozen (Note [Frozen batch norm]); in training mode each micro-batch is
+// normalised with its own statistics, and the two steps differ.
+TEST_F(App, AccumulatingFourBatchesOf32IsOneStepOfABatchOf128WithFrozenBatchNorm) {
+  using namespace loom::test;
+  Result init = run_app(kStep + "--batch-size 128 --max-steps 0 --checkpoint-dir " + path("init"));
+  ASSERT_EQ(init.status, 0) << init.output;
+  const Parameters before = checkpoint_parameters(path("init/last.safetensors"));
+  std::map<std::string, Parameters> updates;
+  for (const std::string bn : {"--freeze-bn ", ""})
+    for (const bool accumulate : {false, true}) {
+      const std::string name = std::string(bn.empty() ? "train_bn_" : "frozen_bn_") +
+                               (accumulate ? "accumulated" : "big");
+      const std::string batch =
+          accumulate ? "--batch-size 32 --accumulate 4 " : "--batch-size 128 ";
+      Result r = run_app(kStep + bn + batch + "--max-steps 1 --checkpoint-dir " + path(name));
+      ASSERT_EQ(r.status, 0) << r.output;
+      const loom::SafetensorsFile file = loom::load_safetensors(path(name + "/last.safetensors"));
+      EXPECT_EQ(file.metadata.at("loom.step"), "1") << name;  // steps count optimizer steps
+      if (accumulate) {
+        EXPECT_NE(r.output.find("effective batch 128"), std::string::npos) << r.output;
+        EXPECT_EQ(file.metadata.at("loom.batch"), "4");  // and batches count micro-batches
+      }
+      updates[name] = update(before, checkpoint_parameters(path(name + "/last.safetensors")));
+    }
+  EXPECT_GT(norm(updates["frozen_bn_big"]), 1e-4);  // the step moved the weights
+  EXPECT_LT(relative_difference(updates["frozen_bn_accumulated"], updates["frozen_bn_big"]), 1e-4);
+  EXPECT_GT(relative_difference(updates["train_bn_accumulated"], updates["train_bn_big"]), 1e-2);
+}
+
+// --optimizer adam / adamw: the checkpoint holds Adam's moments, made with the betas given:
+// after one step m = (1 - beta1) g and v = (1 - beta2) g^2, so m^2 = (1 - beta1)^2 / (1 - beta2) v.
+TEST_F(App, AdamAndAdamWKeepTheirMomentsWithTheBetasGiven) {
+  for (const std::string optimizer : {"adam", "adamw"}) {
+    SCOPED_TRACE(optimizer);
+    const std::string dir = path(optimizer);
+    Result r = run_app(kStep + "--batch-size 64 --max-steps 1 --optimizer " + optimizer +
+                       " --beta1 0.8 --beta2 0.99 --weight-decay 0.01 --checkpoint-dir " + dir);
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find(std::string(optimizer == "adam" ? "Adam" : "AdamW") +
+                            " lr 0.1 betas (0.8, 0.99) weight decay 0.01"),
+              std::string::npos)
+        << r.output;
+    const loom::SafetensorsFile file = loom::load_safetensors(dir + "/last.safetensors");
+    EXPECT_EQ(file.metadata.at("optimizer.optimizer"), optimizer == "adam" ? "Adam" : "AdamW");
+    EXPECT_EQ(file.metadata.at("optimizer.beta1"), "0.8");
+    EXPECT_EQ(file.metadata.at("optimizer.beta2"), "0.99");
+    EXPECT_EQ(std::stod(file.metadata.at("optimizer.weight_decay")), 0.01);
+    const int params = std::stoi(file.metadata.at("optimizer.num_params"));
+    ASSERT_GT(params, 60);
+    for (int i = 0; i < params; ++i) {
+      const std::string state = "optimizer.state." + std::to_string(i) + ".";
+      // at() throws, naming the tensors the file has, when a moment is missing.
+      const std::vector<double> m = file.at(state + "exp_avg").to_vector<double>();
+      const std::vector<double> v = file.at(state + "exp_avg_sq").to_vector<double>();
+      for (size_t j = 0; j < m.size(); ++j)
+        ASSERT_NEAR(m[j] * m[j], 4 * v[j], 1e-4 * 4 * v[j] + 1e-30) << state << j;
+    }
+  }
+  EXPECT_EQ(run_app(kStep + "--optimizer adam --beta2 1 --max-steps 1").status, 2);
+  EXPECT_EQ(run_app(kStep + "--optimizer lamb").status, 2);
+}
+
+// --grad-clip C with plain SGD: the first update is the unclipped one times C / |g|, where |g|,
+// the gradients' total norm, is |unclipped update| / lr. With fp16 the gradients are unscaled
+// before they are clipped: clipping the loss-scaled ones would shrink the update by another
+// factor of the loss scale (65536).
+TEST_F(App, GradClipScalesTheFirstUpdateByMaxNormOverTheGradientNorm) {
+  using namespace loom::test;
+  Result init = run_app(kStep + "--batch-size 64 --max-steps 0 --checkpoint-dir " + path("init"));
+  ASSERT_EQ(init.status, 0) << init.output;
+  const Parameters before = checkpoint_parameters(path("init/last.safetensors"));
+  // A large lr, so that the clipped update stands well above the weights' float32 rounding.
+  const double lr = 10, max_norm = 1e-2;
+  for (const std::string amp : {"off", "fp16"}) {
+    SCOPED_TRACE("--amp " + amp);
+    const std::string run = kStep + "--lr 10 --batch-size 64 --max-steps 1 --amp " + amp + " ";
+    Result plain = run_app(run + "--checkpoint-dir " + path(amp + "_plain"));
+    ASSERT_EQ(plain.status, 0) << plain.output;
+    Result clipped = run_app(run + "--grad-clip 0.01 --checkpoint-dir " + path(amp + "_clip"));
+    ASSERT_EQ(clipped.status, 0) << clipped.output;
+    EXPECT_NE(clipped.output.find("gradients clipped to norm 0.01"), std::string::npos);
+    const Parameters unclipped_update =
+        update(before, checkpoint_parameters(path(amp + "_plain/last.safetensors")));
+    const Parameters clipped_update =
+        update(before, checkpoint_parameters(path(amp + "_clip/last.safetensors")));
+    const double total_norm = norm(unclipped_update) / lr;
+    ASSERT_GT(total_norm, 100 * max_norm);                 // so the clip matters
+    const double factor = max_norm / (total_norm + 1e-6);  // clip_grad_norm_'s
+    EXPECT_LT(relative_difference(clipped_update, unclipped_update, factor), 1e-4)
+        << "gradient norm " << total_norm;
+  }
 }
 
 TEST_F(App, EvalOnlyReproducesTheLastTestAccuracyAndCheckpointsDescribeTheModel) {

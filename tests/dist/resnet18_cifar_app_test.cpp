@@ -26,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "apps/checkpoint_updates.h"
 #include "scratch_dir.h"
 #include "test_util.h"
 
@@ -264,6 +265,37 @@ TEST_F(AppDist, TheTraceHoldsEveryPhaseOfEveryRankAndEveryBucketsAllreduce) {
   EXPECT_NE(log.find("trace of " + std::to_string(2 * (4 + buckets)) + " events per rank"),
             std::string::npos)
       << log;
+}
+
+// Under DDP (Note [Gradient accumulation]): two ranks accumulating 4 micro-batches of 32 (the
+// first 3 inside no_sync) take the step two ranks take on batches of 128, with frozen batch
+// norm; with batch norm in training mode the steps differ.
+TEST_F(AppDist, AccumulatingUnderDdpIsOneStepOnTheWholeBatchWithFrozenBatchNorm) {
+  using namespace loom::test;
+  const std::string run =
+      "--dataset synthetic --synthetic-size 512 --width 4 --workers 1 --epochs 1 --lr 0.1 "
+      "--schedule cosine --momentum 0 --weight-decay 0 --nproc 2 ";
+  const pid_t init = spawn(run + "--batch-size 128 --max-steps 0 --checkpoint-dir " + path("init"),
+                           path("init.log"));
+  ASSERT_EQ(wait_for(init, std::chrono::seconds(120)), 0) << read(path("init.log"));
+  const Parameters before = checkpoint_parameters(path("init/last.safetensors"));
+  std::map<std::string, Parameters> updates;
+  for (const std::string bn : {"--freeze-bn ", ""})
+    for (const bool accumulate : {false, true}) {
+      const std::string name = std::string(bn.empty() ? "train_bn_" : "frozen_bn_") +
+                               (accumulate ? "accumulated" : "big");
+      const pid_t pid =
+          spawn(run + bn + (accumulate ? "--batch-size 32 --accumulate 4 " : "--batch-size 128 ") +
+                    "--max-steps 1 --checkpoint-dir " + path(name),
+                path(name + ".log"));
+      ASSERT_EQ(wait_for(pid, std::chrono::seconds(120)), 0) << read(path(name + ".log"));
+      const std::string log = read(path(name + ".log"));
+      EXPECT_NE(log.find("global batch 256"), std::string::npos) << log;
+      updates[name] = update(before, checkpoint_parameters(path(name + "/last.safetensors")));
+    }
+  EXPECT_GT(norm(updates["frozen_bn_big"]), 1e-4);
+  EXPECT_LT(relative_difference(updates["frozen_bn_accumulated"], updates["frozen_bn_big"]), 1e-4);
+  EXPECT_GT(relative_difference(updates["train_bn_accumulated"], updates["train_bn_big"]), 1e-2);
 }
 
 TEST_F(AppDist, AKilledWorkerStopsTheJobOrRestartsItFromTheLastCheckpoint) {

@@ -1,0 +1,38 @@
+// apps/common/train_flags.h — the command-line flags of dist::TrainOptions, shared by the
+// training programs (resnet18_cifar, gpt_train): --optimizer, --lr, --momentum, --nesterov,
+// --beta1, --beta2, --weight-decay, --accumulate, --grad-clip, --max-steps. Header-only, on
+// CLI11, which only the apps use (docs/decisions.md). Each program puts its own defaults in `o`
+// before it adds the flags.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include "dist/train_options.h"
+
+namespace loom_apps {
+
+inline void add_train_flags(CLI::App& app, loom::dist::TrainOptions& o) {
+  app.add_option("--optimizer", o.optimizer, "sgd, adam or adamw (decoupled weight decay)")
+      ->check(CLI::IsMember({"sgd", "adam", "adamw"}));
+  app.add_option("--lr", o.lr, "learning rate (the peak for onecycle)")->check(CLI::PositiveNumber);
+  app.add_option("--momentum", o.momentum, "SGD momentum")->check(CLI::Range(0.0, 1.0));
+  app.add_flag("--nesterov", o.nesterov, "SGD with Nesterov momentum");
+  app.add_option("--beta1", o.beta1, "Adam's and AdamW's first-moment decay")
+      ->check(CLI::Range(0.0, 1.0));  // Adam refuses 1 with a message
+  app.add_option("--beta2", o.beta2, "Adam's and AdamW's second-moment decay")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--weight-decay", o.weight_decay,
+                 "weight decay: L2 on the gradient for sgd and adam, decoupled for adamw")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--accumulate", o.accumulate,
+                 "micro-batches of --batch-size per optimizer step (gradient accumulation; the "
+                 "effective batch is their sum)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--grad-clip", o.grad_clip,
+                 "clip the gradients' total 2-norm to this before each step (0: off)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-steps", o.max_steps, "stop after this many optimizer steps in all")
+      ->check(CLI::NonNegativeNumber);
+}
+
+}  // namespace loom_apps
