@@ -144,7 +144,7 @@ TEST_F(AppDist, OneProcessAndTwoWithSyncBnEndWithTheSameWeights) {
 }
 
 // max |a - b| / max |a| over the elements of two tensors of one shape.
-double relative_difference(const loom::Tensor& a, const loom::Tensor& b) {
+double tensor_relative_difference(const loom::Tensor& a, const loom::Tensor& b) {
   const std::vector<double> x = a.to_vector<double>(), y = b.to_vector<double>();
   double largest = 0, diff = 0;
   for (size_t i = 0; i < x.size(); ++i) {
@@ -182,7 +182,7 @@ TEST_F(AppDist, SyncBnGradientsOfOneStepDoNotDependOnTheWorldSize) {
       for (const auto& [name, t] : runs[i].tensors) {
         if (name.rfind("optimizer.", 0) != 0 || name.find("momentum_buffer") == std::string::npos)
           continue;
-        const double d = relative_difference(t, runs[j].at(name));
+        const double d = tensor_relative_difference(t, runs[j].at(name));
         if (d > worst) std::tie(worst, worst_name) = std::tie(d, name);
         ++compared;
       }
