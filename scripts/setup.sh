@@ -36,9 +36,12 @@ if [[ "${1:-}" == "--torch" ]]; then
     /usr/bin/python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
       --target "$root/.pydeps" safetensors
   fi
-  if ! PYTHONPATH="$root/.pydeps" /usr/bin/python3 -c "import tensorboard" 2>/dev/null; then
+  # numpy < 2: the numpy that tensorboard brings lands in .pydeps too and shadows Debian's for
+  # Debian's torch 1.13, which is built against numpy 1.x.
+  if ! PYTHONPATH="$root/.pydeps" /usr/bin/python3 -c "import tensorboard, numpy, sys; \
+      sys.exit(int(numpy.__version__.split('.')[0]) >= 2)" 2>/dev/null; then
     echo "setup: installing the tensorboard Python package into $root/.pydeps"
     /usr/bin/python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
-      --target "$root/.pydeps" tensorboard
+      --upgrade --target "$root/.pydeps" tensorboard "numpy<2"
   fi
 fi

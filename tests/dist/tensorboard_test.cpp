@@ -18,21 +18,18 @@
 #include <string>
 #include <vector>
 
+#include "scratch_dir.h"
+
 namespace loom::dist {
 namespace {
 
 namespace fs = std::filesystem;
 
-// A directory of this test's own, removed at the end.
+// A directory of this test's own (Note [Test scratch directories]).
 class TensorBoard : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string pattern = (fs::temp_directory_path() / "loom_tensorboard_XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
+  test::ScratchDir scratch_;
+  const fs::path dir_ = scratch_.path();
 };
 
 uint64_t read_u64(const std::string& s, size_t at) {

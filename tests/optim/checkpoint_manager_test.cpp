@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "optim/sgd.h"
+#include "scratch_dir.h"
 #include "test_util.h"
 
 namespace loom::optim {
@@ -20,22 +21,17 @@ namespace fs = std::filesystem;
 class Manager : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern = (fs::temp_directory_path() / "loom_ckpt_manager_XXXXXX").string();
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
     model_ = nn::make<nn::Linear>(3, 2);
     optimizer_ = std::make_unique<SGD>(model_->parameters(), SGDOptions{.lr = 0.1});
   }
-  void TearDown() override {
-    unsetenv("LOOM_RESTART_COUNT");
-    fs::remove_all(dir_);
-  }
+  void TearDown() override { unsetenv("LOOM_RESTART_COUNT"); }
   CheckpointManager manager(int world, bool writer = true, int keep_last = 0) {
     return CheckpointManager(
         {.dir = dir_.string(), .writer = writer, .keep_last = keep_last, .world_size = world},
         *model_, *optimizer_, nullptr, nullptr, {{"model", "Linear"}});
   }
-  fs::path dir_;
+  test::ScratchDir scratch_;  // Note [Test scratch directories]
+  const fs::path dir_ = scratch_.path();
   nn::ModulePtr model_;
   std::unique_ptr<SGD> optimizer_;
 };
