@@ -25,6 +25,9 @@ paths=(
   include/CLI share/cmake/CLI11                                  # CLI11
   include/stb                                                    # stb_image
   include/zlib.h include/zconf.h "lib/$arch"/libz.so*            # zlib
+  include/google/protobuf bin/protoc "lib/$arch"/libprotobuf.so* # protobuf (TensorBoard files)
+  "lib/$arch"/libprotoc.so*
+  include/isa-l include/isa-l.h "lib/$arch"/libisal.so*           # ISA-L (CRC-32C)
 )
 for p in "${paths[@]}"; do
   # shellcheck disable=SC2086  # globs expand on purpose
