@@ -24,7 +24,7 @@ std::vector<double> sum_over_ranks(const Job& job, std::vector<double> values) {
   if (!job.group) return values;
   Tensor t = tensor<double>(values, {static_cast<int64_t>(values.size())}).to(job.device);
   job.group->allreduce(t, ReduceOp::Sum)->wait();
-  return t.to(kCPU).to_vector<double>();
+  return t.to_vector<double>();  // copies from the device
 }
 
 Totals sum_over_ranks(const Job& job, const Totals& t) {

@@ -83,6 +83,10 @@ TrainingProgress load_checkpoint(const std::string& path, nn::Module& model, Opt
   return progress;
 }
 
+int64_t checkpoint_int(const Metadata& meta, const std::string& key, const std::string& path) {
+  return read_int(meta, key, path);
+}
+
 Metadata read_checkpoint_metadata(const std::string& path) {
   return load_safetensors(path).metadata;
 }

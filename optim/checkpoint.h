@@ -56,5 +56,8 @@ TrainingProgress load_checkpoint(const std::string& path, nn::Module& model,
 
 // The metadata of a checkpoint (e.g. to rebuild the model it describes before loading).
 Metadata read_checkpoint_metadata(const std::string& path);
+// The integer a checkpoint's metadata holds under `key`, all of it; ValueError naming `path`
+// when the key is missing or its value is not a whole integer.
+int64_t checkpoint_int(const Metadata& meta, const std::string& key, const std::string& path);
 
 }  // namespace loom::optim

@@ -25,12 +25,14 @@ std::string epoch_name(int64_t epoch) {
   return name;
 }
 
-// The world size a checkpoint names ("world_size"), or `otherwise` when it names none.
-int saved_world_size(const Metadata& meta, int otherwise) {
-  const auto it = meta.find("world_size");
-  if (it == meta.end()) return otherwise;
-  const int world = std::atoi(it->second.c_str());
-  return world > 0 ? world : otherwise;
+// The world size a checkpoint names ("world_size"), or `otherwise` when it names none; a value
+// that is not a positive integer is refused, as load_checkpoint refuses its other integers.
+int64_t saved_world_size(const Metadata& meta, int64_t otherwise, const std::string& path) {
+  if (!meta.count("world_size")) return otherwise;
+  const int64_t world = checkpoint_int(meta, "world_size", path);
+  LOOM_CHECK(world >= 1, ValueError, "resume: ", path, ": metadata 'world_size' must be >= 1; got ",
+             world);
+  return world;
 }
 
 }  // namespace
@@ -69,7 +71,7 @@ Resumed CheckpointManager::resume(const std::string& requested, nn::Module& mode
   r.path = resume_path(requested);
   if (r.path.empty()) return r;
   const Metadata meta = read_checkpoint_metadata(r.path);
-  r.saved_world_size = saved_world_size(meta, options_.world_size);
+  r.saved_world_size = static_cast<int>(saved_world_size(meta, options_.world_size, r.path));
   // A run that switches to --amp fp16 from a checkpoint without a loss scale starts a new one.
   GradScaler* resumed_scaler = scaler && meta.count("scaler.scale") ? scaler : nullptr;
   r.scaler_restored = resumed_scaler != nullptr;

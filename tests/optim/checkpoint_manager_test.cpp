@@ -11,6 +11,7 @@
 
 #include "optim/sgd.h"
 #include "scratch_dir.h"
+#include "tensor/safetensors.h"
 #include "test_util.h"
 
 namespace loom::optim {
@@ -89,6 +90,20 @@ TEST_F(Manager, ResumesAtAnotherWorldSizeWhereTheBatchesDivide) {
   // At the end of an epoch any world size continues.
   manager(2).save_last({.epoch = 2, .step = 12, .batch = 0});
   EXPECT_EQ(manager(4).resume(path, *model_, optimizer_.get(), nullptr, nullptr).progress.epoch, 2);
+}
+
+// A world size that is not a whole positive integer is refused, as load_checkpoint refuses its
+// other integers, instead of being read as "unknown".
+TEST_F(Manager, AMalformedWorldSizeIsRefused) {
+  manager(2).save_last({.epoch = 1, .step = 9, .batch = 3});
+  const std::string path = manager(2).last_path();
+  SafetensorsFile file = load_safetensors(path);
+  for (const std::string bad : {"2x", "0", "-1"}) {
+    file.metadata["world_size"] = bad;
+    save_safetensors(path, file.tensors, file.metadata);
+    EXPECT_LOOM_ERROR(manager(1).resume(path, *model_, optimizer_.get(), nullptr, nullptr),
+                      ValueError, {path, "world_size", bad});
+  }
 }
 
 }  // namespace
