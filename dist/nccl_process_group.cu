@@ -813,7 +813,10 @@ class ProcessGroupNCCL final : public ProcessGroup {
         published_upto_ = w->seq();
       }
       while (has_garbage()) {
-        if (!checks_.forget(deleted_upto_ + 1)) throw DistError("the store does not answer");
+        if (!checks_.forget(deleted_upto_ + 1)) {
+          store_failed_ = true;  // as below
+          return;
+        }
         ++deleted_upto_;
       }
       probe_stalled();
