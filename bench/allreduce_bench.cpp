@@ -41,8 +41,8 @@
 #include "dist_bench.h"
 #include "loom.h"
 #include "stats.h"
+#include "tensor/accelerator.h"
 #include "tensor/copy.h"
-#include "tensor/cuda/runtime.h"
 #include "tensor/index.h"
 
 namespace {
@@ -161,8 +161,8 @@ int run_worker(const Options& o) {
   group_options.check_collectives = o.check_collectives;
   loom::Device device = loom::kCPU;
   if (o.cuda) {
-    device = {loom::DeviceType::CUDA, env.local_rank % std::max(1, loom::cuda::device_count())};
-    loom::cuda::set_device(device.index);
+    device = {loom::DeviceType::CUDA, env.local_rank % std::max(1, loom::cuda_device_count())};
+    loom::set_cuda_device(device);
   }
   auto group = o.backend == "nccl"
                    ? dist::make_nccl_process_group(store, env.rank, env.world_size, group_options)
@@ -171,7 +171,7 @@ int run_worker(const Options& o) {
   // orders the current stream after it.
   auto finish = [&](const std::shared_ptr<dist::Work>& work) {
     work->wait();
-    if (o.cuda) loom::cuda::synchronize(device.index);
+    if (o.cuda) loom::synchronize(device);
   };
 
   std::ofstream out;

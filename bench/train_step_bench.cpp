@@ -12,7 +12,7 @@
 // model.to(memory_format=torch.channels_last), its usual recipe, and loom's
 // Module::to(MemoryFormat::kChannelsLast)), so that on a GPU both run NHWC convolutions.
 // On a GPU loom also takes each step a second time with cuDNN's first-ranked algorithms whether
-// deterministic or not (cuda::set_cudnn_deterministic(false), PyTorch's default; loom's default
+// deterministic or not (set_cudnn_deterministic(false), PyTorch's default; loom's default
 // keeps to deterministic ones): the row "loom, any cuDNN algorithm".
 // loom's ResNet applies each ReLU and residual add inside the batch norm before it (Note [Batch
 // norm with ReLU]); --no-fusion runs them one by one, as torchvision and PyTorch eager do. On a
@@ -36,8 +36,7 @@
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
 #include "stats.h"
-#include "tensor/cuda/blas.h"
-#include "tensor/cuda/runtime.h"
+#include "tensor/accelerator.h"
 #include "torch_peer.h"
 
 namespace {
@@ -103,9 +102,9 @@ int main(int argc, char** argv) {
   const bool mixed = amp != "off";
   const loom::DType amp_dtype = amp == "fp16" ? loom::kFloat16 : loom::kBFloat16;
   const bool on_gpu = device_name == "cuda";
-  if (on_gpu && loom::cuda::device_count() == 0) {
+  if (on_gpu && loom::cuda_device_count() == 0) {
     std::fprintf(stderr, "--device cuda: no CUDA device visible%s\n",
-                 loom::cuda::is_built() ? "" : " (loom was built without CUDA)");
+                 loom::cuda_is_built() ? "" : " (loom was built without CUDA)");
     return 2;
   }
   const loom::Device device = on_gpu ? loom::Device{loom::DeviceType::CUDA, 0} : loom::kCPU;
@@ -169,14 +168,14 @@ int main(int argc, char** argv) {
     t.scaler.scale(loss).backward();
     t.scaler.step(*t.opt);
     t.scaler.update();
-    if (on_gpu) loom::cuda::synchronize(0);
+    if (on_gpu) loom::synchronize(loom::Device(loom::DeviceType::CUDA, 0));
     return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   };
   // The same step with cuDNN's ranking as it is (non-deterministic algorithms allowed).
   auto loom_any_step = [&](Trainer& t, bool autocast) {
-    loom::cuda::set_cudnn_deterministic(false);
+    loom::set_cudnn_deterministic(false);
     const double ms = loom_step(t, autocast);
-    loom::cuda::set_cudnn_deterministic(true);
+    loom::set_cudnn_deterministic(true);
     return ms;
   };
   auto torch_step = [&](bool autocast) {

@@ -11,8 +11,8 @@ namespace loom::dist {
 Device rank_device(const JobOptions& o, int local_rank) {
   if (o.gpus == 0) return kCPU;
   const int visible = cuda_device_count();
-  LOOM_CHECK(visible > 0, DeviceError, "--gpus ", o.gpus, ": no CUDA device is visible",
-             cuda_is_built() ? "" : " (loom was built without CUDA)");
+  LOOM_CHECK(visible > 0, DeviceError, "--gpus ", o.gpus, ": no CUDA device is visible (",
+             why_no_cuda_device(), ")");
   LOOM_CHECK(o.backend != "nccl" || o.gpus <= visible, ValueError, "--gpus ", o.gpus, ": only ",
              visible,
              " CUDA devices are visible, and nccl needs one per rank (--backend gloo "

@@ -905,15 +905,15 @@ class ProcessGroupNCCL final : public ProcessGroup {
 
 }  // namespace
 
-std::shared_ptr<ProcessGroup> make_nccl_process_group(std::shared_ptr<Store> store, int rank,
-                                                      int size, ProcessGroupOptions options,
-                                                      int device) {
-  LOOM_CHECK(store != nullptr, ValueError, "make_nccl_process_group: the store is null");
-  LOOM_CHECK(size >= 1 && rank >= 0 && rank < size, ValueError, "make_nccl_process_group: rank ",
-             rank, " is outside a group of ", size);
-  LOOM_CHECK(options.timeout > Milliseconds(0), ValueError,
-             "make_nccl_process_group: the timeout must be positive; got ", options.timeout.count(),
-             " ms");
+}  // namespace loom::dist
+
+// libloom_nccl's one export (dist/nccl_process_group.h): the group, once the front has checked
+// the arguments that need no GPU.
+extern "C" __attribute__((visibility("default"))) std::shared_ptr<loom::dist::ProcessGroup>
+loom_nccl_make_process_group(std::shared_ptr<loom::dist::Store> store, int rank, int size,
+                             loom::dist::ProcessGroupOptions options, int device) {
+  using namespace loom;
+  using namespace loom::dist;
   const int visible = cuda::device_count();
   LOOM_CHECK(visible > 0, DeviceError,
              "make_nccl_process_group: no CUDA device is visible; the nccl process group needs "
@@ -923,7 +923,3 @@ std::shared_ptr<ProcessGroup> make_nccl_process_group(std::shared_ptr<Store> sto
              " is not available: ", visible, " CUDA devices visible");
   return std::make_shared<ProcessGroupNCCL>(std::move(store), rank, size, options, device);
 }
-
-bool nccl_is_available() { return cuda::device_count() > 0; }
-
-}  // namespace loom::dist

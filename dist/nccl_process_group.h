@@ -1,6 +1,8 @@
 // dist/nccl_process_group.h — the nccl process group: the collectives of process_group.h on CUDA
 // tensors through NVIDIA's NCCL, one GPU per rank. Host-only (no CUDA or NCCL header): any file
-// may include it; a build without CUDA links dist/nccl_stubs.cpp, whose factory raises DeviceError.
+// may include it. The group lives in its own library, libloom_nccl (dist/nccl_process_group.cu),
+// which make_nccl_process_group loads the first time it is called (Note [The CUDA backend
+// library] in tensor/cuda_backend.h), so that loom_dist itself never links NCCL.
 //
 // Note [NCCL streams and waits]
 // - Each group owns one communication stream on its device. A collective records an event on
@@ -12,7 +14,7 @@
 //   already known. wait(t) with t > 0 also blocks the host until the work completes or fails
 //   (DistError "gave up after t ms" when t passes first); LOOM_NCCL_BLOCKING_WAIT=1 makes every
 //   wait() block so, up to twice the group's timeout. is_completed() queries the event.
-// - Tensor lifetime (Note [Caching allocator], tensor/cuda/caching_allocator.h): a tensor's
+// - Tensor lifetime (Note [Caching allocator], tensor/caching_allocator.h): a tensor's
 //   block belongs to the stream it was allocated on, and the allocator hands a freed block to
 //   the next kernel of that stream at once; the comm stream's use of it is invisible to the
 //   allocator. So the work holds a reference to every tensor it reads or writes (and to its
@@ -47,12 +49,20 @@ namespace loom::dist {
 // GPU per rank). Every rank must call it, in the same order for several groups. Rank 0 creates
 // NCCL's unique id and publishes it in `store` under "nccl<n>/unique_id" (n counts the groups
 // this process made); creating the communicator times out after options.timeout (DistError).
-// Raises DeviceError without a visible GPU, or in a build without CUDA.
+// Raises DeviceError without a visible GPU, in a build without CUDA, or where libloom_nccl or a
+// library it needs (libnccl) cannot be loaded, saying which.
 std::shared_ptr<ProcessGroup> make_nccl_process_group(std::shared_ptr<Store> store, int rank,
                                                       int size, ProcessGroupOptions options = {},
                                                       int device = -1);
 
-// True when loom was built with CUDA (and so with NCCL) and a GPU is visible.
+// True when loom was built with CUDA (and so with NCCL), libloom_nccl loads and a GPU is visible.
 bool nccl_is_available();
+
+// The symbol libloom_nccl exports, of type MakeNcclGroup: make_nccl_process_group after the
+// argument checks that need no GPU.
+using MakeNcclGroup = std::shared_ptr<ProcessGroup> (*)(std::shared_ptr<Store> store, int rank,
+                                                        int size, ProcessGroupOptions options,
+                                                        int device);
+inline constexpr const char* kNcclBackendEntry = "loom_nccl_make_process_group";
 
 }  // namespace loom::dist

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh ${LOOM_SETUP_ARGS:-}
 build=${LOOM_BUILD_DIR:-build}
 launcher=()
-command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release "${launcher[@]}" ${LOOM_CMAKE_ARGS:-}
 targets=()
 for t in "$@"; do targets+=(--target "$t"); done

@@ -2,25 +2,27 @@
 // devices, without naming a CUDA header: whether loom has CUDA and how many GPUs it sees, the
 // current GPU, waiting for a device, holding Note [Deferred device checks], and uploading
 // batches without stopping the host (Note [Uploading batches]). Without CUDA or a GPU the
-// counts are 0 and the CPU calls do nothing.
+// counts are 0 and the CPU calls do nothing. All of it goes through the CUDA backend library
+// (Note [The CUDA backend library] in tensor/cuda_backend.h).
 #pragma once
 
-#include <memory>
+#include <string>
 
 #include "tensor/tensor.h"
 
 namespace loom {
 
-namespace cuda {
-class DeferredChecksHold;
-class Uploader;
-}  // namespace cuda
-
-bool cuda_is_built();          // loom was compiled with CUDA
-int cuda_device_count();       // visible GPUs; 0 without CUDA, a driver or a GPU
+bool cuda_is_built();     // loom was compiled with CUDA
+int cuda_device_count();  // visible GPUs; 0 without CUDA, its libraries, a driver or a GPU
+// Why cuda_device_count() is 0: loom built without CUDA, a CUDA library that cannot be loaded
+// (named), or no GPU that the driver sees.
+std::string why_no_cuda_device();
 Device current_cuda_device();  // the GPU this thread launches on
 void set_cuda_device(Device device);
 void synchronize(Device device);  // waits for all work queued on `device` (a CPU: nothing)
+// Whether cuDNN keeps to deterministic convolution algorithms (default true; PyTorch's default
+// is false): Note [conv2d on cuDNN].
+void set_cudnn_deterministic(bool deterministic);
 
 // While one lives, an earlier op's deferred device check cannot throw on this thread (Note
 // [Deferred device checks] in tensor/cuda/runtime.h): for library code that waits for the
@@ -33,7 +35,7 @@ class DeferredChecksHold {
   DeferredChecksHold& operator=(const DeferredChecksHold&) = delete;
 
  private:
-  std::unique_ptr<cuda::DeferredChecksHold> hold_;
+  bool held_ = false;  // a CUDA backend is loaded and counts this hold
 };
 
 // Copies training batches to a GPU through a ring of pinned buffers, so that the host does not
@@ -50,7 +52,8 @@ class BatchUploader {
                     MemoryFormat format = MemoryFormat::kContiguous);
 
  private:
-  std::unique_ptr<cuda::Uploader> uploader_;
+  int ring_size_;
+  void* uploader_ = nullptr;  // the backend's, made at the first upload to a GPU
 };
 
 }  // namespace loom

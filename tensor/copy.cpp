@@ -1,6 +1,7 @@
 // tensor/copy.cpp — strided copies with conversion, fills, and moves between devices.
 // Device switch per op (Decision 2): CPU work runs the strided loop of tensor/cpu/loops.h, work
-// on one GPU the kernels of tensor/cuda/copy.cu; Note [Copies between devices] for the rest.
+// on one GPU the CUDA backend's (tensor/cuda_backend.h); Note [Copies between devices] for the
+// rest.
 
 #include "tensor/copy.h"
 
@@ -10,8 +11,7 @@
 
 #include "tensor/checks.h"
 #include "tensor/cpu/loops.h"
-#include "tensor/cuda/copy.h"
-#include "tensor/cuda/runtime.h"
+#include "tensor/cuda_backend.h"
 #include "tensor/dispatch.h"
 #include "tensor/parallel.h"
 #include "tensor/view.h"
@@ -151,8 +151,7 @@ void copy_(const Tensor& dst, const Tensor& src) {
     dst.bump_version();
     return copy_cpu(dst, src);
   }
-  if (dst.device() == src.device()) return cuda::copy_(dst, src);  // bumps the version
-  using cuda::CopyKind;
+  if (dst.device() == src.device()) return cuda_backend().copy_(dst, src);  // bumps the version
   if (dst.is_cuda() && src.is_cuda()) return copy_(dst, to_device(src, kCPU));
   const MemoryFormat format = suggest_memory_format(dst);
   if (dst.is_cuda()) {  // host to device
@@ -160,19 +159,18 @@ void copy_(const Tensor& dst, const Tensor& src) {
     if (dense.dtype() == dst.dtype() && same_dense_layout(dense, dst)) {
       dst.bump_version();
       if (dst.nbytes())
-        cuda::copy_bytes(dst.data(), dense.data(), dst.nbytes(), CopyKind::HostToDevice,
-                         dst.device().index);
+        cuda_backend().copy_to_device(dst.data(), dense.data(), dst.nbytes(), dst.device().index);
       return;
     }
     Tensor moved = empty(dense.sizes(), dense.dtype(), dst.device(), suggest_memory_format(dense));
     copy_(moved, dense);
-    return cuda::copy_(dst, moved);
+    return cuda_backend().copy_(dst, moved);
   }
   // device to host
   Tensor dense = src;
   if (src.dtype() != dst.dtype() || !same_dense_layout(src, dst)) {
     dense = empty(dst.sizes(), dst.dtype(), src.device(), format);
-    cuda::copy_(dense, src);
+    cuda_backend().copy_(dense, src);
   }
   if (!same_dense_layout(dst, dense)) {  // dst is a strided view
     Tensor staged = empty(dst.sizes(), dst.dtype(), kCPU, suggest_memory_format(dense));
@@ -182,12 +180,11 @@ void copy_(const Tensor& dst, const Tensor& src) {
   }
   dst.bump_version();
   if (dst.nbytes())
-    cuda::copy_bytes(dst.data(), dense.data(), dst.nbytes(), CopyKind::DeviceToHost,
-                     src.device().index);
+    cuda_backend().copy_to_host(dst.data(), dense.data(), dst.nbytes(), src.device().index);
 }
 
 void fill_(const Tensor& dst, double value) {
-  if (dst.is_cuda()) return cuda::fill_(dst, value);  // bumps the version
+  if (dst.is_cuda()) return cuda_backend().fill_(dst, value);  // bumps the version
   dst.bump_version();
   dispatch_all(dst.dtype(), "fill_", [&]<typename T>() {
     const T v = convert<T>(value);

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "tensor/copy.h"
-#include "tensor/cuda/random.h"
+#include "tensor/cuda_backend.h"
 #include "tensor/dispatch.h"
 #include "tensor/parallel.h"
 #include "tensor/random.h"
@@ -109,7 +109,7 @@ Tensor rand(const Shape& shape, DType dtype, Device device) {
   const Generator::State g = default_generator().state();
   const uint64_t first = default_generator().reserve((n + 3) / 4);
   if (t.is_cuda()) {
-    cuda::fill_uniform_(t, g.seed, first, 0.0, 1.0);
+    cuda_backend().fill_uniform_(t, g.seed, first, 0.0, 1.0);
     return t;
   }
   dispatch_floating(dtype, "rand", [&]<typename T>() {
@@ -132,7 +132,7 @@ Tensor randn(const Shape& shape, DType dtype, Device device) {
   const Generator::State g = default_generator().state();
   const uint64_t first = default_generator().reserve((n + 1) / 2);
   if (t.is_cuda()) {
-    cuda::fill_normal_(t, g.seed, first, 0.0, 1.0);
+    cuda_backend().fill_normal_(t, g.seed, first, 0.0, 1.0);
     return t;
   }
   dispatch_floating(dtype, "randn", [&]<typename T>() {
@@ -158,7 +158,7 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, DType dtype, Devic
   const Generator::State g = default_generator().state();
   const uint64_t first = default_generator().reserve((n + 1) / 2);
   if (t.is_cuda()) {
-    cuda::fill_randint_(t, g.seed, first, low, high);
+    cuda_backend().fill_randint_(t, g.seed, first, low, high);
     return t;
   }
   dispatch_numeric(dtype, "randint", [&]<typename T>() {

@@ -1,13 +1,14 @@
 // tensor/optim.cpp — the front of the fused optimizer updates (tensor/optim.h): the checks that
 // every tensor of a list shares the first parameter's device and dtype, its shape and a dense
-// layout, then the one device switch to tensor/cpu/optim.cpp or tensor/cuda/optim.cu.
+// layout, then the one device switch to tensor/cpu/optim.cpp or the CUDA backend
+// (tensor/cuda_backend.h).
 
 #include "tensor/optim.h"
 
 #include "tensor/checks.h"
 #include "tensor/copy.h"
 #include "tensor/cpu/optim.h"
-#include "tensor/cuda/optim.h"
+#include "tensor/cuda_backend.h"
 
 namespace loom::kernels {
 
@@ -56,7 +57,7 @@ void sgd_update(std::span<const SgdTensors> list, const SgdStep& s) {
     check_member(op, "grad", e.grad, e.param, first);
     check_member(op, "momentum_buffer", e.buffer, e.param, first);
   }
-  if (first.is_cuda()) return cuda::sgd_update(list, s);
+  if (first.is_cuda()) return cuda_backend().sgd_update(list, s);
   cpu::sgd_update(list, s);
 }
 
@@ -72,7 +73,7 @@ void adam_update(std::span<const AdamTensors> list, const AdamStep& s) {
     check_member(op, "exp_avg_sq", e.exp_avg_sq, e.param, first);
     check_member(op, "max_exp_avg_sq", e.max_exp_avg_sq, e.param, first);
   }
-  if (first.is_cuda()) return cuda::adam_update(list, s);
+  if (first.is_cuda()) return cuda_backend().adam_update(list, s);
   cpu::adam_update(list, s);
 }
 
@@ -88,7 +89,7 @@ void unscale_and_check_(std::span<const Tensor> grads, double inv_scale, const T
              found_inf.defined() ? detail::str(found_inf.dtype(), " ", found_inf.sizes(), " on ",
                                                found_inf.device())
                                  : std::string("an undefined tensor"));
-  if (first.is_cuda()) return cuda::unscale_and_check_(grads, inv_scale, found_inf);
+  if (first.is_cuda()) return cuda_backend().unscale_and_check_(grads, inv_scale, found_inf);
   cpu::unscale_and_check_(grads, inv_scale, found_inf);
 }
 

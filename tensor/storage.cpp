@@ -1,8 +1,8 @@
 // tensor/storage.cpp — allocation with per-device accounting. CPU memory is 64-byte aligned
 // (a cache line, and the widest vector load), so kernels may use aligned loads on fresh tensors;
 // large CPU blocks are cached (Note [Host block cache] in tensor/cpu/host_cache.h). CUDA memory
-// comes from the caching allocator (tensor/cuda/caching_allocator.h), for the current stream of
-// the device.
+// comes from the CUDA backend's caching allocator (tensor/caching_allocator.h), for the current
+// stream of the device.
 
 #include "tensor/storage.h"
 
@@ -11,7 +11,7 @@
 #include <unordered_map>
 
 #include "tensor/cpu/host_cache.h"
-#include "tensor/cuda/runtime.h"
+#include "tensor/cuda_backend.h"
 #include "tensor/error.h"
 
 namespace loom {
@@ -50,17 +50,17 @@ Storage allocate_storage(size_t nbytes, Device device) {
       accounting().add(device, -static_cast<int64_t>(nbytes));
     });
   }
-  if (cuda::is_built()) {
-    LOOM_CHECK(device.index >= 0 && device.index < cuda::device_count(), DeviceError,
-               "allocate: ", device, " is not available (", cuda::device_count(),
-               " CUDA devices visible)");
-  }
-  void* data = nbytes ? cuda::allocate(nbytes, device.index) : nullptr;
+  const CudaBackend& backend = cuda_backend("allocate");
+  const int visible = backend.device_count();
+  LOOM_CHECK(device.index >= 0 && device.index < visible, DeviceError, "allocate: ", device,
+             " is not available (", visible, " CUDA devices visible)");
+  void* data = nbytes ? backend.allocate(nbytes, device.index) : nullptr;
   accounting().add(device, accounted);
-  return std::make_shared<StorageImpl>(data, nbytes, device, [device, accounted](void* p) {
-    if (p) cuda::deallocate(p, device.index);
-    accounting().add(device, -accounted);
-  });
+  return std::make_shared<StorageImpl>(data, nbytes, device,
+                                       [&backend, device, accounted](void* p) {
+                                         if (p) backend.deallocate(p, device.index);
+                                         accounting().add(device, -accounted);
+                                       });
 }
 
 MemoryStats memory_stats(Device device) {
@@ -71,8 +71,10 @@ MemoryStats memory_stats(Device device) {
     s = a.per_device[Accounting::key(device)];
   }
   if (device.is_cpu()) s.cached_bytes = cpu::host_cache_stats().cached_bytes;
-  if (device.is_cuda() && cuda::is_built())
-    s.cached_bytes = cuda::allocator_stats(device.index).cached_bytes;
+  if (device.is_cuda()) {
+    if (const CudaBackend* backend = cuda_backend_if_loaded())
+      s.cached_bytes = backend->cached_bytes(device.index);
+  }
   return s;
 }
 
@@ -81,7 +83,10 @@ void reset_peak_memory(Device device) {
   std::lock_guard<std::mutex> lock(a.mutex);
   MemoryStats& s = a.per_device[Accounting::key(device)];
   s.peak_bytes = s.current_bytes;
-  if (device.is_cuda() && cuda::is_built()) cuda::reset_peak_allocator_stats(device.index);
+  if (device.is_cuda()) {
+    if (const CudaBackend* backend = cuda_backend_if_loaded())
+      backend->reset_peak_allocator_stats(device.index);
+  }
 }
 
 }  // namespace loom

@@ -16,7 +16,7 @@
 #include "tensor/copy.h"
 #include "tensor/cpu/gemm.h"
 #include "tensor/cpu/packed_gemm.h"
-#include "tensor/cuda/conv.h"
+#include "tensor/cuda_backend.h"
 #include "tensor/dispatch.h"
 #include "tensor/parallel.h"
 
@@ -767,7 +767,7 @@ Shape conv2d_output_shape(const Tensor& x, const Tensor& weight, const Tensor& b
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
               const Conv2dOptions& options) {
   const Shape out_shape = conv2d_output_shape(x, weight, bias, options);
-  if (x.is_cuda()) return cuda::conv2d(x, weight, bias, options);
+  if (x.is_cuda()) return cuda_backend().conv2d(x, weight, bias, options);
   if (is_16bit_float(x.dtype())) {  // Note [16-bit products on the CPU] (tensor/cpu/linalg.cpp)
     return to_dtype(conv2d(widened(x), widened(weight), widened(bias), options), x.dtype());
   }
@@ -799,7 +799,7 @@ Conv2dGrads conv2d_backward(const Tensor& dout, const Tensor& x, const Tensor& w
              "; got dout=", dout.sizes(), " x=", x.sizes(), " weight=", weight.sizes());
   LOOM_CHECK(dout.dtype() == x.dtype(), DTypeError,
              "conv2d_backward: dtypes differ; got dout=", dout.dtype(), " x=", x.dtype());
-  if (x.is_cuda()) return cuda::conv2d_backward(dout, x, weight, options, needs);
+  if (x.is_cuda()) return cuda_backend().conv2d_backward(dout, x, weight, options, needs);
   if (is_16bit_float(x.dtype())) {  // Note [16-bit products on the CPU] (tensor/cpu/linalg.cpp)
     Conv2dGrads grads = conv2d_backward(widened(dout), widened(x), widened(weight), options, needs);
     for (Tensor* g : {&grads.dx, &grads.dweight, &grads.dbias})

@@ -14,7 +14,7 @@
 #include "tensor/checks.h"
 #include "tensor/copy.h"
 #include "tensor/cpu/loops.h"
-#include "tensor/cuda/elementwise.h"
+#include "tensor/cuda_backend.h"
 #include "tensor/dispatch.h"
 
 namespace loom::kernels {
@@ -182,62 +182,62 @@ T generic_pow(T x, T y) {
 // ---------------------------------------------------------------- binary
 
 Tensor add(const Tensor& a, const Tensor& b, double alpha) {
-  if (on_cuda("add", {a, b})) return cuda::add(a, b, alpha);
+  if (on_cuda("add", {a, b})) return cuda_backend().add(a, b, alpha);
   if (alpha == 1.0) return arithmetic("add", a, b, [](auto x, auto y) { return x + y; });
   return arithmetic("add", a, b,
                     [alpha](auto x, auto y) { return x + static_cast<decltype(y)>(alpha) * y; });
 }
 Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
-  if (on_cuda("sub", {a, b})) return cuda::sub(a, b, alpha);
+  if (on_cuda("sub", {a, b})) return cuda_backend().sub(a, b, alpha);
   if (alpha == 1.0) return arithmetic("sub", a, b, [](auto x, auto y) { return x - y; });
   return arithmetic("sub", a, b,
                     [alpha](auto x, auto y) { return x - static_cast<decltype(y)>(alpha) * y; });
 }
 Tensor mul(const Tensor& a, const Tensor& b) {
-  if (on_cuda("mul", {a, b})) return cuda::mul(a, b);
+  if (on_cuda("mul", {a, b})) return cuda_backend().mul(a, b);
   return arithmetic("mul", a, b, [](auto x, auto y) { return x * y; });
 }
 Tensor div(const Tensor& a, const Tensor& b) {
-  if (on_cuda("div", {a, b})) return cuda::div(a, b);
+  if (on_cuda("div", {a, b})) return cuda_backend().div(a, b);
   // True division: integers divide as float32, as in PyTorch.
   DType t = promote_types(a.dtype(), b.dtype());
   if (!is_floating(t)) t = kFloat32;
   return binary<false>("div", a, b, t, [](auto x, auto y) { return x / y; });
 }
 Tensor pow(const Tensor& a, const Tensor& b) {
-  if (on_cuda("pow", {a, b})) return cuda::pow(a, b);
+  if (on_cuda("pow", {a, b})) return cuda_backend().pow(a, b);
   return arithmetic("pow", a, b, [](auto x, auto y) { return generic_pow(x, y); });
 }
 Tensor maximum(const Tensor& a, const Tensor& b) {
-  if (on_cuda("maximum", {a, b})) return cuda::maximum(a, b);
+  if (on_cuda("maximum", {a, b})) return cuda_backend().maximum(a, b);
   return arithmetic("maximum", a, b, [](auto x, auto y) {
     return (x != x || x > y) ? x : y;  // NaN propagates
   });
 }
 Tensor minimum(const Tensor& a, const Tensor& b) {
-  if (on_cuda("minimum", {a, b})) return cuda::minimum(a, b);
+  if (on_cuda("minimum", {a, b})) return cuda_backend().minimum(a, b);
   return arithmetic("minimum", a, b, [](auto x, auto y) { return (x != x || x < y) ? x : y; });
 }
 
 Tensor add_scalar(const Tensor& a, double b) {
-  if (on_cuda("add_scalar", {a})) return cuda::add_scalar(a, b);
+  if (on_cuda("add_scalar", {a})) return cuda_backend().add_scalar(a, b);
   return with_scalar("add", a, b, [](auto x, auto v) { return x + v; });
 }
 Tensor mul_scalar(const Tensor& a, double b) {
-  if (on_cuda("mul_scalar", {a})) return cuda::mul_scalar(a, b);
+  if (on_cuda("mul_scalar", {a})) return cuda_backend().mul_scalar(a, b);
   return with_scalar("mul", a, b, [](auto x, auto v) { return x * v; });
 }
 Tensor rsub_scalar(const Tensor& a, double b) {
-  if (on_cuda("rsub_scalar", {a})) return cuda::rsub_scalar(a, b);
+  if (on_cuda("rsub_scalar", {a})) return cuda_backend().rsub_scalar(a, b);
   return with_scalar("rsub", a, b, [](auto x, auto v) { return v - x; });
 }
 Tensor div_scalar(const Tensor& a, double b) {
-  if (on_cuda("div_scalar", {a})) return cuda::div_scalar(a, b);
+  if (on_cuda("div_scalar", {a})) return cuda_backend().div_scalar(a, b);
   const Tensor af = is_floating(a.dtype()) ? a : to_dtype(a, kFloat32);
   return with_scalar("div", af, b, [](auto x, auto v) { return x / v; });
 }
 Tensor pow_scalar(const Tensor& a, double exponent) {
-  if (on_cuda("pow_scalar", {a})) return cuda::pow_scalar(a, exponent);
+  if (on_cuda("pow_scalar", {a})) return cuda_backend().pow_scalar(a, exponent);
   if (exponent == 2.0) return with_scalar("pow", a, exponent, [](auto x, auto) { return x * x; });
   if (exponent == 0.5 && is_floating(a.dtype()))
     return unary_float("pow", a, [](auto x) { return std::sqrt(x); });
@@ -247,89 +247,89 @@ Tensor pow_scalar(const Tensor& a, double exponent) {
 // ---------------------------------------------------------------- comparisons
 
 Tensor eq(const Tensor& a, const Tensor& b) {
-  if (on_cuda("eq", {a, b})) return cuda::eq(a, b);
+  if (on_cuda("eq", {a, b})) return cuda_backend().eq(a, b);
   return compare("eq", a, b, [](auto x, auto y) { return x == y; });
 }
 Tensor ne(const Tensor& a, const Tensor& b) {
-  if (on_cuda("ne", {a, b})) return cuda::ne(a, b);
+  if (on_cuda("ne", {a, b})) return cuda_backend().ne(a, b);
   return compare("ne", a, b, [](auto x, auto y) { return x != y; });
 }
 Tensor lt(const Tensor& a, const Tensor& b) {
-  if (on_cuda("lt", {a, b})) return cuda::lt(a, b);
+  if (on_cuda("lt", {a, b})) return cuda_backend().lt(a, b);
   return compare("lt", a, b, [](auto x, auto y) { return x < y; });
 }
 Tensor le(const Tensor& a, const Tensor& b) {
-  if (on_cuda("le", {a, b})) return cuda::le(a, b);
+  if (on_cuda("le", {a, b})) return cuda_backend().le(a, b);
   return compare("le", a, b, [](auto x, auto y) { return x <= y; });
 }
 Tensor gt(const Tensor& a, const Tensor& b) {
-  if (on_cuda("gt", {a, b})) return cuda::gt(a, b);
+  if (on_cuda("gt", {a, b})) return cuda_backend().gt(a, b);
   return compare("gt", a, b, [](auto x, auto y) { return x > y; });
 }
 Tensor ge(const Tensor& a, const Tensor& b) {
-  if (on_cuda("ge", {a, b})) return cuda::ge(a, b);
+  if (on_cuda("ge", {a, b})) return cuda_backend().ge(a, b);
   return compare("ge", a, b, [](auto x, auto y) { return x >= y; });
 }
 Tensor eq_scalar(const Tensor& a, double b) {
-  if (on_cuda("eq_scalar", {a})) return cuda::eq_scalar(a, b);
+  if (on_cuda("eq_scalar", {a})) return cuda_backend().eq_scalar(a, b);
   return compare_scalar("eq", a, b, [](double x, double y) { return x == y; });
 }
 Tensor gt_scalar(const Tensor& a, double b) {
-  if (on_cuda("gt_scalar", {a})) return cuda::gt_scalar(a, b);
+  if (on_cuda("gt_scalar", {a})) return cuda_backend().gt_scalar(a, b);
   return compare_scalar("gt", a, b, [](double x, double y) { return x > y; });
 }
 Tensor lt_scalar(const Tensor& a, double b) {
-  if (on_cuda("lt_scalar", {a})) return cuda::lt_scalar(a, b);
+  if (on_cuda("lt_scalar", {a})) return cuda_backend().lt_scalar(a, b);
   return compare_scalar("lt", a, b, [](double x, double y) { return x < y; });
 }
 
 // ---------------------------------------------------------------- unary
 
 Tensor neg(const Tensor& x) {
-  if (on_cuda("neg", {x})) return cuda::neg(x);
+  if (on_cuda("neg", {x})) return cuda_backend().neg(x);
   return unary_numeric("neg", x, [](auto v) { return -v; });
 }
 Tensor abs(const Tensor& x) {
-  if (on_cuda("abs", {x})) return cuda::abs(x);
+  if (on_cuda("abs", {x})) return cuda_backend().abs(x);
   return unary_numeric("abs", x, [](auto v) { return v < 0 ? -v : v; });
 }
 Tensor sign(const Tensor& x) {
-  if (on_cuda("sign", {x})) return cuda::sign(x);
+  if (on_cuda("sign", {x})) return cuda_backend().sign(x);
   return unary_numeric("sign", x, [](auto v) { return (v > 0) - (v < 0); });
 }
 Tensor exp(const Tensor& x) {
-  if (on_cuda("exp", {x})) return cuda::exp(x);
+  if (on_cuda("exp", {x})) return cuda_backend().exp(x);
   return unary_float("exp", x, [](auto v) { return std::exp(v); });
 }
 Tensor log(const Tensor& x) {
-  if (on_cuda("log", {x})) return cuda::log(x);
+  if (on_cuda("log", {x})) return cuda_backend().log(x);
   return unary_float("log", x, [](auto v) { return std::log(v); });
 }
 Tensor sqrt(const Tensor& x) {
-  if (on_cuda("sqrt", {x})) return cuda::sqrt(x);
+  if (on_cuda("sqrt", {x})) return cuda_backend().sqrt(x);
   return unary_float("sqrt", x, [](auto v) { return std::sqrt(v); });
 }
 Tensor rsqrt(const Tensor& x) {
-  if (on_cuda("rsqrt", {x})) return cuda::rsqrt(x);
+  if (on_cuda("rsqrt", {x})) return cuda_backend().rsqrt(x);
   return unary_float("rsqrt", x, [](auto v) { return decltype(v)(1) / std::sqrt(v); });
 }
 Tensor tanh(const Tensor& x) {
-  if (on_cuda("tanh", {x})) return cuda::tanh(x);
+  if (on_cuda("tanh", {x})) return cuda_backend().tanh(x);
   return unary_float("tanh", x, [](auto v) { return std::tanh(v); });
 }
 Tensor sigmoid(const Tensor& x) {
-  if (on_cuda("sigmoid", {x})) return cuda::sigmoid(x);
+  if (on_cuda("sigmoid", {x})) return cuda_backend().sigmoid(x);
   return unary_float("sigmoid", x, [](auto v) {
     using T = decltype(v);
     return T(1) / (T(1) + std::exp(-v));
   });
 }
 Tensor relu(const Tensor& x) {
-  if (on_cuda("relu", {x})) return cuda::relu(x);
+  if (on_cuda("relu", {x})) return cuda_backend().relu(x);
   return unary_numeric("relu", x, [](auto v) { return v > 0 ? v : decltype(v)(0); });
 }
 Tensor gelu(const Tensor& x, bool tanh_approximation) {
-  if (on_cuda("gelu", {x})) return cuda::gelu(x, tanh_approximation);
+  if (on_cuda("gelu", {x})) return cuda_backend().gelu(x, tanh_approximation);
   if (tanh_approximation) {
     return unary_float("gelu", x, [](auto v) {
       using T = decltype(v);
@@ -343,7 +343,7 @@ Tensor gelu(const Tensor& x, bool tanh_approximation) {
   });
 }
 Tensor clamp(const Tensor& x, double min, double max) {
-  if (on_cuda("clamp", {x})) return cuda::clamp(x, min, max);
+  if (on_cuda("clamp", {x})) return cuda_backend().clamp(x, min, max);
   LOOM_CHECK(!(min > max), ValueError, "clamp: min ", min, " is greater than max ", max);
   return unary_numeric("clamp", x, [min, max](auto v) {
     using T = decltype(v);
@@ -356,7 +356,7 @@ Tensor clamp(const Tensor& x, double min, double max) {
 // ---------------------------------------------------------------- where
 
 Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
-  if (on_cuda("where", {condition, a, b})) return cuda::where(condition, a, b);
+  if (on_cuda("where", {condition, a, b})) return cuda_backend().where(condition, a, b);
   cpu_only("where", {condition, a, b});
   LOOM_CHECK(condition.dtype() == kBool, DTypeError, "where: condition must be bool; got ",
              condition.dtype());
@@ -377,22 +377,23 @@ Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
 // ---------------------------------------------------------------- fused backwards
 
 Tensor relu_backward(const Tensor& dout, const Tensor& out) {
-  if (on_cuda("relu_backward", {dout, out})) return cuda::relu_backward(dout, out);
+  if (on_cuda("relu_backward", {dout, out})) return cuda_backend().relu_backward(dout, out);
   return backward_binary("relu_backward", dout, out,
                          [](auto g, auto y) { return y > 0 ? g : decltype(g)(0); });
 }
 Tensor sigmoid_backward(const Tensor& dout, const Tensor& out) {
-  if (on_cuda("sigmoid_backward", {dout, out})) return cuda::sigmoid_backward(dout, out);
+  if (on_cuda("sigmoid_backward", {dout, out})) return cuda_backend().sigmoid_backward(dout, out);
   return backward_binary("sigmoid_backward", dout, out,
                          [](auto g, auto y) { return g * y * (decltype(g)(1) - y); });
 }
 Tensor tanh_backward(const Tensor& dout, const Tensor& out) {
-  if (on_cuda("tanh_backward", {dout, out})) return cuda::tanh_backward(dout, out);
+  if (on_cuda("tanh_backward", {dout, out})) return cuda_backend().tanh_backward(dout, out);
   return backward_binary("tanh_backward", dout, out,
                          [](auto g, auto y) { return g * (decltype(g)(1) - y * y); });
 }
 Tensor gelu_backward(const Tensor& dout, const Tensor& x, bool tanh_approximation) {
-  if (on_cuda("gelu_backward", {dout, x})) return cuda::gelu_backward(dout, x, tanh_approximation);
+  if (on_cuda("gelu_backward", {dout, x}))
+    return cuda_backend().gelu_backward(dout, x, tanh_approximation);
   if (tanh_approximation) {
     // d/dx 0.5x(1+tanh(u)), u = k(x + c x^3): 0.5(1+t) + 0.5x(1-t^2) k (1 + 3c x^2)
     return backward_binary("gelu_backward", dout, x, [](auto g, auto v) {
@@ -411,7 +412,7 @@ Tensor gelu_backward(const Tensor& dout, const Tensor& x, bool tanh_approximatio
   });
 }
 Tensor clamp_backward(const Tensor& dout, const Tensor& x, double min, double max) {
-  if (on_cuda("clamp_backward", {dout, x})) return cuda::clamp_backward(dout, x, min, max);
+  if (on_cuda("clamp_backward", {dout, x})) return cuda_backend().clamp_backward(dout, x, min, max);
   return backward_binary("clamp_backward", dout, x, [min, max](auto g, auto v) {
     const double d = static_cast<double>(v);
     return d >= min && d <= max ? g : decltype(g)(0);
@@ -422,7 +423,7 @@ Tensor clamp_backward(const Tensor& dout, const Tensor& x, double min, double ma
 
 void add_(const Tensor& self, const Tensor& other, double alpha) {
   check_no_overlap("add_", self, {other});
-  if (on_cuda("add_", {self, other})) return cuda::add_(self, other, alpha);
+  if (on_cuda("add_", {self, other})) return cuda_backend().add_(self, other, alpha);
   if (alpha == 1.0)
     return inplace_binary("add_", self, other, [](auto x, auto y) { return x + y; });
   inplace_binary("add_", self, other,
@@ -430,25 +431,25 @@ void add_(const Tensor& self, const Tensor& other, double alpha) {
 }
 void sub_(const Tensor& self, const Tensor& other, double alpha) {
   check_no_overlap("sub_", self, {other});
-  if (on_cuda("sub_", {self, other})) return cuda::sub_(self, other, alpha);
+  if (on_cuda("sub_", {self, other})) return cuda_backend().sub_(self, other, alpha);
   inplace_binary("sub_", self, other,
                  [alpha](auto x, auto y) { return x - static_cast<decltype(x)>(alpha) * y; });
 }
 void mul_(const Tensor& self, const Tensor& other) {
   check_no_overlap("mul_", self, {other});
-  if (on_cuda("mul_", {self, other})) return cuda::mul_(self, other);
+  if (on_cuda("mul_", {self, other})) return cuda_backend().mul_(self, other);
   inplace_binary("mul_", self, other, [](auto x, auto y) { return x * y; });
 }
 void div_(const Tensor& self, const Tensor& other) {
   check_no_overlap("div_", self, {other});
-  if (on_cuda("div_", {self, other})) return cuda::div_(self, other);
+  if (on_cuda("div_", {self, other})) return cuda_backend().div_(self, other);
   LOOM_CHECK(is_floating(self.dtype()), DTypeError, "div_: true division cannot write into a ",
              self.dtype(), " tensor");
   inplace_binary("div_", self, other, [](auto x, auto y) { return x / y; });
 }
 void mul_scalar_(const Tensor& self, double value) {
   check_no_overlap("mul_scalar_", self, {});
-  if (on_cuda("mul_scalar_", {self})) return cuda::mul_scalar_(self, value);
+  if (on_cuda("mul_scalar_", {self})) return cuda_backend().mul_scalar_(self, value);
   cpu_only("mul_", {self});
   if (is_16bit_float(self.dtype()))
     return in_float32(self, [&](const Tensor& wide) { mul_scalar_(wide, value); });
@@ -461,7 +462,7 @@ void mul_scalar_(const Tensor& self, double value) {
 }
 void add_scalar_(const Tensor& self, double value) {
   check_no_overlap("add_scalar_", self, {});
-  if (on_cuda("add_scalar_", {self})) return cuda::add_scalar_(self, value);
+  if (on_cuda("add_scalar_", {self})) return cuda_backend().add_scalar_(self, value);
   cpu_only("add_", {self});
   if (is_16bit_float(self.dtype()))
     return in_float32(self, [&](const Tensor& wide) { add_scalar_(wide, value); });
@@ -475,7 +476,7 @@ void add_scalar_(const Tensor& self, double value) {
 
 void addcmul_(const Tensor& self, const Tensor& a, const Tensor& b, double alpha) {
   check_no_overlap("addcmul_", self, {a, b});
-  if (on_cuda("addcmul_", {self, a, b})) return cuda::addcmul_(self, a, b, alpha);
+  if (on_cuda("addcmul_", {self, a, b})) return cuda_backend().addcmul_(self, a, b, alpha);
   cpu_only("addcmul_", {self, a, b});
   LOOM_CHECK(broadcast_shapes(broadcast_shapes(self.sizes(), a.sizes(), "addcmul_"), b.sizes(),
                               "addcmul_") == self.sizes(),
@@ -491,7 +492,7 @@ void addcmul_(const Tensor& self, const Tensor& a, const Tensor& b, double alpha
 }
 void addcdiv_(const Tensor& self, const Tensor& a, const Tensor& b, double alpha) {
   check_no_overlap("addcdiv_", self, {a, b});
-  if (on_cuda("addcdiv_", {self, a, b})) return cuda::addcdiv_(self, a, b, alpha);
+  if (on_cuda("addcdiv_", {self, a, b})) return cuda_backend().addcdiv_(self, a, b, alpha);
   cpu_only("addcdiv_", {self, a, b});
   LOOM_CHECK(broadcast_shapes(broadcast_shapes(self.sizes(), a.sizes(), "addcdiv_"), b.sizes(),
                               "addcdiv_") == self.sizes(),

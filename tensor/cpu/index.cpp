@@ -12,7 +12,7 @@
 
 #include "tensor/checks.h"
 #include "tensor/copy.h"
-#include "tensor/cuda/index.h"
+#include "tensor/cuda_backend.h"
 #include "tensor/dispatch.h"
 #include "tensor/parallel.h"
 #include "tensor/random.h"
@@ -209,7 +209,7 @@ CatPlan plan_cat(const std::vector<Tensor>& tensors, int64_t dim) {
 // which crosses input boundaries as memcpy segments.
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   const CatPlan plan = plan_cat(tensors, dim);
-  if (tensors[0].is_cuda()) return cuda::cat(tensors, dim);
+  if (tensors[0].is_cuda()) return cuda_backend().cat(tensors, dim);
   const int64_t d = plan.dim;
   const Shape& out_shape = plan.out_shape;
   std::vector<Tensor> parts;  // contiguous, of the output dtype
@@ -319,7 +319,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   const Tensor idx = index_as_int64(index, "index_select");
   LOOM_CHECK(index.dim() <= 1, ShapeError, "index_select: expected a 1-D index; got x=", x.sizes(),
              " index=", index.sizes());
-  if (x.is_cuda()) return cuda::index_select(x, dim, index);
+  if (x.is_cuda()) return cuda_backend().index_select(x, dim, index);
   const int64_t d = wrap_dim(dim, x.dim(), "index_select");
   const Shape xs = sizes_1d(x);
   const int64_t n = xs[d], m = idx.numel();
@@ -350,7 +350,7 @@ void index_add_(const Tensor& self, int64_t dim, const Tensor& index, const Tens
   LOOM_CHECK(sizes_1d(src) == expected && src.dim() == self.dim(), ShapeError,
              "index_add_: src must have self's shape with index.numel() in dim ", d,
              "; got self=", self.sizes(), " index=", index.sizes(), " src=", src.sizes());
-  if (self.is_cuda()) return cuda::index_add_(self, dim, index, src);
+  if (self.is_cuda()) return cuda_backend().index_add_(self, dim, index, src);
   const int64_t bad = first_out_of_range(idx, xs[d]);
   LOOM_CHECK(bad < 0, IndexError, "index_add_: index ", bad < 0 ? 0 : idx.data_ptr<int64_t>()[bad],
              " is out of range for dim ", d, " of size ", xs[d], "; got self=", self.sizes(),
@@ -380,7 +380,7 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
     LOOM_CHECK(static_cast<int64_t>(k) == d || is[k] <= xs[k], ShapeError, "gather: index.size(", k,
                ")=", is[k], " exceeds x.size(", k, ")=", xs[k], "; got x=", x.sizes(),
                " index=", index.sizes());
-  if (x.is_cuda()) return cuda::gather(x, dim, index);
+  if (x.is_cuda()) return cuda_backend().gather(x, dim, index);
   const int64_t bad = first_out_of_range(idx, xs[d]);
   LOOM_CHECK(bad < 0, IndexError, "gather: index ", bad < 0 ? 0 : idx.data_ptr<int64_t>()[bad],
              " is out of range for dim ", d, " of size ", xs[d], "; got x=", x.sizes(),
@@ -426,7 +426,7 @@ void scatter_add_into(const Tensor& self, int64_t dim, const Tensor& index, cons
                ": self has overlapping elements (an expanded tensor); clone it first; got self=",
                self.sizes());
   }
-  if (self.is_cuda()) return cuda::scatter_add_into(self, dim, index, src, op);
+  if (self.is_cuda()) return cuda_backend().scatter_add_into(self, dim, index, src, op);
   const int64_t bad = first_out_of_range(idx, xs[d]);
   LOOM_CHECK(bad < 0, IndexError, op, ": index ", bad < 0 ? 0 : idx.data_ptr<int64_t>()[bad],
              " is out of range for dim ", d, " of size ", xs[d], "; got self=", self.sizes(),
@@ -465,7 +465,7 @@ Tensor one_hot(const Tensor& index, int64_t num_classes) {
              num_classes, " for index=", index.sizes());
   LOOM_CHECK(num_classes != -1 || index.numel() > 0, ValueError,
              "one_hot: cannot infer num_classes from an empty index; got index=", index.sizes());
-  if (index.is_cuda()) return cuda::one_hot(index, num_classes);
+  if (index.is_cuda()) return cuda_backend().one_hot(index, num_classes);
   const int64_t n = idx.numel();
   const int64_t* ip = idx.data_ptr<int64_t>();
   if (num_classes == -1) num_classes = *std::max_element(ip, ip + n) + 1;
@@ -490,7 +490,7 @@ Tensor embedding(const Tensor& weight, const Tensor& index) {
              "embedding: expected a 2-D weight [V, D]; got weight=", weight.sizes(),
              " index=", index.sizes());
   const Tensor idx = index_as_int64(index, "embedding");
-  if (weight.is_cuda()) return cuda::embedding(weight, index);
+  if (weight.is_cuda()) return cuda_backend().embedding(weight, index);
   const int64_t num_weights = weight.size(0), dim = weight.size(1);
   const int64_t bad = first_out_of_range(idx, num_weights);
   LOOM_CHECK(bad < 0, IndexError, "embedding: index ", bad < 0 ? 0 : idx.data_ptr<int64_t>()[bad],
@@ -510,7 +510,8 @@ Tensor embedding_backward(const Tensor& dout, const Tensor& index, int64_t num_w
   LOOM_CHECK(dout.dim() == index.dim() + 1 && dout.numel() == idx.numel() * dout.size(-1),
              ShapeError, "embedding_backward: expected dout of shape index.shape + [D]; got dout=",
              dout.sizes(), " index=", index.sizes());
-  if (dout.is_cuda()) return cuda::embedding_backward(dout, index, num_weights, padding_idx);
+  if (dout.is_cuda())
+    return cuda_backend().embedding_backward(dout, index, num_weights, padding_idx);
   const int64_t dim = dout.size(-1);
   const int64_t bad = first_out_of_range(idx, num_weights);
   LOOM_CHECK(bad < 0, IndexError, "embedding_backward: index ",
@@ -533,7 +534,7 @@ Tensor dropout_masked(const Tensor& x, double p, uint64_t seed, uint64_t first) 
   common_device("dropout", {x});
   LOOM_CHECK(p > 0.0 && p < 1.0, ValueError,
              "dropout: the masked kernel needs 0 < p < 1; got p=", p, " for x=", x.sizes());
-  if (x.is_cuda()) return cuda::dropout_masked(x, p, seed, first);
+  if (x.is_cuda()) return cuda_backend().dropout_masked(x, p, seed, first);
   const Tensor src = contiguous(x);
   Tensor out = empty(x.sizes(), x.dtype());
   const int64_t n = x.numel();

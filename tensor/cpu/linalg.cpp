@@ -8,7 +8,7 @@
 #include "tensor/checks.h"
 #include "tensor/copy.h"
 #include "tensor/cpu/gemm.h"
-#include "tensor/cuda/linalg.h"
+#include "tensor/cuda_backend.h"
 #include "tensor/dispatch.h"
 #include "tensor/parallel.h"
 #include "tensor/view.h"
@@ -62,8 +62,8 @@ void mm_out(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, d
              "] with a unit inner stride; got out=", out.sizes());
   LOOM_CHECK(out.dtype() == a.dtype(), DTypeError, "mm: output is ", out.dtype(),
              " but the inputs are ", a.dtype());
-  // cuda::mm_out bumps out's version itself.
-  if (on_cuda("mm", {out, a})) return cuda::mm_out(out, a, b, alpha, beta);
+  // cuda_backend().mm_out bumps out's version itself.
+  if (on_cuda("mm", {out, a})) return cuda_backend().mm_out(out, a, b, alpha, beta);
   if (is_16bit_float(a.dtype())) {  // Note [16-bit products on the CPU]
     const Tensor out32 = beta == 0.0 ? empty(out.sizes(), kFloat32) : to_dtype(out, kFloat32);
     mm_out(out32, widened(a), widened(b), alpha, beta);
@@ -108,7 +108,7 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
              "bmm: batch or inner dimensions differ; got a=", a.sizes(), " b=", b.sizes());
   LOOM_CHECK(a.dtype() == b.dtype(), DTypeError, "bmm: dtypes differ; got a=", a.dtype(),
              " b=", b.dtype());
-  if (a.is_cuda()) return cuda::bmm(a, b);
+  if (a.is_cuda()) return cuda_backend().bmm(a, b);
   Tensor out = empty({a.size(0), a.size(1), b.size(2)}, a.dtype(), a.device());
   const int64_t batch = a.size(0);
   // Many small products: one thread per matrix. Few large ones: Eigen threads each product.

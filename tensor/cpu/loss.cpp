@@ -14,7 +14,7 @@
 
 #include "tensor/checks.h"
 #include "tensor/copy.h"
-#include "tensor/cuda/loss.h"
+#include "tensor/cuda_backend.h"
 #include "tensor/dispatch.h"
 #include "tensor/parallel.h"
 #include "tensor/view.h"
@@ -245,33 +245,33 @@ ClassLayout class_layout(const Shape& input) {
 }
 
 Tensor softmax(const Tensor& x, int64_t dim) {
-  if (on_cuda("softmax", {x})) return cuda::softmax(x, dim);
+  if (on_cuda("softmax", {x})) return cuda_backend().softmax(x, dim);
   return softmax_family<SoftmaxKind::Softmax>("softmax", x, Tensor(), dim);
 }
 Tensor log_softmax(const Tensor& x, int64_t dim) {
-  if (on_cuda("log_softmax", {x})) return cuda::log_softmax(x, dim);
+  if (on_cuda("log_softmax", {x})) return cuda_backend().log_softmax(x, dim);
   return softmax_family<SoftmaxKind::LogSoftmax>("log_softmax", x, Tensor(), dim);
 }
 Tensor softmax_backward(const Tensor& dy, const Tensor& y, int64_t dim) {
   const Device device = common_device("softmax_backward", {dy, y});
   check_softmax_grad("softmax_backward", dy, y);
-  if (device.is_cuda()) return cuda::softmax_backward(dy, y, dim);
+  if (device.is_cuda()) return cuda_backend().softmax_backward(dy, y, dim);
   return softmax_family<SoftmaxKind::SoftmaxBackward>("softmax_backward", y, dy, dim);
 }
 Tensor log_softmax_backward(const Tensor& dy, const Tensor& y, int64_t dim) {
   const Device device = common_device("log_softmax_backward", {dy, y});
   check_softmax_grad("log_softmax_backward", dy, y);
-  if (device.is_cuda()) return cuda::log_softmax_backward(dy, y, dim);
+  if (device.is_cuda()) return cuda_backend().log_softmax_backward(dy, y, dim);
   return softmax_family<SoftmaxKind::LogSoftmaxBackward>("log_softmax_backward", y, dy, dim);
 }
 
-// The shapes on the host; the values where they live (cuda::check_class_target reads them on
-// the device).
+// The shapes on the host; the values where they live (cuda_backend().check_class_target reads them
+// on the device).
 int64_t check_class_target(const char* op, const Tensor& input, const Tensor& target,
                            int64_t ignore_index) {
   const Device device = common_device(op, {input, target});
   check_class_shapes(op, input, target);
-  if (device.is_cuda()) return cuda::check_class_target(op, input, target, ignore_index);
+  if (device.is_cuda()) return cuda_backend().check_class_target(op, input, target, ignore_index);
   return count_class_targets(op, input, target, ignore_index);
 }
 
@@ -284,7 +284,8 @@ CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& ta
   const Device device = common_device("cross_entropy_forward", {logits, target});
   check_class_shapes(op, logits, target);
   if (device.is_cuda())
-    return cuda::cross_entropy_forward(logits, target, reduction, ignore_index, label_smoothing);
+    return cuda_backend().cross_entropy_forward(logits, target, reduction, ignore_index,
+                                                label_smoothing);
   const int64_t count = count_class_targets(op, logits, target, ignore_index);
   const ClassLayout l = class_layout(logits.sizes());
   const Tensor rows =
@@ -355,8 +356,8 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const T
              " target=", target.sizes(), " lse=", lse.sizes());
   check_dloss(op, dloss, reduction, l.positions());
   if (device.is_cuda())
-    return cuda::cross_entropy_backward(dloss, logits, target, lse, reduction, ignore_index,
-                                        label_smoothing, count);
+    return cuda_backend().cross_entropy_backward(dloss, logits, target, lse, reduction,
+                                                 ignore_index, label_smoothing, count);
   const Tensor rows =
       contiguous(l.s == 1 ? logits : transpose(reshape(logits, {l.n, l.c, l.s}), 1, 2));
   const Tensor tc = contiguous(target), lsec = contiguous(to_dtype(lse, kFloat64));
@@ -407,7 +408,7 @@ NllLossForward nll_loss_forward(const Tensor& log_probs, const Tensor& target, c
              ": expected weight of shape [", l.c, "] (one per class); got weight=", weight.sizes(),
              " input=", log_probs.sizes());
   if (device.is_cuda())
-    return cuda::nll_loss_forward(log_probs, target, weight, reduction, ignore_index);
+    return cuda_backend().nll_loss_forward(log_probs, target, weight, reduction, ignore_index);
   count_class_targets(op, log_probs, target, ignore_index);
   const Tensor xc = contiguous(log_probs), tc = contiguous(target);
   const Tensor wc = weight.defined() ? contiguous(to_dtype(weight, log_probs.dtype())) : Tensor();
@@ -468,8 +469,8 @@ Tensor nll_loss_backward(const Tensor& dloss, const Shape& input_shape, const Te
              " input=", input_shape);
   check_dloss(op, dloss, reduction, l.positions());
   if (device.is_cuda())
-    return cuda::nll_loss_backward(dloss, input_shape, target, weight, reduction, ignore_index,
-                                   total_weight);
+    return cuda_backend().nll_loss_backward(dloss, input_shape, target, weight, reduction,
+                                            ignore_index, total_weight);
   const DType dtype = dloss.dtype();
   const Tensor tc = contiguous(target);
   const Tensor wc = weight.defined() ? contiguous(to_dtype(weight, dtype)) : Tensor();
@@ -506,7 +507,7 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
   LOOM_CHECK(input.dtype() == target.dtype(), DTypeError, op, ": input is ", input.dtype(),
              " but target is ", target.dtype(), "; got input=", input.sizes(),
              " target=", target.sizes());
-  if (device.is_cuda()) return cuda::mse_loss(input, target, reduction);
+  if (device.is_cuda()) return cuda_backend().mse_loss(input, target, reduction);
   const Tensor xc = contiguous(input), tc = contiguous(target);
   const int64_t n = input.numel();
   const bool per_element = reduction == Reduction::None;
@@ -544,7 +545,7 @@ Tensor mse_loss_backward(const Tensor& dloss, const Tensor& input, const Tensor&
              ": input and target differ in shape; got input=", input.sizes(),
              " target=", target.sizes());
   check_dloss(op, dloss, reduction, input.numel());
-  if (device.is_cuda()) return cuda::mse_loss_backward(dloss, input, target, reduction);
+  if (device.is_cuda()) return cuda_backend().mse_loss_backward(dloss, input, target, reduction);
   const Tensor xc = contiguous(input), tc = contiguous(to_dtype(target, input.dtype()));
   const GradScale g =
       grad_scale(dloss, reduction, static_cast<double>(input.numel()), input.dtype());

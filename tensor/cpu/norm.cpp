@@ -14,7 +14,7 @@
 
 #include "tensor/checks.h"
 #include "tensor/copy.h"
-#include "tensor/cuda/norm.h"
+#include "tensor/cuda_backend.h"
 #include "tensor/dispatch.h"
 #include "tensor/elementwise.h"
 #include "tensor/parallel.h"
@@ -372,7 +372,7 @@ int64_t layer_norm_rows(const char* op, const Tensor& x, int64_t normalized_nume
 
 BatchNormSums batch_norm_sums(const Tensor& x) {
   const ChannelLayout l = channel_layout("batch_norm_sums", x);
-  if (on_cuda("batch_norm_sums", {x})) return cuda::batch_norm_sums(x);
+  if (on_cuda("batch_norm_sums", {x})) return cuda_backend().batch_norm_sums(x);
   if (is_16bit_float(x.dtype())) return batch_norm_sums(widened(x));
   const MemoryFormat format = suggest_memory_format(x);
   const Tensor xc = contiguous(x, format);
@@ -413,7 +413,8 @@ BatchNormStats batch_norm_stats_from_sums(const Tensor& sum, const Tensor& sum_s
              " sum_sq=", sum_sq.sizes());
   LOOM_CHECK(count > 0, ValueError, "batch_norm_stats_from_sums: expected a positive count; got ",
              count);
-  if (device.is_cuda()) return cuda::batch_norm_stats_from_sums(sum, sum_sq, count, eps, dtype);
+  if (device.is_cuda())
+    return cuda_backend().batch_norm_stats_from_sums(sum, sum_sq, count, eps, dtype);
   const int64_t channels = sum.numel();
   const Tensor s = contiguous(to_dtype(sum, kFloat64)), sq = contiguous(to_dtype(sum_sq, kFloat64));
   BatchNormStats out{empty({channels}, dtype), empty({channels}, dtype), empty({channels}, dtype),
@@ -444,7 +445,7 @@ BatchNormStats batch_norm_stats(const Tensor& x, double eps, DType dtype) {
   const ChannelLayout l = channel_layout(op, x);
   require_floating(op, dtype);
   if (on_cuda(op, {x})) {
-    const BatchNormStats s = cuda::batch_norm_stats(x, eps);
+    const BatchNormStats s = cuda_backend().batch_norm_stats(x, eps);
     return {to_dtype(s.mean, dtype), to_dtype(s.invstd, dtype), to_dtype(s.var, dtype), s.count};
   }
   if (is_16bit_float(x.dtype())) return batch_norm_stats(widened(x), eps, dtype);
@@ -482,7 +483,7 @@ BatchNormStats batch_norm_stats(const Tensor& x, double eps, DType dtype) {
 }
 
 Tensor batch_norm_invstd(const Tensor& var, double eps) {
-  if (on_cuda("batch_norm_invstd", {var})) return cuda::batch_norm_invstd(var, eps);
+  if (on_cuda("batch_norm_invstd", {var})) return cuda_backend().batch_norm_invstd(var, eps);
   return rsqrt(add_scalar(var, eps));
 }
 
@@ -504,7 +505,8 @@ void batch_norm_update_running_stats_(const Tensor& running_mean, const Tensor& 
         ": the unbiased variance needs more than one value per channel; got count=", stats.count);
   }
   if (device.is_cuda())
-    return cuda::batch_norm_update_running_stats_(running_mean, running_var, stats, momentum);
+    return cuda_backend().batch_norm_update_running_stats_(running_mean, running_var, stats,
+                                                           momentum);
   if (running_mean.defined()) {
     const Tensor batch = reshape(to_dtype(stats.mean, running_mean.dtype()), running_mean.sizes());
     copy_(running_mean, add(mul_scalar(running_mean, 1.0 - momentum), batch, momentum));
@@ -531,7 +533,8 @@ Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invst
   check_vector(op, "bias", bias, l.c);
   check_like_x(op, "residual", epilogue.residual, x);
   require_batch_norm_dtype(op, x.dtype());
-  if (device.is_cuda()) return cuda::batch_norm_elemt(x, mean, invstd, weight, bias, epilogue);
+  if (device.is_cuda())
+    return cuda_backend().batch_norm_elemt(x, mean, invstd, weight, bias, epilogue);
   if (is_16bit_float(x.dtype()))
     return to_dtype(batch_norm_elemt(widened(x), mean, invstd, weight, bias, widened(epilogue)),
                     x.dtype());
@@ -578,7 +581,8 @@ std::pair<Tensor, BatchNormStats> batch_norm_forward_train(const Tensor& x, cons
   check_vector(op, "bias", bias, l.c);
   check_like_x(op, "residual", epilogue.residual, x);
   require_batch_norm_dtype(op, x.dtype());
-  if (device.is_cuda()) return cuda::batch_norm_forward_train(x, weight, bias, eps, epilogue);
+  if (device.is_cuda())
+    return cuda_backend().batch_norm_forward_train(x, weight, bias, eps, epilogue);
   if (is_16bit_float(x.dtype())) {
     auto [y, stats] = batch_norm_forward_train(widened(x), weight, bias, eps, widened(epilogue));
     return {to_dtype(y, x.dtype()), stats};
@@ -640,7 +644,7 @@ std::pair<Tensor, Tensor> batch_norm_backward_reduce(const Tensor& dy, const Ten
   check_vector(op, "mean", mean, l.c);
   check_vector(op, "invstd", invstd, l.c);
   require_batch_norm_dtype(op, x.dtype());
-  if (device.is_cuda()) return cuda::batch_norm_backward_reduce(dy, x, mean, invstd);
+  if (device.is_cuda()) return cuda_backend().batch_norm_backward_reduce(dy, x, mean, invstd);
   if (is_16bit_float(x.dtype()))
     return batch_norm_backward_reduce(widened(to_dtype(dy, x.dtype())), widened(x), mean, invstd);
   const MemoryFormat format = suggest_memory_format(x);
@@ -692,7 +696,8 @@ Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor
   check_vector(op, "sum_dy_xhat", sum_dy_xhat, l.c);
   require_batch_norm_dtype(op, x.dtype());
   if (device.is_cuda())
-    return cuda::batch_norm_backward_elemt(dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat, count);
+    return cuda_backend().batch_norm_backward_elemt(dy, x, mean, invstd, weight, sum_dy,
+                                                    sum_dy_xhat, count);
   if (is_16bit_float(x.dtype()))
     return to_dtype(batch_norm_backward_elemt(widened(to_dtype(dy, x.dtype())), widened(x), mean,
                                               invstd, weight, sum_dy, sum_dy_xhat, count),
@@ -746,8 +751,8 @@ NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& m
              ": dresidual is the ReLU's gradient; give relu_y (x=", x.sizes(), ")");
   require_batch_norm_dtype(op, x.dtype());
   if (device.is_cuda())
-    return cuda::batch_norm_backward(dy, x, mean, invstd, weight, training, need, relu_y,
-                                     need_dresidual);
+    return cuda_backend().batch_norm_backward(dy, x, mean, invstd, weight, training, need, relu_y,
+                                              need_dresidual);
   if (is_16bit_float(x.dtype())) {
     NormGrads g = batch_norm_backward(
         widened(to_dtype(dy, x.dtype())), widened(x), mean, invstd, weight, training, need,
@@ -826,7 +831,8 @@ LayerNormForward layer_norm_forward(const Tensor& x, int64_t normalized_numel, c
   check_vector(op, "weight", weight, cols);
   check_vector(op, "bias", bias, cols);
   require_floating(op, x.dtype());
-  if (device.is_cuda()) return cuda::layer_norm_forward(x, normalized_numel, weight, bias, eps);
+  if (device.is_cuda())
+    return cuda_backend().layer_norm_forward(x, normalized_numel, weight, bias, eps);
   const Tensor xc = contiguous(x);
   const Tensor w = channel_vector(weight, x.dtype());
   const Tensor b = channel_vector(bias, x.dtype());
@@ -879,7 +885,7 @@ NormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& m
   check_vector(op, "weight", weight, cols);
   require_floating(op, x.dtype());
   if (device.is_cuda())
-    return cuda::layer_norm_backward(dy, x, mean, rstd, weight, normalized_numel, need);
+    return cuda_backend().layer_norm_backward(dy, x, mean, rstd, weight, normalized_numel, need);
   const Tensor xc = contiguous(x), dyc = contiguous(to_dtype(dy, x.dtype()));
   const Tensor m = channel_vector(mean, x.dtype());
   const Tensor rs = channel_vector(rstd, x.dtype());

@@ -3,8 +3,6 @@
 // memory format (Note [Pooling channels-last on the CPU]). Threads own disjoint parts of the
 // result (planes, rows or images), so the backward needs no atomics.
 
-#include "tensor/cuda/pool.h"
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -12,6 +10,7 @@
 #include "tensor/checks.h"
 #include "tensor/conv.h"
 #include "tensor/copy.h"
+#include "tensor/cuda_backend.h"
 #include "tensor/dispatch.h"
 #include "tensor/parallel.h"
 
@@ -183,7 +182,7 @@ void max_pool2d_channels_last(const Tensor& x, const Pool2dGeometry& g, const Te
 
 std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dOptions& options) {
   const Pool2dGeometry g = pool2d_geometry("max_pool2d", x.sizes(), options, /*dilated=*/true);
-  if (x.is_cuda()) return cuda::max_pool2d(x, options);
+  if (x.is_cuda()) return cuda_backend().max_pool2d(x, options);
   const MemoryFormat format = suggest_memory_format(x);
   Tensor out = empty({x.size(0), x.size(1), g.ho, g.wo}, x.dtype(), x.device(), format);
   Tensor indices = empty(out.sizes(), kInt64, x.device(), format);
@@ -267,7 +266,7 @@ Tensor max_pool2d_backward(const Tensor& dout, const Tensor& indices, const Shap
   LOOM_CHECK(indices.dtype() == kInt64, DTypeError,
              "max_pool2d_backward: expected int64 indices; got ", indices.dtype());
   if (on_cuda("max_pool2d_backward", {dout, indices}))
-    return cuda::max_pool2d_backward(dout, indices, x_shape, format);
+    return cuda_backend().max_pool2d_backward(dout, indices, x_shape, format);
   Tensor dx = empty(x_shape, dout.dtype(), dout.device(), format);
   if (format == MemoryFormat::kChannelsLast) {
     max_pool2d_backward_channels_last(dout, indices, dx);
@@ -325,7 +324,7 @@ void avg_pool2d_channels_last(const Tensor& x, const Pool2dGeometry& g, bool cou
 
 Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& options) {
   const Pool2dGeometry g = pool2d_geometry("avg_pool2d", x.sizes(), options, /*dilated=*/false);
-  if (x.is_cuda()) return cuda::avg_pool2d(x, options);
+  if (x.is_cuda()) return cuda_backend().avg_pool2d(x, options);
   const MemoryFormat format = suggest_memory_format(x);
   Tensor out = empty({x.size(0), x.size(1), g.ho, g.wo}, x.dtype(), x.device(), format);
   if (format == MemoryFormat::kChannelsLast) {
@@ -399,7 +398,7 @@ Tensor avg_pool2d_backward(const Tensor& dout, const Shape& x_shape, const Pool2
                            MemoryFormat format) {
   const Pool2dGeometry g = pool2d_geometry("avg_pool2d_backward", x_shape, options, false);
   check_grad("avg_pool2d_backward", dout, x_shape, g);
-  if (dout.is_cuda()) return cuda::avg_pool2d_backward(dout, x_shape, options, format);
+  if (dout.is_cuda()) return cuda_backend().avg_pool2d_backward(dout, x_shape, options, format);
   Tensor dx = empty(x_shape, dout.dtype(), dout.device(), format);
   if (format == MemoryFormat::kChannelsLast) {
     avg_pool2d_backward_channels_last(dout, g, options.count_include_pad, dx);
@@ -510,7 +509,7 @@ Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size) {
              ", ", output_size[1], ") x=", x.sizes());
   LOOM_CHECK(x.size(2) >= 1 && x.size(3) >= 1, ShapeError,
              "adaptive_avg_pool2d: expected a non-empty input plane; got x=", x.sizes());
-  if (x.is_cuda()) return cuda::adaptive_avg_pool2d(x, output_size);
+  if (x.is_cuda()) return cuda_backend().adaptive_avg_pool2d(x, output_size);
   const auto [ho, wo] = output_size;
   const int64_t h = x.size(2), w = x.size(3), planes = x.size(0) * x.size(1);
   const MemoryFormat format = suggest_memory_format(x);
@@ -547,7 +546,7 @@ Tensor adaptive_avg_pool2d_backward(const Tensor& dout, const Shape& x_shape, Me
                  dout.size(1) == x_shape[1],
              ShapeError, "adaptive_avg_pool2d_backward: dout=", dout.sizes(),
              " does not match x=", x_shape);
-  if (dout.is_cuda()) return cuda::adaptive_avg_pool2d_backward(dout, x_shape, format);
+  if (dout.is_cuda()) return cuda_backend().adaptive_avg_pool2d_backward(dout, x_shape, format);
   const int64_t h = x_shape[2], w = x_shape[3], ho = dout.size(2), wo = dout.size(3);
   const int64_t planes = x_shape[0] * x_shape[1];
   Tensor dx = empty(x_shape, dout.dtype(), dout.device(), format);

@@ -11,7 +11,7 @@
 
 #include "tensor/checks.h"
 #include "tensor/copy.h"
-#include "tensor/cuda/reduce.h"
+#include "tensor/cuda_backend.h"
 #include "tensor/dispatch.h"
 #include "tensor/elementwise.h"
 #include "tensor/parallel.h"
@@ -88,7 +88,7 @@ ReducePlan plan_reduce(const Tensor& x, const Shape& dims, bool keepdim, const c
 // ---------------------------------------------------------------- sum, mean
 
 Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) {
-  if (on_cuda("sum", {x})) return cuda::sum(x, dims, keepdim);
+  if (on_cuda("sum", {x})) return cuda_backend().sum(x, dims, keepdim);
   cpu_only("sum", x);
   if (x.dtype() == kBool) return sum(to_dtype(x, kInt64), dims, keepdim);  // counts, as PyTorch
   const DType out_dtype = is_floating(x.dtype()) ? x.dtype() : kInt64;
@@ -133,7 +133,7 @@ Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) {
 Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
   LOOM_CHECK(is_floating(x.dtype()), DTypeError, "mean: expected a floating-point tensor; got ",
              x.dtype());
-  if (on_cuda("mean", {x})) return cuda::mean(x, dims, keepdim);
+  if (on_cuda("mean", {x})) return cuda_backend().mean(x, dims, keepdim);
   const Shape rdims = reduce_dims(x, dims, "mean");
   int64_t count = 1;
   for (int64_t d : rdims) count *= x.sizes()[d];
@@ -163,7 +163,7 @@ Shape sum_to_dims(const Tensor& x, const Shape& shape) {
 Tensor sum_to(const Tensor& x, const Shape& shape) {
   if (x.sizes() == shape) return x;
   const Shape dims = sum_to_dims(x, shape);
-  if (on_cuda("sum_to", {x})) return cuda::sum_to(x, shape);
+  if (on_cuda("sum_to", {x})) return cuda_backend().sum_to(x, shape);
   if (dims.empty()) return reshape(x, shape);
   return reshape(sum(x, dims, /*keepdim=*/true), shape);
 }
@@ -232,22 +232,22 @@ std::pair<Tensor, Tensor> extremum_dim(const Tensor& x, int64_t dim, bool keepdi
 
 Tensor amax(const Tensor& x, const Shape& dims, bool keepdim) {
   check_extremum(x, dims, "amax", x.sizes());
-  if (on_cuda("amax", {x})) return cuda::amax(x, dims, keepdim);
+  if (on_cuda("amax", {x})) return cuda_backend().amax(x, dims, keepdim);
   return extremum<true>(x, dims, keepdim, "amax");
 }
 Tensor amin(const Tensor& x, const Shape& dims, bool keepdim) {
   check_extremum(x, dims, "amin", x.sizes());
-  if (on_cuda("amin", {x})) return cuda::amin(x, dims, keepdim);
+  if (on_cuda("amin", {x})) return cuda_backend().amin(x, dims, keepdim);
   return extremum<false>(x, dims, keepdim, "amin");
 }
 std::pair<Tensor, Tensor> max_dim(const Tensor& x, int64_t dim, bool keepdim) {
   check_extremum(x, {dim}, "max", x.sizes());
-  if (on_cuda("max_dim", {x})) return cuda::max_dim(x, dim, keepdim);
+  if (on_cuda("max_dim", {x})) return cuda_backend().max_dim(x, dim, keepdim);
   return extremum_dim<true>(x, dim, keepdim, "max");
 }
 std::pair<Tensor, Tensor> min_dim(const Tensor& x, int64_t dim, bool keepdim) {
   check_extremum(x, {dim}, "min", x.sizes());
-  if (on_cuda("min_dim", {x})) return cuda::min_dim(x, dim, keepdim);
+  if (on_cuda("min_dim", {x})) return cuda_backend().min_dim(x, dim, keepdim);
   return extremum_dim<false>(x, dim, keepdim, "min");
 }
 
@@ -256,7 +256,7 @@ Tensor argmax(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
     check_extremum(x, {*dim}, "argmax", x.sizes());
   else
     check_extremum(x, {}, "argmax", {x.numel()});
-  if (on_cuda("argmax", {x})) return cuda::argmax(x, dim, keepdim);
+  if (on_cuda("argmax", {x})) return cuda_backend().argmax(x, dim, keepdim);
   if (!dim) return extremum_dim<true>(reshape(x, {-1}), 0, false, "argmax").second;
   return extremum_dim<true>(x, *dim, keepdim, "argmax").second;
 }
@@ -265,7 +265,7 @@ Tensor argmin(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
     check_extremum(x, {*dim}, "argmin", x.sizes());
   else
     check_extremum(x, {}, "argmin", {x.numel()});
-  if (on_cuda("argmin", {x})) return cuda::argmin(x, dim, keepdim);
+  if (on_cuda("argmin", {x})) return cuda_backend().argmin(x, dim, keepdim);
   if (!dim) return extremum_dim<false>(reshape(x, {-1}), 0, false, "argmin").second;
   return extremum_dim<false>(x, *dim, keepdim, "argmin").second;
 }
@@ -273,7 +273,7 @@ Tensor argmin(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
 // ---------------------------------------------------------------- var, std, logsumexp
 
 Tensor var(const Tensor& x, const Shape& dims, bool unbiased, bool keepdim) {
-  if (on_cuda("var", {x})) return cuda::var(x, dims, unbiased, keepdim);
+  if (on_cuda("var", {x})) return cuda_backend().var(x, dims, unbiased, keepdim);
   cpu_only("var", x);
   const ReducePlan plan = plan_reduce(x, dims, keepdim, "var");
   Tensor out = empty(plan.out_shape, x.dtype(), x.device());
@@ -295,12 +295,12 @@ Tensor var(const Tensor& x, const Shape& dims, bool unbiased, bool keepdim) {
 }
 
 Tensor std(const Tensor& x, const Shape& dims, bool unbiased, bool keepdim) {
-  if (on_cuda("std", {x})) return cuda::std(x, dims, unbiased, keepdim);
+  if (on_cuda("std", {x})) return cuda_backend().std(x, dims, unbiased, keepdim);
   return sqrt(var(x, dims, unbiased, keepdim));
 }
 
 Tensor logsumexp(const Tensor& x, const Shape& dims, bool keepdim) {
-  if (on_cuda("logsumexp", {x})) return cuda::logsumexp(x, dims, keepdim);
+  if (on_cuda("logsumexp", {x})) return cuda_backend().logsumexp(x, dims, keepdim);
   cpu_only("logsumexp", x);
   const ReducePlan plan = plan_reduce(x, dims, keepdim, "logsumexp");
   Tensor out = empty(plan.out_shape, x.dtype(), x.device());

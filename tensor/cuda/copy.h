@@ -1,7 +1,7 @@
 // tensor/cuda/copy.h — copies and fills on one CUDA device: any strides, broadcasting, and
 // conversion between all eight dtypes (rounding as the CPU's: to nearest, ties to even).
 // tensor/copy.cpp calls them for device-to-device work; copies between the host and a device
-// stay there. Host-only header; defined in tensor/cuda/copy.cu (copy_stubs.cpp without CUDA).
+// stay there. Host-only header; defined in tensor/cuda/copy.cu.
 #pragma once
 
 #include "tensor/copy.h"

@@ -2,7 +2,7 @@
 // names and signatures in namespace loom::cuda, for tensors on one CUDA device. The entry points
 // of tensor/cpu/elementwise.cpp call them for CUDA tensors; each checks its arguments as the CPU
 // one does and returns exactly what it returns (dtype, shape, contiguity, version bumps).
-// Host-only header; defined in tensor/cuda/elementwise.cu (elementwise_stubs.cpp without CUDA).
+// Host-only header; defined in tensor/cuda/elementwise.cu.
 #pragma once
 
 #include "tensor/elementwise.h"

@@ -13,7 +13,7 @@
 // How a map becomes threads:
 //  1. On the host, every operand is viewed over out's shape (stride 0 in the dims an input
 //     repeats), size-1 dims are dropped, the rest are taken in out's memory order, and adjacent
-//     dims that are contiguous for every operand are merged (cpu::plan_loop, the same rule as
+//     dims that are contiguous for every operand are merged (kernels::plan_loop, the same rule as
 //     the CPU loop; all-channels-last operands thus take the flat kernel).
 //  2. Flat kernel: when a single dim remains and every stride is 1 (every operand contiguous in
 //     out's order), thread t of the grid takes elements 4t..4t+3, then 4(t+G).. (a grid-stride
@@ -39,9 +39,9 @@
 #include <utility>
 #include <vector>
 
-#include "tensor/cpu/loops.h"
 #include "tensor/cuda/common.cuh"
 #include "tensor/error.h"
+#include "tensor/loop_plan.h"
 
 namespace loom::cuda {
 
@@ -273,8 +273,8 @@ void gpu_map_mixed(const char* name, const Tensor& out, const F& f, const Ins&..
   const void* in_data[] = {in.data()..., nullptr};
   for (int k = 0; k + 1 < N; ++k) p.in[k] = in_data[k];
 
-  const cpu::LoopPlan<N> plan =
-      cpu::plan_loop<N>(out.sizes(), {out.strides(), cpu::broadcast_strides(in, out.sizes())...});
+  const kernels::LoopPlan<N> plan = kernels::plan_loop<N>(
+      out.sizes(), {out.strides(), kernels::broadcast_strides(in, out.sizes())...});
   const size_t dims = plan.sizes.size();
 
   bool flat = dims == 1;

@@ -357,8 +357,9 @@ bool sync_checks() {
 
 }  // namespace
 
-DeferredChecksHold::DeferredChecksHold() { ++thread_checks().holds; }
-DeferredChecksHold::~DeferredChecksHold() { --thread_checks().holds; }
+void hold_deferred_checks(int delta) { thread_checks().holds += delta; }
+DeferredChecksHold::DeferredChecksHold() { hold_deferred_checks(+1); }
+DeferredChecksHold::~DeferredChecksHold() { hold_deferred_checks(-1); }
 
 void defer_check(const void* device_bytes, size_t nbytes, const Stream& stream,
                  std::function<void(const void* host_bytes)> verdict) {

@@ -1,8 +1,7 @@
 // tensor/cuda/runtime.h — the CUDA runtime services tensor/ needs: devices, the caching device
 // allocator, streams and events, pinned host memory, synchronous and asynchronous copies.
-// Host-only (no CUDA header): any file may include it. A build without CUDA links
-// tensor/cuda/runtime_stubs.cpp instead, whose functions raise DeviceError("loom was built without
-// CUDA"), so CPU-only programs still link and fail clearly.
+// Host-only (no CUDA header). Part of libloom_cuda: code outside tensor/cuda/ reaches these
+// through the table of tensor/cuda_backend.h (Note [The CUDA backend library]).
 //
 // Device indices are those the CUDA runtime shows: with CUDA_VISIBLE_DEVICES=2,3 set, cuda:0 is
 // physical GPU 2 and cuda:1 is GPU 3, and device_count() is 2.
@@ -14,7 +13,7 @@
 #include <memory>
 #include <utility>
 
-#include "tensor/cuda/caching_allocator.h"
+#include "tensor/caching_allocator.h"
 
 namespace loom::cuda {
 
@@ -186,7 +185,8 @@ size_t pending_checks();  // this thread's
 // rebuild, replica check and found-inf agreement, the host staging of gloo collectives,
 // SyncBatchNorm's global count check. An earlier op's check cannot then throw halfway through
 // (on some ranks only) and leave that state half changed; it is settled at the thread's next
-// wait outside such code.
+// wait outside such code. hold_deferred_checks(+1 / -1) is the same without an object.
+void hold_deferred_checks(int delta);
 class DeferredChecksHold {
  public:
   DeferredChecksHold();

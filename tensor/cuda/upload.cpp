@@ -1,5 +1,5 @@
-// tensor/cuda/upload.cpp — Uploader (Note [Uploading batches] in tensor/cuda/upload.h). Compiled
-// in every build: on the host side it is runtime.h's calls, which a build without CUDA stubs.
+// tensor/cuda/upload.cpp — Uploader (Note [Uploading batches] in tensor/cuda/upload.h), over
+// runtime.h's pinned buffers, events and asynchronous copies.
 
 #include "tensor/cuda/upload.h"
 

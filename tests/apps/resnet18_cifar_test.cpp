@@ -19,7 +19,7 @@
 #include "apps/checkpoint_updates.h"
 #include "dist/tensorboard.h"
 #include "scratch_dir.h"
-#include "tensor/cuda/runtime.h"
+#include "tensor/accelerator.h"
 #include "test_util.h"
 
 namespace {
@@ -357,7 +357,7 @@ TEST_F(App, GpuFlagsAreCheckedBeforeAnyWork) {
   Result both = run_app(kSmall + "--gpus 2 --nproc 2");
   EXPECT_EQ(both.status, 2);
   EXPECT_NE(both.output.find("--nproc"), std::string::npos) << both.output;
-  if (loom::cuda::device_count() == 0) {  // here: a clear refusal, not a crash
+  if (loom::cuda_device_count() == 0) {  // here: a clear refusal, not a crash
     Result no_gpu = run_app(kSmall + "--gpus 1");
     EXPECT_EQ(no_gpu.status, 2);
     EXPECT_NE(no_gpu.output.find("no CUDA device"), std::string::npos) << no_gpu.output;
@@ -365,7 +365,7 @@ TEST_F(App, GpuFlagsAreCheckedBeforeAnyWork) {
 }
 
 TEST_F(App, TrainsOnAGpu) {
-  if (loom::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  if (loom::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
   Result gpu = run_app(kSmall + "--gpus 1 --log-json " + path("gpu.json"));
   ASSERT_EQ(gpu.status, 0) << gpu.output;
   Result cpu = run_app(kSmall + "--log-json " + path("cpu.json"));

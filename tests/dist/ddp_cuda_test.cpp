@@ -29,9 +29,9 @@ void check_parity(const std::string& backend, bool sync_bn) {
   test::run_ranks(
       2,
       [&](Rank& r) {
-        const int gpus = cuda::device_count();
+        const int gpus = cuda_device_count();
         const Device device{DeviceType::CUDA, backend == "nccl" ? r.rank % gpus : 0};
-        cuda::set_device(device.index);
+        set_cuda_device(device);
         const ProcessGroupOptions options{.timeout = std::chrono::seconds(60)};
         auto group = backend == "nccl"
                          ? make_nccl_process_group(r.store, r.rank, r.world_size, options)

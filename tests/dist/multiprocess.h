@@ -23,7 +23,7 @@
 
 #include "dist/process_group.h"
 #include "dist/store.h"
-#include "tensor/cuda/runtime.h"
+#include "tensor/accelerator.h"
 
 namespace loom::test {
 
@@ -155,10 +155,10 @@ inline void run_ranks(int world_size, const std::function<void(Rank&)>& body,
 // forked from it, and CUDA does not survive a fork), so a forked child answers instead.
 inline int visible_gpus() {
   static const int count = [] {
-    if (!cuda::is_built()) return 0;
+    if (!cuda_is_built()) return 0;
     std::fflush(nullptr);
     const pid_t pid = ::fork();
-    if (pid == 0) ::_exit(std::min(cuda::device_count(), 100));
+    if (pid == 0) ::_exit(std::min(cuda_device_count(), 100));
     int status = 0;
     if (pid < 0 || ::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return 0;
     return WEXITSTATUS(status);
@@ -167,11 +167,11 @@ inline int visible_gpus() {
 }
 
 // Skips a multi-process test that needs n GPUs (asked of a forked child, see visible_gpus).
-#define LOOM_SKIP_WITHOUT_GPUS(n)                                                 \
-  do {                                                                            \
-    if (!::loom::cuda::is_built()) GTEST_SKIP() << "loom was built without CUDA"; \
-    if (::loom::test::visible_gpus() < (n))                                       \
-      GTEST_SKIP() << "fewer than " << (n) << " GPUs visible";                    \
+#define LOOM_SKIP_WITHOUT_GPUS(n)                                                \
+  do {                                                                           \
+    if (!::loom::cuda_is_built()) GTEST_SKIP() << "loom was built without CUDA"; \
+    if (::loom::test::visible_gpus() < (n))                                      \
+      GTEST_SKIP() << "fewer than " << (n) << " GPUs visible";                   \
   } while (0)
 
 }  // namespace loom::test

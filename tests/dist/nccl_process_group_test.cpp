@@ -13,6 +13,7 @@
 #include <cstdlib>
 
 #include "dist/multiprocess.h"
+#include "tensor/accelerator.h"
 #include "tensor/cuda/runtime.h"
 #include "test_util.h"
 
@@ -95,7 +96,7 @@ TEST(ProcessGroupNCCL, WithoutAGpuCreatingAGroupRaisesAClearError) {
     EXPECT_FALSE(nccl_is_available());
     EXPECT_LOOM_ERROR(make_nccl_process_group(r.store, 0, 1), DeviceError,
                       {"make_nccl_process_group",
-                       cuda::is_built() ? "no CUDA device is visible" : "built without CUDA"});
+                       cuda_is_built() ? "no CUDA device is visible" : "built without CUDA"});
   });
 }
 

@@ -7,6 +7,9 @@
 #include <thread>
 
 #include "dist/multiprocess.h"
+#include "dist/nccl_process_group.h"
+#include "dist/store.h"
+#include "tensor/accelerator.h"
 #include "test_util.h"
 
 namespace loom::dist {
@@ -406,6 +409,24 @@ TEST(ReduceOp, Names) {
   EXPECT_STREQ(to_string(ReduceOp::Avg), "avg");
   EXPECT_STREQ(to_string(ReduceOp::Max), "max");
   EXPECT_STREQ(to_string(ReduceOp::Min), "min");
+}
+
+// The nccl group's front checks what needs no GPU before it loads libloom_nccl.
+TEST(NcclFront, ChecksTheArgumentsThenSaysWhyThereIsNoGroup) {
+  EXPECT_LOOM_ERROR(make_nccl_process_group(nullptr, 0, 1), ValueError,
+                    {"make_nccl_process_group", "store"});
+  TCPStoreOptions options;
+  options.port = 0;
+  options.is_server = true;
+  auto store = std::make_shared<TCPStore>(options);
+  EXPECT_LOOM_ERROR(make_nccl_process_group(store, 2, 2), ValueError, {"rank 2"});
+  EXPECT_LOOM_ERROR(make_nccl_process_group(store, 0, 1, {.timeout = Milliseconds(0)}), ValueError,
+                    {"timeout"});
+  if (cuda_device_count() > 0) return;  // the rest is about machines without a GPU
+  EXPECT_FALSE(nccl_is_available());
+  EXPECT_LOOM_ERROR(make_nccl_process_group(store, 0, 1), DeviceError,
+                    {"make_nccl_process_group",
+                     cuda_is_built() ? "no CUDA device is visible" : "built without CUDA"});
 }
 
 }  // namespace

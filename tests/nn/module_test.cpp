@@ -7,7 +7,7 @@
 #include <filesystem>
 
 #include "scratch_dir.h"
-#include "tensor/cuda/runtime.h"
+#include "tensor/accelerator.h"
 #include "test_util.h"
 
 namespace loom::nn {
@@ -134,7 +134,7 @@ TEST(Module, ToDtypeConvertsInPlaceAndKeepsIntegerBuffers) {
 
 TEST(Module, ToAnotherDeviceNeedsCuda) {
   Tiny m;
-  if (cuda::device_count() > 0) GTEST_SKIP() << "a GPU is present";
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a GPU is present";
   EXPECT_THROW(m.to(Device("cuda:0")), DeviceError);
 }
 

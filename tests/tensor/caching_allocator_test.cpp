@@ -2,7 +2,7 @@
 // [Caching allocator]) on the CPU: a fake raw allocator hands out addresses that are never
 // touched, with a capacity, so reuse, streams, splitting, pressure and stats run without a GPU.
 
-#include "tensor/cuda/caching_allocator.h"
+#include "tensor/caching_allocator.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,6 @@
 #include <thread>
 #include <vector>
 
-#include "tensor/cuda/runtime.h"
 #include "test_util.h"
 
 namespace loom::cuda {
@@ -287,20 +286,6 @@ TEST(CachingAllocator, ThreadsOnSeparateStreams) {
   f.allocator.empty_cache();
   EXPECT_EQ(f.allocator.stats(0).reserved_bytes, 0);
   EXPECT_TRUE(f.devices[0].live.empty());
-}
-
-// In a build without CUDA the device layer links stubs that raise DeviceError.
-TEST(CudaStubs, RaiseDeviceErrorWithoutCuda) {
-  if (is_built()) GTEST_SKIP() << "loom was built with CUDA";
-  EXPECT_EQ(device_count(), 0);
-  EXPECT_LOOM_ERROR(allocate(16, 0), DeviceError, {"loom was built without CUDA"});
-  EXPECT_LOOM_ERROR(Stream::create(0), DeviceError, {"Stream::create", "built without CUDA"});
-  EXPECT_LOOM_ERROR(DeviceGuard guard(0), DeviceError, {"built without CUDA"});
-  EXPECT_LOOM_ERROR(PinnedBuffer buffer(64), DeviceError, {"built without CUDA"});
-  EXPECT_LOOM_ERROR(allocator_stats(0), DeviceError, {"built without CUDA"});
-  EXPECT_LOOM_ERROR(Event().record(Stream::default_stream(0)), DeviceError, {"built without CUDA"});
-  deallocate(nullptr, 0);  // what destructors call never throws
-  free_pinned(nullptr);
 }
 
 }  // namespace

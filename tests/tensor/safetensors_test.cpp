@@ -16,8 +16,8 @@
 #include <thread>
 
 #include "scratch_dir.h"
+#include "tensor/accelerator.h"
 #include "tensor/atomic_file.h"
-#include "tensor/cuda/runtime.h"
 #include "test_util.h"
 
 namespace loom {
@@ -330,7 +330,7 @@ TEST_F(SafetensorsTest, RefusesBadTensorsOnSave) {
                     {"save_safetensors", "__metadata__"});
   EXPECT_LOOM_ERROR(save_safetensors(path, {{"a", Tensor()}}), ValueError,
                     {"save_safetensors", "'a' is undefined"});
-  if (cuda::device_count() == 0) {  // a device tensor is copied to the host: here it cannot be
+  if (cuda_device_count() == 0) {  // a device tensor is copied to the host: here it cannot be
     float storage[2] = {0, 0};
     const Tensor on_gpu = from_blob(storage, {2}, kFloat32, Device(DeviceType::CUDA, 0));
     EXPECT_LOOM_ERROR(save_safetensors(path, {{"a", t}, {"g", on_gpu}}), DeviceError, {"cuda"});

@@ -4,9 +4,9 @@
 #include <cmath>
 #include <limits>
 
+#include "tensor/accelerator.h"
 #include "tensor/conv.h"
 #include "tensor/copy.h"
-#include "tensor/cuda/runtime.h"
 #include "tensor/elementwise.h"
 #include "tensor/index.h"
 #include "tensor/loss.h"
@@ -106,7 +106,7 @@ TEST(Device, Parses) {
 TEST(Device, CudaWithoutAGpuRaisesDeviceError) {
   // Built without CUDA: "built without CUDA"; built with it on a machine without a GPU: the
   // device is not available. Either way a DeviceError naming the device, never a crash.
-  if (cuda::device_count() > 0) GTEST_SKIP() << "a GPU is present";
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a GPU is present";
   EXPECT_LOOM_ERROR(zeros({2}, kFloat32, Device("cuda:0")), DeviceError, {"cuda"});
 }
 

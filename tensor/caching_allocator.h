@@ -1,4 +1,4 @@
-// tensor/cuda/caching_allocator.h — the bookkeeping of loom's caching, stream-aware device
+// tensor/caching_allocator.h — the bookkeeping of loom's caching, stream-aware device
 // allocator, written as plain C++ over two raw callbacks (allocate, free) so that it runs, and is
 // tested, on the CPU with a fake backend. runtime.cu plugs cudaMalloc/cudaFree into it.
 //

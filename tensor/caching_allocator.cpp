@@ -1,8 +1,8 @@
-// tensor/cuda/caching_allocator.cpp — the caching allocator's bookkeeping (Note [Caching
+// tensor/caching_allocator.cpp — the caching allocator's bookkeeping (Note [Caching
 // allocator] in caching_allocator.h). Plain C++ with no CUDA in it: it is compiled into every
 // build, so its tests run on machines without a GPU through a fake raw allocator.
 
-#include "tensor/cuda/caching_allocator.h"
+#include "tensor/caching_allocator.h"
 
 #include <algorithm>
 #include <limits>
