@@ -1,4 +1,4 @@
-// tests/nn/golden_test.cpp — loom's conv2d, batch_norm, cross_entropy and layer_norm against
+// tests/autograd/golden_test.cpp — loom's conv2d, batch_norm, cross_entropy and layer_norm against
 // PyTorch: inputs, outputs and gradients come from tests/golden/*.safetensors, written by
 // tools/make_golden.py (keys in tests/golden/README.md). float64 throughout, tight tolerances.
 #include <string>

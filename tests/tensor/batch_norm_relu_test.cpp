@@ -1,4 +1,4 @@
-// tests/nn/batch_norm_relu_test.cpp — batch_norm_relu (Note [Batch norm with ReLU]): the fused
+// tests/tensor/batch_norm_relu_test.cpp — batch_norm_relu (Note [Batch norm with ReLU]): the fused
 // op against relu(batch_norm(x) + residual) run op by op, forward and every gradient, in
 // training and eval, both memory formats, 16-bit x; gradcheck; the kernels' checks; and a
 // ResNet whose blocks fuse against the same ResNet unfused.

@@ -1,4 +1,4 @@
-// tests/nn/pool_test.cpp — max, average and adaptive average pooling: values and indices from
+// tests/tensor/pool_test.cpp — max, average and adaptive average pooling: values and indices from
 // PyTorch 1.13 on a fixed input, direct loops on random ones, PyTorch's output-size rules,
 // gradcheck of each backward, the argument errors, and channels-last inputs (the same bits as
 // contiguous ones, results in the input's format).

@@ -1,4 +1,4 @@
-// tests/nn/conv_test.cpp — conv2d against direct loops (forward and all three gradients) over
+// tests/tensor/conv_test.cpp — conv2d against direct loops (forward and all three gradients) over
 // strides, padding, dilation, groups and the batched / 1x1 paths of the kernel, gradcheck of the
 // backward, and every argument error.
 

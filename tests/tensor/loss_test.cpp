@@ -1,4 +1,4 @@
-// tests/nn/loss_test.cpp — softmax, log_softmax, cross_entropy, nll_loss, mse_loss: forward
+// tests/tensor/loss_test.cpp — softmax, log_softmax, cross_entropy, nll_loss, mse_loss: forward
 // against plain loops (every reduction, ignore_index and label smoothing combination),
 // gradcheck of every differentiable input, and every error path.
 

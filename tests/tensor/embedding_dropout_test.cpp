@@ -1,4 +1,4 @@
-// tests/nn/embedding_dropout_test.cpp — embedding (forward, accumulated and padded gradients,
+// tests/tensor/embedding_dropout_test.cpp — embedding (forward, accumulated and padded gradients,
 // thread-count independence) and dropout (the Philox mask, determinism, statistics, gradients,
 // errors).
 

@@ -1,4 +1,4 @@
-// tests/nn/norm_test.cpp — batch_norm and layer_norm: forward against plain loops, running
+// tests/tensor/norm_test.cpp — batch_norm and layer_norm: forward against plain loops, running
 // statistics, gradcheck of x, weight and bias in training and eval, the SyncBatchNorm kernel
 // pieces against the fused kernels, and every error path.
 
