@@ -1,6 +1,7 @@
 // tensor/conv.h — convolution and pooling kernels over NCHW tensors, forward and backward, with
-// no autograd (autograd/ops/conv.cpp wraps them). conv2d is GEMM on the patches of the input
-// (tensor/cpu/conv.cpp, Note [conv2d on the CPU]); pooling is tensor/cpu/pool.cpp. Shapes,
+// no autograd (autograd/ops/conv.cpp wraps them). The fronts tensor/conv.cpp and tensor/pool.cpp
+// check the arguments and pick the device; conv2d is GEMM on the patches of the input on the CPU
+// (tensor/cpu/conv.cpp, Note [conv2d on the CPU]), pooling is tensor/cpu/pool.cpp. Shapes,
 // defaults and errors follow PyTorch.
 #pragma once
 

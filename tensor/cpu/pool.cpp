@@ -1,53 +1,23 @@
 // tensor/cpu/pool.cpp — max, average and adaptive average pooling over NCHW tensors on the CPU,
-// forward and backward, with PyTorch's output sizes and window rules. Results keep the input's
-// memory format (Note [Pooling channels-last on the CPU]). Threads own disjoint parts of the
-// result (planes, rows or images), so the backward needs no atomics.
+// forward and backward, in the geometry the front (tensor/pool.cpp) checked and computed.
+// Results keep the input's memory format (Note [Pooling channels-last on the CPU]). Threads own
+// disjoint parts of the result (planes, rows or images), so the backward needs no atomics.
+
+#include "tensor/cpu/pool.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
-#include "tensor/checks.h"
-#include "tensor/conv.h"
 #include "tensor/copy.h"
-#include "tensor/cuda_backend.h"
 #include "tensor/dispatch.h"
 #include "tensor/parallel.h"
 
-namespace loom::kernels {
+namespace loom::cpu {
 
-// Checks x and the options as PyTorch does; stride {0,0} becomes the kernel size.
-Pool2dGeometry pool2d_geometry(const char* op, const Shape& x, const Pool2dOptions& opt,
-                               bool dilated) {
-  LOOM_CHECK(x.size() == 4, ShapeError, op, ": expected a 4-D input x [N, C, H, W]; got x=", x);
-  const Pair stride = opt.stride == Pair{0, 0} ? opt.kernel : opt.stride;
-  const Pair dilation = dilated ? opt.dilation : Pair{1, 1};
-  auto pair = [](Pair p) { return detail::str("(", p[0], ", ", p[1], ")"); };
-  LOOM_CHECK(opt.kernel[0] >= 1 && opt.kernel[1] >= 1, ValueError, op,
-             ": expected kernel >= 1; got kernel=", pair(opt.kernel), " x=", x);
-  LOOM_CHECK(stride[0] >= 1 && stride[1] >= 1, ValueError, op,
-             ": expected stride >= 1 (or (0, 0) for the kernel size); got stride=",
-             pair(opt.stride), " x=", x);
-  LOOM_CHECK(dilation[0] >= 1 && dilation[1] >= 1, ValueError, op,
-             ": expected dilation >= 1; got dilation=", pair(opt.dilation), " x=", x);
-  LOOM_CHECK(opt.padding[0] >= 0 && opt.padding[1] >= 0 && opt.padding[0] <= opt.kernel[0] / 2 &&
-                 opt.padding[1] <= opt.kernel[1] / 2,
-             ValueError, op,
-             ": padding must be between 0 and half the kernel; got padding=", pair(opt.padding),
-             " kernel=", pair(opt.kernel), " x=", x);
-  Pool2dGeometry g;
-  g.planes = x[0] * x[1], g.h = x[2], g.w = x[3];
-  g.ho =
-      pool_output_size(g.h, opt.kernel[0], stride[0], opt.padding[0], dilation[0], opt.ceil_mode);
-  g.wo =
-      pool_output_size(g.w, opt.kernel[1], stride[1], opt.padding[1], dilation[1], opt.ceil_mode);
-  LOOM_CHECK(g.ho >= 1 && g.wo >= 1, ShapeError, op, ": output size is too small; x=", x,
-             " gives [", x[0], ", ", x[1], ", ", g.ho, ", ", g.wo,
-             "] with kernel=", pair(opt.kernel), " stride=", pair(stride),
-             " padding=", pair(opt.padding), " dilation=", pair(dilation));
-  g.kernel = opt.kernel, g.stride = stride, g.padding = opt.padding, g.dilation = dilation;
-  return g;
-}
+using kernels::contiguous;
+using kernels::Pair;
+using kernels::Pool2dGeometry;
 
 namespace {
 
@@ -84,12 +54,6 @@ ChannelUnit channel_unit(int64_t unit, int64_t channels) {
 }
 int64_t channel_units(int64_t images, int64_t channels) {
   return images * ((channels + kChannelBlock - 1) / kChannelBlock);
-}
-
-void check_grad(const char* op, const Tensor& dout, const Shape& x_shape, const Pool2dGeometry& g) {
-  LOOM_CHECK(dout.dim() == 4 && dout.size(0) == x_shape[0] && dout.size(1) == x_shape[1] &&
-                 dout.size(2) == g.ho && dout.size(3) == g.wo,
-             ShapeError, op, ": dout=", dout.sizes(), " does not match the output of x=", x_shape);
 }
 
 // Max pooling window of output (oh, ow): rows h0, h0 + dh, ... below h1 and columns w0,
@@ -129,19 +93,6 @@ AvgWindow avg_window(const Pool2dGeometry& g, int64_t oh, int64_t ow, bool count
   return win;
 }
 
-}  // namespace
-
-int64_t pool_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t padding,
-                         int64_t dilation, bool ceil_mode) {
-  const int64_t numer =
-      in + 2 * padding - dilation * (kernel - 1) - 1 + (ceil_mode ? stride - 1 : 0);
-  int64_t out = (numer >= 0 ? numer / stride : -((-numer + stride - 1) / stride)) + 1;
-  if (ceil_mode && (out - 1) * stride >= in + padding) --out;  // the last window starts inside
-  return out;
-}
-
-namespace {
-
 // max_pool2d of a channels-last x into channels-last out and indices (Note [Pooling
 // channels-last on the CPU]): the NCHW loop's window walk with the channels innermost.
 void max_pool2d_channels_last(const Tensor& x, const Pool2dGeometry& g, const Tensor& out,
@@ -180,9 +131,7 @@ void max_pool2d_channels_last(const Tensor& x, const Pool2dGeometry& g, const Te
 
 }  // namespace
 
-std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dOptions& options) {
-  const Pool2dGeometry g = pool2d_geometry("max_pool2d", x.sizes(), options, /*dilated=*/true);
-  if (x.is_cuda()) return cuda_backend().max_pool2d(x, options);
+std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dGeometry& g) {
   const MemoryFormat format = suggest_memory_format(x);
   Tensor out = empty({x.size(0), x.size(1), g.ho, g.wo}, x.dtype(), x.device(), format);
   Tensor indices = empty(out.sizes(), kInt64, x.device(), format);
@@ -259,14 +208,6 @@ void max_pool2d_backward_channels_last(const Tensor& dout, const Tensor& indices
 // dx: each output's gradient added at the input position of its maximum.
 Tensor max_pool2d_backward(const Tensor& dout, const Tensor& indices, const Shape& x_shape,
                            MemoryFormat format) {
-  LOOM_CHECK(x_shape.size() == 4 && dout.dim() == 4 && indices.sizes() == dout.sizes() &&
-                 dout.size(0) == x_shape[0] && dout.size(1) == x_shape[1],
-             ShapeError, "max_pool2d_backward: dout=", dout.sizes(), " indices=", indices.sizes(),
-             " do not match x=", x_shape);
-  LOOM_CHECK(indices.dtype() == kInt64, DTypeError,
-             "max_pool2d_backward: expected int64 indices; got ", indices.dtype());
-  if (on_cuda("max_pool2d_backward", {dout, indices}))
-    return cuda_backend().max_pool2d_backward(dout, indices, x_shape, format);
   Tensor dx = empty(x_shape, dout.dtype(), dout.device(), format);
   if (format == MemoryFormat::kChannelsLast) {
     max_pool2d_backward_channels_last(dout, indices, dx);
@@ -322,13 +263,11 @@ void avg_pool2d_channels_last(const Tensor& x, const Pool2dGeometry& g, bool cou
 
 }  // namespace
 
-Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& options) {
-  const Pool2dGeometry g = pool2d_geometry("avg_pool2d", x.sizes(), options, /*dilated=*/false);
-  if (x.is_cuda()) return cuda_backend().avg_pool2d(x, options);
+Tensor avg_pool2d(const Tensor& x, const Pool2dGeometry& g, bool count_include_pad) {
   const MemoryFormat format = suggest_memory_format(x);
   Tensor out = empty({x.size(0), x.size(1), g.ho, g.wo}, x.dtype(), x.device(), format);
   if (format == MemoryFormat::kChannelsLast) {
-    avg_pool2d_channels_last(x, g, options.count_include_pad, out);
+    avg_pool2d_channels_last(x, g, count_include_pad, out);
     return out;
   }
   const Tensor xc = contiguous(x);
@@ -340,7 +279,7 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& options) {
       T* o = dst + plane * g.ho * g.wo;
       for (int64_t oh = 0; oh < g.ho; ++oh) {
         for (int64_t ow = 0; ow < g.wo; ++ow) {
-          const AvgWindow win = avg_window(g, oh, ow, options.count_include_pad);
+          const AvgWindow win = avg_window(g, oh, ow, count_include_pad);
           T sum = 0;
           for (int64_t ih = win.h0; ih < win.h1; ++ih)
             for (int64_t iw = win.w0; iw < win.w1; ++iw) sum += in[ih * g.w + iw];
@@ -394,14 +333,11 @@ void avg_pool2d_backward_channels_last(const Tensor& dout, const Pool2dGeometry&
 }  // namespace
 
 // dx[i] = sum over the windows w holding i of dout[w] / divisor(w)
-Tensor avg_pool2d_backward(const Tensor& dout, const Shape& x_shape, const Pool2dOptions& options,
-                           MemoryFormat format) {
-  const Pool2dGeometry g = pool2d_geometry("avg_pool2d_backward", x_shape, options, false);
-  check_grad("avg_pool2d_backward", dout, x_shape, g);
-  if (dout.is_cuda()) return cuda_backend().avg_pool2d_backward(dout, x_shape, options, format);
+Tensor avg_pool2d_backward(const Tensor& dout, const Shape& x_shape, const Pool2dGeometry& g,
+                           bool count_include_pad, MemoryFormat format) {
   Tensor dx = empty(x_shape, dout.dtype(), dout.device(), format);
   if (format == MemoryFormat::kChannelsLast) {
-    avg_pool2d_backward_channels_last(dout, g, options.count_include_pad, dx);
+    avg_pool2d_backward_channels_last(dout, g, count_include_pad, dx);
     return dx;
   }
   const Tensor dc = contiguous(dout);
@@ -414,7 +350,7 @@ Tensor avg_pool2d_backward(const Tensor& dout, const Shape& x_shape, const Pool2
       std::fill(dplane, dplane + g.h * g.w, T(0));
       for (int64_t oh = 0; oh < g.ho; ++oh) {
         for (int64_t ow = 0; ow < g.wo; ++ow) {
-          const AvgWindow win = avg_window(g, oh, ow, options.count_include_pad);
+          const AvgWindow win = avg_window(g, oh, ow, count_include_pad);
           if (win.divisor <= 0) continue;
           const T share = dyp[oh * g.wo + ow] / static_cast<T>(win.divisor);
           for (int64_t ih = win.h0; ih < win.h1; ++ih)
@@ -502,14 +438,6 @@ void adaptive_avg_pool2d_backward_channels_last(const Tensor& dout, const Tensor
 }  // namespace
 
 Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size) {
-  LOOM_CHECK(x.dim() == 4, ShapeError,
-             "adaptive_avg_pool2d: expected a 4-D input x [N, C, H, W]; got x=", x.sizes());
-  LOOM_CHECK(output_size[0] >= 1 && output_size[1] >= 1, ValueError,
-             "adaptive_avg_pool2d: expected output_size >= 1; got output_size=(", output_size[0],
-             ", ", output_size[1], ") x=", x.sizes());
-  LOOM_CHECK(x.size(2) >= 1 && x.size(3) >= 1, ShapeError,
-             "adaptive_avg_pool2d: expected a non-empty input plane; got x=", x.sizes());
-  if (x.is_cuda()) return cuda_backend().adaptive_avg_pool2d(x, output_size);
   const auto [ho, wo] = output_size;
   const int64_t h = x.size(2), w = x.size(3), planes = x.size(0) * x.size(1);
   const MemoryFormat format = suggest_memory_format(x);
@@ -542,11 +470,6 @@ Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size) {
 
 // dx[i] = sum over the cells c whose window holds i of dout[c] / |window(c)|
 Tensor adaptive_avg_pool2d_backward(const Tensor& dout, const Shape& x_shape, MemoryFormat format) {
-  LOOM_CHECK(x_shape.size() == 4 && dout.dim() == 4 && dout.size(0) == x_shape[0] &&
-                 dout.size(1) == x_shape[1],
-             ShapeError, "adaptive_avg_pool2d_backward: dout=", dout.sizes(),
-             " does not match x=", x_shape);
-  if (dout.is_cuda()) return cuda_backend().adaptive_avg_pool2d_backward(dout, x_shape, format);
   const int64_t h = x_shape[2], w = x_shape[3], ho = dout.size(2), wo = dout.size(3);
   const int64_t planes = x_shape[0] * x_shape[1];
   Tensor dx = empty(x_shape, dout.dtype(), dout.device(), format);
@@ -576,4 +499,4 @@ Tensor adaptive_avg_pool2d_backward(const Tensor& dout, const Shape& x_shape, Me
   return dx;
 }
 
-}  // namespace loom::kernels
+}  // namespace loom::cpu
