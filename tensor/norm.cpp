@@ -108,6 +108,7 @@ BatchNormStats batch_norm_stats_from_sums(const Tensor& sum, const Tensor& sum_s
              " sum_sq=", sum_sq.sizes());
   LOOM_CHECK(count > 0, ValueError, "batch_norm_stats_from_sums: expected a positive count; got ",
              count);
+  require_floating(op, dtype);
   if (on_cuda(op, {sum, sum_sq}))
     return cuda_backend().batch_norm_stats_from_sums(sum, sum_sq, count, eps, dtype);
   return cpu::batch_norm_stats_from_sums(sum, sum_sq, count, eps, dtype);

@@ -13,7 +13,8 @@ namespace loom::cpu {
 
 // Per-channel float64 sum and sum of squares of x [N, C, *].
 kernels::BatchNormSums batch_norm_sums(const Tensor& x);
-// mean, var and invstd in `dtype` from sums of C values each, over count > 0 values a channel.
+// mean, var and invstd in the floating `dtype` from sums of C values each, over count > 0
+// values a channel.
 kernels::BatchNormStats batch_norm_stats_from_sums(const Tensor& sum, const Tensor& sum_sq,
                                                    int64_t count, double eps, DType dtype);
 // Two-pass statistics of x, computed in double and rounded once to the floating `dtype`.
