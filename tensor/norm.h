@@ -3,7 +3,9 @@
 // data read while hot in cache) and in the pieces SyncBatchNorm reuses; see Note [Batch norm
 // pieces]. Layout legend: x [N, C, *] seen as [N, C, S] (S = product of the spatial dims).
 // Every output shaped like x (y, dx) takes x's memory format: a channels-last x gives
-// channels-last results (Note [Memory formats], tensor/tensor.cpp).
+// channels-last results (Note [Memory formats], tensor/tensor.cpp). tensor/norm.cpp checks the
+// arguments and switches on the device; tensor/cpu/norm.cpp and tensor/cuda/norm.cu hold the
+// loops and the kernels.
 #pragma once
 
 #include <array>

@@ -1,9 +1,10 @@
 // tensor/cpu/norm.cpp — batch norm and layer norm on the CPU. Batch norm runs one channel per
 // thread over x [N, C, S] (a channel's N rows of S values; a channels-last x is walked as
 // [N S, C, 1], its memory order, and its outputs stay channels-last); layer norm runs rows of
-// x [M, D] in parallel and its dweight/dbias as column blocks. Sums accumulate in double.
+// x [M, D] in parallel and its dweight/dbias as column blocks. Sums accumulate in double. Loops
+// only: the front (tensor/norm.cpp) has checked the arguments and widened a 16-bit x.
 
-#include "tensor/norm.h"
+#include "tensor/cpu/norm.h"
 
 #include <algorithm>
 #include <bit>
@@ -12,15 +13,31 @@
 #include <type_traits>
 #include <vector>
 
-#include "tensor/checks.h"
 #include "tensor/copy.h"
-#include "tensor/cuda_backend.h"
 #include "tensor/dispatch.h"
 #include "tensor/elementwise.h"
 #include "tensor/parallel.h"
 #include "tensor/view.h"
 
-namespace loom::kernels {
+namespace loom::cpu {
+
+using kernels::BatchNormEpilogue;
+using kernels::BatchNormStats;
+using kernels::BatchNormSums;
+using kernels::ChannelLayout;
+using kernels::LayerNormForward;
+using kernels::NormGrads;
+
+// The kernels these loops are written with (tensor/copy.h, tensor/elementwise.h,
+// tensor/view.h); they dispatch on the device themselves.
+using kernels::add;
+using kernels::add_scalar;
+using kernels::contiguous;
+using kernels::copy_;
+using kernels::mul_scalar;
+using kernels::reshape;
+using kernels::rsqrt;
+using kernels::to_dtype;
 
 namespace {
 
@@ -38,41 +55,6 @@ inline double accumulate(int64_t n, F&& f) {
   }
   for (; i < n; ++i) a0 += f(i);
   return (a0 + a1) + (a2 + a3);
-}
-
-// ---------------------------------------------------------------- checks
-// Every entry point checks its arguments with these before its device switch, so the CUDA
-// kernels (tensor/cuda/norm.cu) receive validated inputs.
-
-// A vector of `count` values (per channel, per row, ...); undefined passes (optional ones).
-void check_vector(const char* op, const char* name, const Tensor& t, int64_t count) {
-  LOOM_CHECK(!t.defined() || t.numel() == count, ShapeError, op, ": expected ", name, " with ",
-             count, " elements; got ", name, "=", t.sizes());
-}
-
-// dy and x of a backward, read element for element: one shape.
-void check_grad_shape(const char* op, const Tensor& dy, const Tensor& x) {
-  LOOM_CHECK(dy.sizes() == x.sizes(), ShapeError, op, ": dy and x differ; got dy=", dy.sizes(),
-             " x=", x.sizes());
-}
-
-// A tensor read element for element with x (a residual, a ReLU's output): x's shape and dtype.
-void check_like_x(const char* op, const char* name, const Tensor& t, const Tensor& x) {
-  if (!t.defined()) return;
-  LOOM_CHECK(t.sizes() == x.sizes(), ShapeError, op, ": ", name, " and x differ; got ", name, "=",
-             t.sizes(), " x=", x.sizes());
-  LOOM_CHECK(t.dtype() == x.dtype(), DTypeError, op, ": expected ", name, " of x's dtype ",
-             x.dtype(), "; got ", t.dtype(), " (", name, "=", t.sizes(), ")");
-}
-
-// The DTypeError the kernels' dispatch_floating raises for x's dtype, raised with the checks.
-void require_floating(const char* op, DType dtype) {
-  dispatch_floating(dtype, op, []<typename T>() {});
-}
-// Batch norm also takes 16-bit x: on the CPU it is widened to float32 and the outputs shaped
-// like x rounded back once (Note [16-bit arithmetic]); CUDA widens element by element.
-void require_batch_norm_dtype(const char* op, DType dtype) {
-  dispatch_floating_and_16bit(dtype, op, []<typename T>() {});
 }
 
 // ---------------------------------------------------------------- channel helpers
@@ -343,37 +325,12 @@ Tensor residual_like(const BatchNormEpilogue& e, MemoryFormat format) {
   return e.residual.defined() ? contiguous(e.residual, format) : Tensor();
 }
 
-// The epilogue with its residual widened, for a 16-bit x computed in float32.
-BatchNormEpilogue widened(const BatchNormEpilogue& e) {
-  return {e.residual.defined() ? kernels::widened(e.residual) : Tensor(), e.relu};
-}
-
 }  // namespace
-
-DType batch_norm_param_dtype(DType x) { return is_16bit_float(x) ? kFloat32 : x; }
-
-ChannelLayout channel_layout(const char* op, const Tensor& x) {
-  LOOM_CHECK(x.dim() >= 2, ShapeError, op, ": expected x of shape [N, C, ...]; got x=", x.sizes());
-  ChannelLayout l;
-  l.n = x.size(0);
-  l.c = x.size(1);
-  for (int64_t d = 2; d < x.dim(); ++d) l.s *= x.size(d);
-  return l;
-}
-
-int64_t layer_norm_rows(const char* op, const Tensor& x, int64_t normalized_numel) {
-  const int64_t cols = normalized_numel;
-  LOOM_CHECK(cols >= 0 && (cols == 0 ? x.numel() == 0 : x.numel() % cols == 0), ShapeError, op,
-             ": ", cols, " normalised elements do not divide x=", x.sizes());
-  return cols == 0 ? 0 : x.numel() / cols;
-}
 
 // ---------------------------------------------------------------- batch norm statistics
 
 BatchNormSums batch_norm_sums(const Tensor& x) {
-  const ChannelLayout l = channel_layout("batch_norm_sums", x);
-  if (on_cuda("batch_norm_sums", {x})) return cuda_backend().batch_norm_sums(x);
-  if (is_16bit_float(x.dtype())) return batch_norm_sums(widened(x));
+  const ChannelLayout l = kernels::channel_layout("batch_norm_sums", x);
   const MemoryFormat format = suggest_memory_format(x);
   const Tensor xc = contiguous(x, format);
   const ChannelLayout mem = l.stored(format);  // the loops walk x's memory
@@ -407,14 +364,6 @@ BatchNormSums batch_norm_sums(const Tensor& x) {
 
 BatchNormStats batch_norm_stats_from_sums(const Tensor& sum, const Tensor& sum_sq, int64_t count,
                                           double eps, DType dtype) {
-  const Device device = common_device("batch_norm_stats_from_sums", {sum, sum_sq});
-  LOOM_CHECK(sum.numel() == sum_sq.numel(), ShapeError,
-             "batch_norm_stats_from_sums: sum and sum_sq differ; got sum=", sum.sizes(),
-             " sum_sq=", sum_sq.sizes());
-  LOOM_CHECK(count > 0, ValueError, "batch_norm_stats_from_sums: expected a positive count; got ",
-             count);
-  if (device.is_cuda())
-    return cuda_backend().batch_norm_stats_from_sums(sum, sum_sq, count, eps, dtype);
   const int64_t channels = sum.numel();
   const Tensor s = contiguous(to_dtype(sum, kFloat64)), sq = contiguous(to_dtype(sum_sq, kFloat64));
   BatchNormStats out{empty({channels}, dtype), empty({channels}, dtype), empty({channels}, dtype),
@@ -436,19 +385,9 @@ BatchNormStats batch_norm_stats_from_sums(const Tensor& sum, const Tensor& sum_s
   return out;
 }
 
-BatchNormStats batch_norm_stats(const Tensor& x, double eps) {
-  return batch_norm_stats(x, eps, batch_norm_param_dtype(x.dtype()));
-}
-
 BatchNormStats batch_norm_stats(const Tensor& x, double eps, DType dtype) {
   const char* op = "batch_norm_stats";
-  const ChannelLayout l = channel_layout(op, x);
-  require_floating(op, dtype);
-  if (on_cuda(op, {x})) {
-    const BatchNormStats s = cuda_backend().batch_norm_stats(x, eps);
-    return {to_dtype(s.mean, dtype), to_dtype(s.invstd, dtype), to_dtype(s.var, dtype), s.count};
-  }
-  if (is_16bit_float(x.dtype())) return batch_norm_stats(widened(x), eps, dtype);
+  const ChannelLayout l = kernels::channel_layout(op, x);
   const MemoryFormat format = suggest_memory_format(x);
   const Tensor xc = contiguous(x, format);
   const ChannelLayout mem = l.stored(format);  // the loops walk x's memory
@@ -482,31 +421,10 @@ BatchNormStats batch_norm_stats(const Tensor& x, double eps, DType dtype) {
   return out;
 }
 
-Tensor batch_norm_invstd(const Tensor& var, double eps) {
-  if (on_cuda("batch_norm_invstd", {var})) return cuda_backend().batch_norm_invstd(var, eps);
-  return rsqrt(add_scalar(var, eps));
-}
+Tensor batch_norm_invstd(const Tensor& var, double eps) { return rsqrt(add_scalar(var, eps)); }
 
 void batch_norm_update_running_stats_(const Tensor& running_mean, const Tensor& running_var,
                                       const BatchNormStats& stats, double momentum) {
-  const char* op = "batch_norm_update_running_stats_";
-  const Device device = common_device(op, {running_mean, running_var, stats.mean});
-  if (running_mean.defined())
-    LOOM_CHECK(running_mean.numel() == stats.mean.numel(), ShapeError, op,
-               ": running_mean does not match the statistics; got running_mean=",
-               running_mean.sizes(), " mean=", stats.mean.sizes());
-  if (running_var.defined()) {
-    common_device(op, {running_var, stats.var});
-    LOOM_CHECK(running_var.numel() == stats.var.numel(), ShapeError, op,
-               ": running_var does not match the statistics; got running_var=", running_var.sizes(),
-               " var=", stats.var.sizes());
-    LOOM_CHECK(
-        stats.count > 1, ValueError, op,
-        ": the unbiased variance needs more than one value per channel; got count=", stats.count);
-  }
-  if (device.is_cuda())
-    return cuda_backend().batch_norm_update_running_stats_(running_mean, running_var, stats,
-                                                           momentum);
   if (running_mean.defined()) {
     const Tensor batch = reshape(to_dtype(stats.mean, running_mean.dtype()), running_mean.sizes());
     copy_(running_mean, add(mul_scalar(running_mean, 1.0 - momentum), batch, momentum));
@@ -525,19 +443,7 @@ Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invst
                         const Tensor& weight, const Tensor& bias,
                         const BatchNormEpilogue& epilogue) {
   const char* op = "batch_norm_elemt";
-  const Device device = common_device(op, {x, mean, invstd, weight, bias, epilogue.residual});
-  const ChannelLayout l = channel_layout(op, x);
-  check_vector(op, "mean", mean, l.c);
-  check_vector(op, "invstd", invstd, l.c);
-  check_vector(op, "weight", weight, l.c);
-  check_vector(op, "bias", bias, l.c);
-  check_like_x(op, "residual", epilogue.residual, x);
-  require_batch_norm_dtype(op, x.dtype());
-  if (device.is_cuda())
-    return cuda_backend().batch_norm_elemt(x, mean, invstd, weight, bias, epilogue);
-  if (is_16bit_float(x.dtype()))
-    return to_dtype(batch_norm_elemt(widened(x), mean, invstd, weight, bias, widened(epilogue)),
-                    x.dtype());
+  const ChannelLayout l = kernels::channel_layout(op, x);
   const MemoryFormat format = suggest_memory_format(x);
   const Tensor xc = contiguous(x, format);
   const Tensor rc = residual_like(epilogue, format);
@@ -574,19 +480,7 @@ std::pair<Tensor, BatchNormStats> batch_norm_forward_train(const Tensor& x, cons
                                                            const Tensor& bias, double eps,
                                                            const BatchNormEpilogue& epilogue) {
   const char* op = "batch_norm";
-  const Device device =
-      common_device("batch_norm_forward_train", {x, weight, bias, epilogue.residual});
-  const ChannelLayout l = channel_layout(op, x);
-  check_vector(op, "weight", weight, l.c);
-  check_vector(op, "bias", bias, l.c);
-  check_like_x(op, "residual", epilogue.residual, x);
-  require_batch_norm_dtype(op, x.dtype());
-  if (device.is_cuda())
-    return cuda_backend().batch_norm_forward_train(x, weight, bias, eps, epilogue);
-  if (is_16bit_float(x.dtype())) {
-    auto [y, stats] = batch_norm_forward_train(widened(x), weight, bias, eps, widened(epilogue));
-    return {to_dtype(y, x.dtype()), stats};
-  }
+  const ChannelLayout l = kernels::channel_layout(op, x);
   const MemoryFormat format = suggest_memory_format(x);
   const Tensor xc = contiguous(x, format);
   const Tensor rc = residual_like(epilogue, format);
@@ -638,15 +532,7 @@ std::pair<Tensor, BatchNormStats> batch_norm_forward_train(const Tensor& x, cons
 std::pair<Tensor, Tensor> batch_norm_backward_reduce(const Tensor& dy, const Tensor& x,
                                                      const Tensor& mean, const Tensor& invstd) {
   const char* op = "batch_norm_backward_reduce";
-  const Device device = common_device(op, {dy, x, mean, invstd});
-  const ChannelLayout l = channel_layout(op, x);
-  check_grad_shape(op, dy, x);
-  check_vector(op, "mean", mean, l.c);
-  check_vector(op, "invstd", invstd, l.c);
-  require_batch_norm_dtype(op, x.dtype());
-  if (device.is_cuda()) return cuda_backend().batch_norm_backward_reduce(dy, x, mean, invstd);
-  if (is_16bit_float(x.dtype()))
-    return batch_norm_backward_reduce(widened(to_dtype(dy, x.dtype())), widened(x), mean, invstd);
+  const ChannelLayout l = kernels::channel_layout(op, x);
   const MemoryFormat format = suggest_memory_format(x);
   const Tensor xc = contiguous(x, format), dyc = contiguous(to_dtype(dy, x.dtype()), format);
   const ChannelLayout mem = l.stored(format);  // the loops walk x's memory
@@ -682,26 +568,8 @@ Tensor batch_norm_backward_elemt(const Tensor& dy, const Tensor& x, const Tensor
                                  const Tensor& invstd, const Tensor& weight, const Tensor& sum_dy,
                                  const Tensor& sum_dy_xhat, int64_t count) {
   const char* op = "batch_norm_backward_elemt";
-  const Device device = common_device(op, {dy, x, mean, invstd, weight, sum_dy, sum_dy_xhat});
-  const ChannelLayout l = channel_layout(op, x);
-  check_grad_shape(op, dy, x);
-  LOOM_CHECK(sum_dy.defined() == sum_dy_xhat.defined(), ValueError, op,
-             ": give both sum_dy and sum_dy_xhat (training) or neither (eval)");
+  const ChannelLayout l = kernels::channel_layout(op, x);
   const bool training = sum_dy.defined();
-  LOOM_CHECK(!training || count > 0, ValueError, op, ": expected a positive count; got ", count);
-  check_vector(op, "mean", mean, l.c);
-  check_vector(op, "invstd", invstd, l.c);
-  check_vector(op, "weight", weight, l.c);
-  check_vector(op, "sum_dy", sum_dy, l.c);
-  check_vector(op, "sum_dy_xhat", sum_dy_xhat, l.c);
-  require_batch_norm_dtype(op, x.dtype());
-  if (device.is_cuda())
-    return cuda_backend().batch_norm_backward_elemt(dy, x, mean, invstd, weight, sum_dy,
-                                                    sum_dy_xhat, count);
-  if (is_16bit_float(x.dtype()))
-    return to_dtype(batch_norm_backward_elemt(widened(to_dtype(dy, x.dtype())), widened(x), mean,
-                                              invstd, weight, sum_dy, sum_dy_xhat, count),
-                    x.dtype());
   const MemoryFormat format = suggest_memory_format(x);
   const Tensor xc = contiguous(x, format), dyc = contiguous(to_dtype(dy, x.dtype()), format);
   const ChannelLayout mem = l.stored(format);  // the loops walk x's memory
@@ -740,27 +608,7 @@ NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& m
                               const Tensor& invstd, const Tensor& weight, bool training,
                               std::array<bool, 3> need, const Tensor& relu_y, bool need_dresidual) {
   const char* op = "batch_norm_backward";
-  const Device device = common_device(op, {dy, x, mean, invstd, weight, relu_y});
-  const ChannelLayout l = channel_layout(op, x);
-  check_grad_shape(op, dy, x);
-  check_vector(op, "mean", mean, l.c);
-  check_vector(op, "invstd", invstd, l.c);
-  check_vector(op, "weight", weight, l.c);
-  check_like_x(op, "relu_y", relu_y, x);
-  LOOM_CHECK(!need_dresidual || relu_y.defined(), ValueError, op,
-             ": dresidual is the ReLU's gradient; give relu_y (x=", x.sizes(), ")");
-  require_batch_norm_dtype(op, x.dtype());
-  if (device.is_cuda())
-    return cuda_backend().batch_norm_backward(dy, x, mean, invstd, weight, training, need, relu_y,
-                                              need_dresidual);
-  if (is_16bit_float(x.dtype())) {
-    NormGrads g = batch_norm_backward(
-        widened(to_dtype(dy, x.dtype())), widened(x), mean, invstd, weight, training, need,
-        relu_y.defined() ? widened(relu_y) : Tensor(), need_dresidual);
-    if (g.dx.defined()) g.dx = to_dtype(g.dx, x.dtype());
-    if (g.dresidual.defined()) g.dresidual = to_dtype(g.dresidual, x.dtype());
-    return g;
-  }
+  const ChannelLayout l = kernels::channel_layout(op, x);
   const MemoryFormat format = suggest_memory_format(x);
   const Tensor xc = contiguous(x, format), dyc = contiguous(to_dtype(dy, x.dtype()), format);
   const Tensor yc = relu_y.defined() ? contiguous(relu_y, format) : Tensor();
@@ -825,14 +673,8 @@ NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& m
 LayerNormForward layer_norm_forward(const Tensor& x, int64_t normalized_numel, const Tensor& weight,
                                     const Tensor& bias, double eps) {
   const char* op = "layer_norm";
-  const Device device = common_device("layer_norm_forward", {x, weight, bias});
   const int64_t cols = normalized_numel;
-  const int64_t rows = layer_norm_rows(op, x, cols);
-  check_vector(op, "weight", weight, cols);
-  check_vector(op, "bias", bias, cols);
-  require_floating(op, x.dtype());
-  if (device.is_cuda())
-    return cuda_backend().layer_norm_forward(x, normalized_numel, weight, bias, eps);
+  const int64_t rows = kernels::layer_norm_rows(op, x, cols);
   const Tensor xc = contiguous(x);
   const Tensor w = channel_vector(weight, x.dtype());
   const Tensor b = channel_vector(bias, x.dtype());
@@ -876,16 +718,8 @@ NormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& m
                               const Tensor& rstd, const Tensor& weight, int64_t normalized_numel,
                               std::array<bool, 3> need) {
   const char* op = "layer_norm_backward";
-  const Device device = common_device(op, {dy, x, mean, rstd, weight});
-  check_grad_shape(op, dy, x);
   const int64_t cols = normalized_numel;
-  const int64_t rows = layer_norm_rows(op, x, cols);
-  check_vector(op, "mean", mean, rows);
-  check_vector(op, "rstd", rstd, rows);
-  check_vector(op, "weight", weight, cols);
-  require_floating(op, x.dtype());
-  if (device.is_cuda())
-    return cuda_backend().layer_norm_backward(dy, x, mean, rstd, weight, normalized_numel, need);
+  const int64_t rows = kernels::layer_norm_rows(op, x, cols);
   const Tensor xc = contiguous(x), dyc = contiguous(to_dtype(dy, x.dtype()));
   const Tensor m = channel_vector(mean, x.dtype());
   const Tensor rs = channel_vector(rstd, x.dtype());
@@ -938,4 +772,4 @@ NormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& m
   return g;
 }
 
-}  // namespace loom::kernels
+}  // namespace loom::cpu
