@@ -6,6 +6,8 @@
 // the optimizers' updates, take float32 and float64 only.
 // In-place variants (suffix _) write into their first argument, which must already have the
 // broadcast shape, and bump its version.
+// tensor/elementwise.cpp is the front (checks, the device switch, the CPU's 16-bit rule);
+// tensor/cpu/elementwise.cpp and tensor/cuda/elementwise*.cu hold the loops and the kernels.
 #pragma once
 
 #include "tensor/tensor.h"

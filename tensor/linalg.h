@@ -1,6 +1,8 @@
 // tensor/linalg.h — matrix products (GEMM through Eigen on the CPU). Operands may be any 2-D
 // views with a unit stride in either dim: a transposed operand is a free view (t.t()), never a
-// copy. Not differentiable: autograd/ops/linalg.cpp wraps them.
+// copy. Not differentiable: autograd/ops/linalg.cpp wraps them. tensor/linalg.cpp is the front
+// (checks, the device switch, the CPU's 16-bit rule); tensor/cpu/linalg.cpp and
+// tensor/cuda/linalg.cu hold the GEMM calls.
 #pragma once
 
 #include "tensor/tensor.h"
