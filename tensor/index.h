@@ -1,6 +1,8 @@
 // tensor/index.h — kernels that join, split and index tensors: cat, stack, split, gather,
 // scatter_add, index_select/index_add, one_hot, embedding and dropout's masked scaling.
-// Not differentiable: autograd/ops/index.cpp wraps each with its backward.
+// Not differentiable: autograd/ops/index.cpp wraps each with its backward. tensor/index.cpp
+// checks the arguments and picks the device; tensor/cpu/index.cpp and tensor/cuda/index.cu hold
+// the loops and the kernels.
 #pragma once
 
 #include <cstdint>

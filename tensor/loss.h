@@ -1,7 +1,9 @@
 // tensor/loss.h — softmax, log_softmax and the loss kernels (cross entropy fused with its
 // log_softmax, nll, mse), forward and backward. Not differentiable: autograd/ops/loss.cpp
-// wraps them. Shape legend for the class losses: input [N, C, *] seen as [N, C, S], target
-// [N, *] seen as [N, S]; each of the N S positions has one target class.
+// wraps them. tensor/loss.cpp checks the arguments and picks the device; tensor/cpu/loss.cpp
+// and tensor/cuda/loss.cu hold the loops and the kernels. Shape legend for the class losses:
+// input [N, C, *] seen as [N, C, S], target [N, *] seen as [N, S]; each of the N S positions has
+// one target class.
 #pragma once
 
 #include "tensor/tensor.h"

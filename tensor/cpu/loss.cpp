@@ -1,10 +1,11 @@
-// tensor/cpu/loss.cpp — softmax family and losses on the CPU. Softmax runs along rows when its
-// dim is the last one, else along lanes (a block of the inner positions processed side by
-// side, so memory is read contiguously); cross entropy runs one position (a row of C classes)
-// at a time. Reductions sum fixed-size blocks of positions into partials, then add the partials
-// in order: the result does not depend on the number of threads.
+// tensor/cpu/loss.cpp — softmax family and losses on the CPU (the loops behind the front in
+// tensor/loss.cpp). Softmax runs along rows when its dim is the last one, else along lanes (a
+// block of the inner positions processed side by side, so memory is read contiguously); cross
+// entropy runs one position (a row of C classes) at a time. Reductions sum fixed-size blocks of
+// positions into partials, then add the partials in order: the result does not depend on the
+// number of threads.
 
-#include "tensor/loss.h"
+#include "tensor/cpu/loss.h"
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -12,16 +13,22 @@
 #include <limits>
 #include <vector>
 
-#include "tensor/checks.h"
 #include "tensor/copy.h"
-#include "tensor/cuda_backend.h"
 #include "tensor/dispatch.h"
 #include "tensor/parallel.h"
 #include "tensor/view.h"
 
-namespace loom::kernels {
+namespace loom::cpu {
 
 namespace {
+
+using kernels::class_layout;
+using kernels::ClassLayout;
+using kernels::contiguous;
+using kernels::DimLayout;
+using kernels::reshape;
+using kernels::to_dtype;
+using kernels::transpose;
 
 constexpr int64_t kLanes = 256;  // inner positions a softmax lane block handles at once
 
@@ -102,17 +109,10 @@ void softmax_lanes(const T* a, const T* b, T* out, int64_t n, int64_t stride, in
   }
 }
 
-// dy and y of a softmax backward, read element for element: one shape.
-void check_softmax_grad(const char* op, const Tensor& dy, const Tensor& y) {
-  LOOM_CHECK(y.sizes() == dy.sizes(), ShapeError, op, ": dy and y differ; got dy=", dy.sizes(),
-             " y=", y.sizes());
-}
-
-// Runs a softmax-family kernel over a (x or y) and b (dy, or undefined; checked by
-// check_softmax_grad) along dim.
+// Runs a softmax-family kernel over a (x or y) and b (dy, or undefined; of a's shape) along the
+// lines of l.
 template <SoftmaxKind kind>
-Tensor softmax_family(const char* op, const Tensor& a, const Tensor& b, int64_t dim) {
-  const DimLayout l = dim_layout(a, dim, op);
+Tensor softmax_family(const char* op, const Tensor& a, const Tensor& b, const DimLayout& l) {
   const Tensor ac = contiguous(a);
   const Tensor bc = b.defined() ? contiguous(to_dtype(b, a.dtype())) : Tensor();
   Tensor out = empty(a.sizes(), a.dtype(), a.device());
@@ -145,53 +145,6 @@ Tensor softmax_family(const char* op, const Tensor& a, const Tensor& b, int64_t 
 
 // ---------------------------------------------------------------- class losses
 
-// What the host can check of a class loss's target against input [N, C, *]: the shapes and the
-// dtype. Its values are checked where they live, after the device switch.
-void check_class_shapes(const char* op, const Tensor& input, const Tensor& target) {
-  LOOM_CHECK(input.dim() >= 2, ShapeError, op,
-             ": expected input of shape [N, C, ...]; got input=", input.sizes(),
-             " target=", target.sizes());
-  LOOM_CHECK(target.dtype() == kInt64 || target.dtype() == kInt32, DTypeError, op,
-             ": expected target of int64 class indices; got ", target.dtype(),
-             " target=", target.sizes(), " input=", input.sizes());
-  bool match = target.dim() == input.dim() - 1 && target.size(0) == input.size(0);
-  for (int64_t d = 1; match && d < target.dim(); ++d) match = target.size(d) == input.size(d + 1);
-  LOOM_CHECK(match, ShapeError, op,
-             ": expected target of shape [N, ...] for input [N, C, ...]; got input=", input.sizes(),
-             " target=", target.sizes());
-}
-
-// The values of a CPU target (shapes checked): each in [0, C) or ignore_index, else IndexError.
-// Returns the number of positions not ignored.
-int64_t count_class_targets(const char* op, const Tensor& input, const Tensor& target,
-                            int64_t ignore_index) {
-  const int64_t classes = input.size(1);
-  const Tensor tc = contiguous(target);
-  return dispatch_index(target.dtype(), op, [&]<typename I>() -> int64_t {
-    const I* tp = tc.data_ptr<I>();
-    int64_t count = 0;
-    for (int64_t p = 0; p < tc.numel(); ++p) {
-      const int64_t t = static_cast<int64_t>(tp[p]);
-      if (t == ignore_index) continue;
-      LOOM_CHECK(t >= 0 && t < classes, IndexError, op, ": target ", t, " is out of range [0, ",
-                 classes, ") (ignore_index=", ignore_index, "); got input=", input.sizes(),
-                 " target=", target.sizes());
-      ++count;
-    }
-    return count;
-  });
-}
-
-// A loss backward's dloss: one value per position (None) or a single value (Mean, Sum).
-void check_dloss(const char* op, const Tensor& dloss, Reduction reduction, int64_t positions) {
-  if (reduction == Reduction::None)
-    LOOM_CHECK(dloss.numel() == positions, ShapeError, op, ": expected dloss with ", positions,
-               " elements; got dloss=", dloss.sizes());
-  else
-    LOOM_CHECK(dloss.numel() == 1, ShapeError, op,
-               ": expected a one-element dloss for a reduced loss; got dloss=", dloss.sizes());
-}
-
 // Sums f(p) over positions [0, count) in fixed blocks (partials added in block order), so the
 // result does not depend on the thread count. f(lo, hi) returns the sum of its block.
 template <typename F>
@@ -222,76 +175,34 @@ GradScale grad_scale(const Tensor& dloss, Reduction reduction, double divisor, D
 
 }  // namespace
 
-DimLayout dim_layout(const Tensor& x, int64_t dim, const char* op) {
-  DimLayout l;
-  if (x.dim() == 0) {
-    wrap_dim(dim, 1, op);
-    return l;
-  }
-  const int64_t d = wrap_dim(dim, x.dim(), op);
-  for (int64_t i = 0; i < d; ++i) l.outer *= x.size(i);
-  l.n = x.size(d);
-  for (int64_t i = d + 1; i < x.dim(); ++i) l.inner *= x.size(i);
-  return l;
+// ---------------------------------------------------------------- softmax
+
+Tensor softmax(const Tensor& x, const DimLayout& l) {
+  return softmax_family<SoftmaxKind::Softmax>("softmax", x, Tensor(), l);
+}
+Tensor log_softmax(const Tensor& x, const DimLayout& l) {
+  return softmax_family<SoftmaxKind::LogSoftmax>("log_softmax", x, Tensor(), l);
+}
+Tensor softmax_backward(const Tensor& dy, const Tensor& y, const DimLayout& l) {
+  return softmax_family<SoftmaxKind::SoftmaxBackward>("softmax_backward", y, dy, l);
+}
+Tensor log_softmax_backward(const Tensor& dy, const Tensor& y, const DimLayout& l) {
+  return softmax_family<SoftmaxKind::LogSoftmaxBackward>("log_softmax_backward", y, dy, l);
 }
 
-ClassLayout class_layout(const Shape& input) {
-  LOOM_ASSERT(input.size() >= 2, "class losses need input [N, C, ...]");
-  ClassLayout l;
-  l.n = input[0];
-  l.c = input[1];
-  for (size_t d = 2; d < input.size(); ++d) l.s *= input[d];
-  return l;
-}
-
-Tensor softmax(const Tensor& x, int64_t dim) {
-  if (on_cuda("softmax", {x})) return cuda_backend().softmax(x, dim);
-  return softmax_family<SoftmaxKind::Softmax>("softmax", x, Tensor(), dim);
-}
-Tensor log_softmax(const Tensor& x, int64_t dim) {
-  if (on_cuda("log_softmax", {x})) return cuda_backend().log_softmax(x, dim);
-  return softmax_family<SoftmaxKind::LogSoftmax>("log_softmax", x, Tensor(), dim);
-}
-Tensor softmax_backward(const Tensor& dy, const Tensor& y, int64_t dim) {
-  const Device device = common_device("softmax_backward", {dy, y});
-  check_softmax_grad("softmax_backward", dy, y);
-  if (device.is_cuda()) return cuda_backend().softmax_backward(dy, y, dim);
-  return softmax_family<SoftmaxKind::SoftmaxBackward>("softmax_backward", y, dy, dim);
-}
-Tensor log_softmax_backward(const Tensor& dy, const Tensor& y, int64_t dim) {
-  const Device device = common_device("log_softmax_backward", {dy, y});
-  check_softmax_grad("log_softmax_backward", dy, y);
-  if (device.is_cuda()) return cuda_backend().log_softmax_backward(dy, y, dim);
-  return softmax_family<SoftmaxKind::LogSoftmaxBackward>("log_softmax_backward", y, dy, dim);
-}
-
-// The shapes on the host; the values where they live (cuda_backend().check_class_target reads them
-// on the device).
-int64_t check_class_target(const char* op, const Tensor& input, const Tensor& target,
-                           int64_t ignore_index) {
-  const Device device = common_device(op, {input, target});
-  check_class_shapes(op, input, target);
-  if (device.is_cuda()) return cuda_backend().check_class_target(op, input, target, ignore_index);
-  return count_class_targets(op, input, target, ignore_index);
-}
+// ---------------------------------------------------------------- class losses
 
 // Each position's row of C logits is made contiguous first ([N, C, S] -> [N, S, C] when S > 1);
 // positions then split across threads.
-CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& target,
-                                          Reduction reduction, int64_t ignore_index,
-                                          double label_smoothing) {
+kernels::CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& target,
+                                                   Reduction reduction, int64_t ignore_index,
+                                                   double label_smoothing, int64_t count) {
   const char* op = "cross_entropy";
-  const Device device = common_device("cross_entropy_forward", {logits, target});
-  check_class_shapes(op, logits, target);
-  if (device.is_cuda())
-    return cuda_backend().cross_entropy_forward(logits, target, reduction, ignore_index,
-                                                label_smoothing);
-  const int64_t count = count_class_targets(op, logits, target, ignore_index);
   const ClassLayout l = class_layout(logits.sizes());
   const Tensor rows =
       contiguous(l.s == 1 ? logits : transpose(reshape(logits, {l.n, l.c, l.s}), 1, 2));
   const Tensor tc = contiguous(target);
-  CrossEntropyForward out;
+  kernels::CrossEntropyForward out;
   out.count = scalar_tensor(static_cast<double>(count), kInt64);
   out.lse = empty({l.n, l.s}, kFloat64, logits.device());
   const bool per_position = reduction == Reduction::None;
@@ -348,16 +259,7 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const T
                               const Tensor& lse, Reduction reduction, int64_t ignore_index,
                               double label_smoothing, const Tensor& count) {
   const char* op = "cross_entropy_backward";
-  const Device device = common_device(op, {dloss, logits, target, lse, count});
-  LOOM_CHECK(count.numel() == 1, ShapeError, op, ": expected one count; got count=", count.sizes());
   const ClassLayout l = class_layout(logits.sizes());
-  LOOM_CHECK(lse.numel() == l.positions() && target.numel() == l.positions(), ShapeError, op,
-             ": lse and target need one value per position; got logits=", logits.sizes(),
-             " target=", target.sizes(), " lse=", lse.sizes());
-  check_dloss(op, dloss, reduction, l.positions());
-  if (device.is_cuda())
-    return cuda_backend().cross_entropy_backward(dloss, logits, target, lse, reduction,
-                                                 ignore_index, label_smoothing, count);
   const Tensor rows =
       contiguous(l.s == 1 ? logits : transpose(reshape(logits, {l.n, l.c, l.s}), 1, 2));
   const Tensor tc = contiguous(target), lsec = contiguous(to_dtype(lse, kFloat64));
@@ -398,21 +300,14 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& logits, const T
 }
 
 // Positions split across threads; each reads (and its backward writes) one element.
-NllLossForward nll_loss_forward(const Tensor& log_probs, const Tensor& target, const Tensor& weight,
-                                Reduction reduction, int64_t ignore_index) {
+kernels::NllLossForward nll_loss_forward(const Tensor& log_probs, const Tensor& target,
+                                         const Tensor& weight, Reduction reduction,
+                                         int64_t ignore_index) {
   const char* op = "nll_loss";
-  const Device device = common_device("nll_loss_forward", {log_probs, target, weight});
-  check_class_shapes(op, log_probs, target);
   const ClassLayout l = class_layout(log_probs.sizes());
-  LOOM_CHECK(!weight.defined() || (weight.dim() == 1 && weight.size(0) == l.c), ShapeError, op,
-             ": expected weight of shape [", l.c, "] (one per class); got weight=", weight.sizes(),
-             " input=", log_probs.sizes());
-  if (device.is_cuda())
-    return cuda_backend().nll_loss_forward(log_probs, target, weight, reduction, ignore_index);
-  count_class_targets(op, log_probs, target, ignore_index);
   const Tensor xc = contiguous(log_probs), tc = contiguous(target);
   const Tensor wc = weight.defined() ? contiguous(to_dtype(weight, log_probs.dtype())) : Tensor();
-  NllLossForward out;
+  kernels::NllLossForward out;
   const bool per_position = reduction == Reduction::None;
   out.loss = per_position ? empty(target.sizes(), log_probs.dtype(), log_probs.device())
                           : empty({}, log_probs.dtype(), log_probs.device());
@@ -459,18 +354,7 @@ Tensor nll_loss_backward(const Tensor& dloss, const Shape& input_shape, const Te
                          const Tensor& weight, Reduction reduction, int64_t ignore_index,
                          double total_weight) {
   const char* op = "nll_loss_backward";
-  const Device device = common_device(op, {dloss, target, weight});
   const ClassLayout l = class_layout(input_shape);
-  LOOM_CHECK(target.numel() == l.positions(), ShapeError, op,
-             ": target needs one value per position; got log_probs=", input_shape,
-             " target=", target.sizes());
-  LOOM_CHECK(!weight.defined() || weight.numel() == l.c, ShapeError, op,
-             ": expected weight of shape [", l.c, "] (one per class); got weight=", weight.sizes(),
-             " input=", input_shape);
-  check_dloss(op, dloss, reduction, l.positions());
-  if (device.is_cuda())
-    return cuda_backend().nll_loss_backward(dloss, input_shape, target, weight, reduction,
-                                            ignore_index, total_weight);
   const DType dtype = dloss.dtype();
   const Tensor tc = contiguous(target);
   const Tensor wc = weight.defined() ? contiguous(to_dtype(weight, dtype)) : Tensor();
@@ -500,14 +384,6 @@ Tensor nll_loss_backward(const Tensor& dloss, const Shape& input_shape, const Te
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
   const char* op = "mse_loss";
-  const Device device = common_device(op, {input, target});
-  LOOM_CHECK(input.sizes() == target.sizes(), ShapeError, op,
-             ": input and target differ in shape; got input=", input.sizes(),
-             " target=", target.sizes());
-  LOOM_CHECK(input.dtype() == target.dtype(), DTypeError, op, ": input is ", input.dtype(),
-             " but target is ", target.dtype(), "; got input=", input.sizes(),
-             " target=", target.sizes());
-  if (device.is_cuda()) return cuda_backend().mse_loss(input, target, reduction);
   const Tensor xc = contiguous(input), tc = contiguous(target);
   const int64_t n = input.numel();
   const bool per_element = reduction == Reduction::None;
@@ -540,12 +416,6 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
 Tensor mse_loss_backward(const Tensor& dloss, const Tensor& input, const Tensor& target,
                          Reduction reduction) {
   const char* op = "mse_loss_backward";
-  const Device device = common_device(op, {dloss, input, target});
-  LOOM_CHECK(input.numel() == target.numel(), ShapeError, op,
-             ": input and target differ in shape; got input=", input.sizes(),
-             " target=", target.sizes());
-  check_dloss(op, dloss, reduction, input.numel());
-  if (device.is_cuda()) return cuda_backend().mse_loss_backward(dloss, input, target, reduction);
   const Tensor xc = contiguous(input), tc = contiguous(to_dtype(target, input.dtype()));
   const GradScale g =
       grad_scale(dloss, reduction, static_cast<double>(input.numel()), input.dtype());
@@ -565,4 +435,4 @@ Tensor mse_loss_backward(const Tensor& dloss, const Tensor& input, const Tensor&
   return dx;
 }
 
-}  // namespace loom::kernels
+}  // namespace loom::cpu
