@@ -47,7 +47,7 @@
 //
 //   Why this split. A product's accuracy depends on its accumulator, not on its operands: the
 //   16-bit products accumulate in float32 (tensor cores on GPUs; on CPUs without 16-bit dot
-//   products, Note [16-bit products on the CPU] in tensor/cpu/linalg.cpp). Sums of many terms
+//   products, Note [16-bit products on the CPU] in tensor/linalg.cpp). Sums of many terms
 //   (reductions, softmax's normaliser, a layer norm's variance, a loss) lose digits in 16 bits
 //   and float16 overflows at 65504, so they run in float32, as do exp, log and pow, whose
 //   results leave float16's range easily. An elementwise op computes each element in float and

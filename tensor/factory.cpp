@@ -1,9 +1,11 @@
 // tensor/factory.cpp — tensors made from nothing: empty, zeros, ranges, identity, random draws
-// (from the Philox generator, see Note [Philox streams]), and from caller data.
+// (from the Philox generator, see Note [Philox streams]; the front of the random fills, whose CPU
+// loops are tensor/cpu/random.cpp), and from caller data.
 
 #include <cmath>
 
 #include "tensor/copy.h"
+#include "tensor/cpu/random.h"
 #include "tensor/cuda_backend.h"
 #include "tensor/dispatch.h"
 #include "tensor/parallel.h"
@@ -112,16 +114,7 @@ Tensor rand(const Shape& shape, DType dtype, Device device) {
     cuda_backend().fill_uniform_(t, g.seed, first, 0.0, 1.0);
     return t;
   }
-  dispatch_floating(dtype, "rand", [&]<typename T>() {
-    T* p = t.data_ptr<T>();
-    parallel_for(0, (n + 3) / 4, 4096, [&](int64_t lo, int64_t hi) {
-      for (int64_t c = lo; c < hi; ++c) {
-        auto r = philox4x32(g.seed, first + c);
-        for (int64_t k = 0; k < 4 && c * 4 + k < n; ++k)
-          p[c * 4 + k] = static_cast<T>(uniform_float(r[k]));
-      }
-    });
-  });
+  cpu::fill_uniform_(t, g.seed, first);
   return t;
 }
 
@@ -135,18 +128,7 @@ Tensor randn(const Shape& shape, DType dtype, Device device) {
     cuda_backend().fill_normal_(t, g.seed, first, 0.0, 1.0);
     return t;
   }
-  dispatch_floating(dtype, "randn", [&]<typename T>() {
-    T* p = t.data_ptr<T>();
-    parallel_for(0, n, 8192, [&](int64_t lo, int64_t hi) {
-      for (int64_t i = lo; i < hi; ++i) {
-        auto r = philox4x32(g.seed, first + i / 2);
-        const int lane = static_cast<int>(i % 2) * 2;
-        const double u1 = (static_cast<double>(r[lane]) + 1.0) * (1.0 / 4294967296.0);  // (0, 1]
-        const double u2 = static_cast<double>(r[lane + 1]) * (1.0 / 4294967296.0);      // [0, 1)
-        p[i] = static_cast<T>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
-      }
-    });
-  });
+  cpu::fill_normal_(t, g.seed, first);
   return t;
 }
 
@@ -154,22 +136,13 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, DType dtype, Devic
   LOOM_CHECK(low < high, ValueError, "randint: expected low < high; got low=", low, " high=", high);
   Tensor t = empty(shape, dtype, device);
   const int64_t n = t.numel();
-  const uint64_t range = static_cast<uint64_t>(high - low);
   const Generator::State g = default_generator().state();
   const uint64_t first = default_generator().reserve((n + 1) / 2);
   if (t.is_cuda()) {
     cuda_backend().fill_randint_(t, g.seed, first, low, high);
     return t;
   }
-  dispatch_numeric(dtype, "randint", [&]<typename T>() {
-    T* p = t.data_ptr<T>();
-    for (int64_t i = 0; i < n; ++i) {
-      auto r = philox4x32(g.seed, first + i / 2);
-      const int lane = static_cast<int>(i % 2) * 2;
-      const uint64_t bits = (static_cast<uint64_t>(r[lane]) << 32) | r[lane + 1];
-      p[i] = static_cast<T>(low + static_cast<int64_t>(bits % range));
-    }
-  });
+  cpu::fill_randint_(t, g.seed, first, low, high);
   return t;
 }
 

@@ -35,7 +35,7 @@ void check_mm(const char* op, const Tensor& a, const Tensor& b) {
 //   every 16-bit value is a float32 value), multiplied by the float32 GEMM and the result
 //   narrowed. The numbers are those of a 16-bit product; the speed is float32's plus the
 //   widening, and the gain is memory: activations saved for backward take half the bytes.
-//   conv2d and its backward do the same (tensor/cpu/conv.cpp). On CUDA, cuBLAS and cuDNN take
+//   conv2d and its backward do the same (tensor/conv.cpp). On CUDA, cuBLAS and cuDNN take
 //   16-bit operands themselves, on tensor cores.
 void mm_out(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, double beta) {
   check_mm("mm", a, b);

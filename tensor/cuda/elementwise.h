@@ -1,7 +1,7 @@
 // tensor/cuda/elementwise.h — the CUDA kernels behind tensor/elementwise.h: the same functions,
-// names and signatures in namespace loom::cuda, for tensors on one CUDA device. The entry points
-// of tensor/cpu/elementwise.cpp call them for CUDA tensors; each checks its arguments as the CPU
-// one does and returns exactly what it returns (dtype, shape, contiguity, version bumps).
+// names and signatures in namespace loom::cuda, for tensors on one CUDA device. The front,
+// tensor/elementwise.cpp, calls them for CUDA tensors (through tensor/cuda_backend.h); each
+// checks its arguments as the CPU one does and returns exactly what it returns (dtype, shape, contiguity, version bumps).
 // Host-only header; defined in tensor/cuda/elementwise.cu.
 #pragma once
 

@@ -1,6 +1,7 @@
 // tensor/cuda/index.h — CUDA versions of tensor/index.h's kernels that need a kernel (stack and
 // split stay host-side: views and cat). Same names, arguments and results as loom::kernels::;
-// tensor/cpu/index.cpp checks the arguments on the host, then calls them for CUDA tensors.
+// the front, tensor/index.cpp, checks the arguments on the host, then calls them for CUDA tensors
+// (through tensor/cuda_backend.h).
 // Host-only header.
 //
 // Index tensors (int64 or int32, any strides) are range-checked here against the data, with the

@@ -1,6 +1,6 @@
 // tensor/cuda/loss.h — the CUDA softmax family and losses behind tensor/loss.h: same names,
-// signatures and results as the loom::kernels ones (tensor/cpu/loss.cpp checks the arguments,
-// then switches here for CUDA tensors). Host-only header; kernels in tensor/cuda/loss.cu.
+// signatures and results as the loom::kernels ones (the front, tensor/loss.cpp, checks the
+// arguments, then switches here for CUDA tensors). Host-only header; kernels in tensor/cuda/loss.cu.
 #pragma once
 
 #include "tensor/loss.h"

@@ -1,6 +1,6 @@
 // tensor/cuda/norm.h — the CUDA batch norm and layer norm kernels behind tensor/norm.h: same
-// names, signatures and results as the loom::kernels ones (tensor/cpu/norm.cpp checks the
-// arguments, then switches here for CUDA tensors), including the pieces SyncBatchNorm allreduces
+// names, signatures and results as the loom::kernels ones (the front, tensor/norm.cpp, checks
+// the arguments, then switches here for CUDA tensors), including the pieces SyncBatchNorm allreduces
 // between (Note [Batch norm pieces]). Host-only header; kernels in tensor/cuda/norm.cu.
 #pragma once
 

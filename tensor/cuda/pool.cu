@@ -58,7 +58,7 @@ struct PoolGeometry {
   int64_t kh, kw, sh, sw, ph, pw, dh, dw;
 };
 
-// kernels::pool2d_geometry (tensor/cpu/pool.cpp, whose entry points checked x and the options
+// kernels::pool2d_geometry (tensor/pool.cpp, whose entry points checked x and the options
 // before the device switch) in the plain fields the kernels take by value.
 PoolGeometry pool_geometry(const char* op, const Shape& x, const Pool2dOptions& opt, bool dilated) {
   const kernels::Pool2dGeometry s = kernels::pool2d_geometry(op, x, opt, dilated);

@@ -1,6 +1,6 @@
 // tensor/cuda/pool.h — the CUDA side of tensor/conv.h's 2-D pooling (tensor/cuda/pool.cu), with
 // the names, windows, index convention and results of the loom::kernels ones
-// (tensor/cpu/pool.cpp), which check the arguments and then switch here. Host-only. Inputs may
+// (the front, tensor/pool.cpp, checks the arguments and then switches here). Host-only. Inputs may
 // have any strides; results take the input's memory format (suggest_memory_format), dx the
 // `format` given, as on the CPU. float32 and float64 as the CPU, plus float16 and bfloat16
 // (accumulating in float32).

@@ -1,6 +1,6 @@
 // tensor/cuda/reduce.h — the CUDA reductions behind tensor/reduce.h: same names, signatures and
-// results as the loom::kernels ones (tensor/cpu/reduce.cpp checks the arguments, then switches
-// here for CUDA tensors). Host-only header; the kernels live in tensor/cuda/reduce.cu.
+// results as the loom::kernels ones (the front, tensor/reduce.cpp, checks the arguments, then
+// switches here for CUDA tensors). Host-only header; the kernels live in tensor/cuda/reduce.cu.
 #pragma once
 
 #include <optional>
