@@ -726,12 +726,7 @@ class ProcessGroupGloo final : public ProcessGroup {
 
 std::shared_ptr<ProcessGroup> make_gloo_process_group(std::shared_ptr<Store> store, int rank,
                                                       int size, ProcessGroupOptions options) {
-  LOOM_CHECK(store != nullptr, ValueError, "make_gloo_process_group: the store is null");
-  LOOM_CHECK(size >= 1 && rank >= 0 && rank < size, ValueError, "make_gloo_process_group: rank ",
-             rank, " is outside a group of ", size);
-  LOOM_CHECK(options.timeout > Milliseconds(0), ValueError,
-             "make_gloo_process_group: the timeout must be positive; got ", options.timeout.count(),
-             " ms");
+  check_group_arguments("make_gloo_process_group", store.get(), rank, size, options);
   return stage_through_host(
       std::make_shared<ProcessGroupGloo>(std::move(store), rank, size, options));
 }

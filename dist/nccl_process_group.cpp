@@ -44,12 +44,7 @@ const Loaded& loaded() {
 std::shared_ptr<ProcessGroup> make_nccl_process_group(std::shared_ptr<Store> store, int rank,
                                                       int size, ProcessGroupOptions options,
                                                       int device) {
-  LOOM_CHECK(store != nullptr, ValueError, "make_nccl_process_group: the store is null");
-  LOOM_CHECK(size >= 1 && rank >= 0 && rank < size, ValueError, "make_nccl_process_group: rank ",
-             rank, " is outside a group of ", size);
-  LOOM_CHECK(options.timeout > Milliseconds(0), ValueError,
-             "make_nccl_process_group: the timeout must be positive; got ", options.timeout.count(),
-             " ms");
+  check_group_arguments("make_nccl_process_group", store.get(), rank, size, options);
   const Loaded& l = loaded();
   LOOM_CHECK(l.make != nullptr, DeviceError, "make_nccl_process_group: ", l.why);
   return l.make(std::move(store), rank, size, options, device);

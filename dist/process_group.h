@@ -48,6 +48,11 @@ struct ProcessGroupOptions {
   bool check_collectives = check_collectives_from_environment();
 };
 
+// What every make_<backend>_process_group checks first (ValueError naming `op`): a store, a rank
+// inside a group of `size`, a positive timeout.
+void check_group_arguments(const char* op, const Store* store, int rank, int size,
+                           const ProcessGroupOptions& options);
+
 class ProcessGroup {
  public:
   ProcessGroup(int rank, int size) : rank_(rank), size_(size) {}
