@@ -23,13 +23,17 @@ using autograd::record;
 using autograd::record_multi;
 using autograd::Saved;
 
-// Under autocast, operands of different dtypes meet in float32 (Note [Autocast policy]); operands
-// of one dtype are joined as they are.
+// Under autocast, operands of different dtypes meet in float32 (Note [Autocast policy]): the
+// 16-bit ones are widened, and the join promotes the others as outside a region (float64 stays
+// float64). Operands of one dtype, or of no 16-bit one, are joined as they are.
 static std::optional<std::vector<Tensor>> widened_if_mixed(const std::vector<Tensor>& tensors) {
   if (!autocast::is_enabled() || tensors.empty()) return std::nullopt;
-  bool mixed = false;
-  for (const Tensor& t : tensors) mixed = mixed || t.dtype() != tensors[0].dtype();
-  if (!mixed) return std::nullopt;
+  bool mixed = false, any_16bit = false;
+  for (const Tensor& t : tensors) {
+    mixed = mixed || t.dtype() != tensors[0].dtype();
+    any_16bit = any_16bit || is_16bit_float(t.dtype());
+  }
+  if (!mixed || !any_16bit) return std::nullopt;
   std::vector<Tensor> widened;
   for (const Tensor& t : tensors) widened.push_back(autocast::to_float32(t));
   return widened;
