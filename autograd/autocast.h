@@ -1,9 +1,9 @@
 // autograd/autocast.h — automatic mixed precision: inside an autocast region the matrix
 // products run in float16 or bfloat16, the elementwise ops and batch norm keep their inputs'
 // dtype (on GPUs; the CPU widens them), and sums, losses and normalisations over many
-// elements run in float32, while the parameters stay float32 (the master weights). The ops of
-// autograd/ops/ ask this header how to cast their inputs; the casts are recorded like any op,
-// so gradients flow back through them in the parameter's dtype.
+// elements run in float32, while the parameters stay float32 (the master weights). The ops'
+// entries in autograd/autocast_ops.cpp ask this header how to cast their inputs; the casts are
+// recorded like any op, so gradients flow back through them in the parameter's dtype.
 //
 //   {
 //     loom::autocast::Guard amp(loom::kBFloat16);
@@ -12,7 +12,10 @@
 //   loss.backward();  // parameters' gradients arrive in float32
 //
 // Note [Autocast policy]
-//   Every differentiable op belongs to one of three classes. The table is the whole policy:
+//   Every differentiable op belongs to one of three classes. The table is the whole policy, and
+//   autograd/autocast_ops.cpp applies it, in one place: there each op's entry (the function
+//   callers call) casts its operands by its class's rule, grouped as in the table, and calls
+//   the op's body (autograd/ops/bodies.h), which computes in the dtypes it is given.
 //
 //   | class          | ops                                                | inside a region     |
 //   |----------------|----------------------------------------------------|---------------------|
@@ -23,22 +26,28 @@
 //   | float32        | pow, exp, log, sqrt, rsqrt, reductions (sum, mean, | 16-bit inputs are   |
 //   |                | var, std, amax, amin, max, min, argmax, argmin,    | widened to float32; |
 //   |                | logsumexp), softmax, log_softmax, cross_entropy,   | the output is       |
-//   |                | nll_loss, mse_loss, layer_norm, SyncBatchNorm,     | float32             |
-//   |                | pooling (max, avg, adaptive avg), dropout, gather, |                     |
-//   |                | index_select, scatter_add (their backwards add),   |                     |
-//   |                | cat and stack when their inputs' dtypes differ     |                     |
+//   |                | nll_loss, mse_loss, layer_norm, pooling (max, avg, | float32             |
+//   |                | adaptive avg), dropout, gather, index_select,      |                     |
+//   |                | scatter_add (their backwards add), cat and stack   |                     |
+//   |                | when their inputs' dtypes differ                   |                     |
 //   | as is          | the other elementwise ops (add, sub, mul, div,     | run in their inputs'|
 //   |                | neg, abs, relu, gelu, tanh, sigmoid, clamp,        | dtype (promoted     |
 //   |                | maximum, minimum, where, comparisons, the scalar   | when they differ),  |
-//   |                | operators), batch_norm (float32 parameters and     | a 16-bit one        |
-//   |                | statistics), views (view, reshape, permute, ...),  | computed in float   |
-//   |                | clone, contiguous, to, cat and stack of one dtype  |                     |
+//   |                | operators), batch_norm and SyncBatchNorm (float32  | a 16-bit one        |
+//   |                | parameters and statistics), views (view, reshape,  | computed in float   |
+//   |                | permute, ...), clone, contiguous, to, cat and      |                     |
+//   |                | stack of one dtype                                 |                     |
 //
-//   On the CPU the "as is" class is widened like the float32 class. The CPU has no 16-bit
-//   arithmetic to gain from 16-bit activations (its 16-bit products widen to float32 too, Note
-//   [16-bit products on the CPU]), and each 16-bit op there pays a widening and a rounding pass.
-//   (docs/decisions.md, Mixed precision, has the measurement.) A GPU reads half the bytes
-//   instead, which is the point of the class.
+//   On the CPU the arithmetic of the "as is" class (its elementwise ops, batch_norm and
+//   SyncBatchNorm) is widened like the float32 class; the comparisons, views and copies, which
+//   compute nothing, are not. The CPU has no 16-bit arithmetic to gain from 16-bit activations
+//   (its 16-bit products widen to float32 too, Note [16-bit products on the CPU]), and each
+//   16-bit op there pays a widening and a rounding pass. (docs/decisions.md, Mixed precision,
+//   has the measurement.) A GPU reads half the bytes instead, which is the point of the class.
+//   batch_norm also widens x where a parameter or statistic is 16-bit; SyncBatchNorm (in dist/,
+//   above autograd, so its rule is the named function sync_batch_norm_input below) refuses
+//   16-bit ones. cat and stack widen the 16-bit operands of mixed dtypes; the join then
+//   promotes the rest as outside a region (float32 with float64 gives float64).
 //
 //   embedding and one_hot take no 16-bit input (an index, and a float32 weight).
 //   float64 tensors are never cast (as in PyTorch): a region changes only float32 and 16-bit
@@ -114,5 +123,10 @@ bool needs_float32(std::initializer_list<Tensor> operands);
 // policy], "On the CPU").
 bool widens_on_cpu(std::initializer_list<Tensor> operands);
 Tensor to_float32(const Tensor& x);
+
+// SyncBatchNorm's x (dist/sync_batchnorm.cpp) as its forward takes it: batch_norm's rule for x,
+// widened in a region where it is a 16-bit CPU tensor (Note [Autocast policy]). Defined with the
+// other ops' rules in autograd/autocast_ops.cpp.
+Tensor sync_batch_norm_input(const Tensor& x);
 
 }  // namespace loom::autocast

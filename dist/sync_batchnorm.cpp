@@ -47,12 +47,11 @@ class ProcessGroupBatchNormSync : public nn::BatchNormSync {
   explicit ProcessGroupBatchNormSync(std::shared_ptr<ProcessGroup> group)
       : group_(std::move(group)) {}
 
-  Tensor forward(nn::BatchNorm2d& bn, const Tensor& x) override {
+  Tensor forward(nn::BatchNorm2d& bn, const Tensor& input) override {
     const char* op = "SyncBatchNorm";
-    // A norm: float32 under autocast (Note [Autocast policy]). As under batch_norm, a 16-bit
-    // CUDA x keeps its dtype (the pieces compute in float, with float32 statistics), and an
-    // autocast region on the CPU widens it.
-    if (autocast::widens_on_cpu({x})) return forward(bn, autocast::to_float32(x));
+    // batch_norm's dtypes (Note [Autocast policy]): a 16-bit CUDA x keeps its dtype (the pieces
+    // compute in float, with float32 statistics); an autocast region on the CPU widens it.
+    const Tensor x = autocast::sync_batch_norm_input(input);
     LOOM_CHECK(x.dim() == 4 && x.size(1) == bn.num_features, ShapeError, op, ": expected x [N, ",
                bn.num_features, ", H, W]; got x=", x.sizes());
     // The parameters and running statistics must be in batch norm's dtype for x (16-bit ones

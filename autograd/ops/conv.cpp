@@ -1,10 +1,12 @@
 // autograd/ops/conv.cpp — differentiable conv2d and 2-D pooling. The kernels (tensor/conv.h)
 // do the work in both directions; each backward below names its derivative.
+// Ops with an autocast rule are defined here as ops_impl:: bodies (autograd/ops/bodies.h);
+// their entries, which apply the rule, are in autograd/autocast_ops.cpp.
 
 #include "autograd/ops/conv.h"
 
-#include "autograd/autocast.h"
 #include "autograd/function.h"
+#include "autograd/ops/bodies.h"
 #include "tensor/conv.h"
 
 namespace loom {
@@ -16,11 +18,8 @@ using autograd::Saved;
 
 // out = W * x + b (cross-correlation): dx = col2im(W^T dout) ; dweight = dout im2col(x)^T ;
 // dbias = sum over n, h, w of dout
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Pair stride, Pair padding,
-              Pair dilation, int64_t groups) {
-  if (autocast::needs_low({x, weight, bias}))  // the weight cast into x's layout (the cast cache)
-    return conv2d(autocast::to_low(x), autocast::to_low(weight, suggest_memory_format(x)),
-                  autocast::to_low(bias), stride, padding, dilation, groups);
+Tensor ops_impl::conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Pair stride,
+                        Pair padding, Pair dilation, int64_t groups) {
   const k::Conv2dOptions options{stride, padding, dilation, groups};
   return record("conv2d", k::conv2d(x, weight, bias, options), {x, weight, bias}, {x, weight},
                 [options](const Grads& dout, Saved& s, Grads& g) {
@@ -34,10 +33,8 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Pair st
 }
 
 // d max: dout routed to the position of each window's maximum (the saved indices)
-Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, Pair dilation,
-                  bool ceil_mode) {
-  if (autocast::needs_float32({x}))
-    return max_pool2d(autocast::to_float32(x), kernel, stride, padding, dilation, ceil_mode);
+Tensor ops_impl::max_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, Pair dilation,
+                            bool ceil_mode) {
   const k::Pool2dOptions options{kernel, stride, padding, dilation, ceil_mode, true};
   auto [out, indices] = k::max_pool2d(x, options);
   const Shape x_shape = x.sizes();
@@ -49,11 +46,8 @@ Tensor max_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, Pair 
 }
 
 // d mean over a window: dout / divisor spread over the window's input elements
-Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, bool ceil_mode,
-                  bool count_include_pad) {
-  if (autocast::needs_float32({x}))
-    return avg_pool2d(autocast::to_float32(x), kernel, stride, padding, ceil_mode,
-                      count_include_pad);
+Tensor ops_impl::avg_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, bool ceil_mode,
+                            bool count_include_pad) {
   const k::Pool2dOptions options{kernel, stride, padding, {1, 1}, ceil_mode, count_include_pad};
   const Shape x_shape = x.sizes();
   const MemoryFormat x_format = suggest_memory_format(x);
@@ -64,9 +58,7 @@ Tensor avg_pool2d(const Tensor& x, Pair kernel, Pair stride, Pair padding, bool 
 }
 
 // d mean over an adaptive window: dout / |window| spread over the window's input elements
-Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size) {
-  if (autocast::needs_float32({x}))
-    return adaptive_avg_pool2d(autocast::to_float32(x), output_size);
+Tensor ops_impl::adaptive_avg_pool2d(const Tensor& x, Pair output_size) {
   const Shape x_shape = x.sizes();
   const MemoryFormat x_format = suggest_memory_format(x);
   return record("adaptive_avg_pool2d", k::adaptive_avg_pool2d(x, output_size), {x}, {},

@@ -1,14 +1,15 @@
 // autograd/ops/index.cpp — differentiable joining, splitting and indexing ops, embedding and
 // dropout. Backwards route the gradient to where each element came from: slices of dout for
 // cat, accumulation (index_add_, scatter_add_) where an index may repeat.
+// Ops with an autocast rule are defined here as ops_impl:: bodies (autograd/ops/bodies.h);
+// their entries, which apply the rule, are in autograd/autocast_ops.cpp.
 
 #include "autograd/ops/index.h"
 
 #include <cmath>
-#include <optional>
 
-#include "autograd/autocast.h"
 #include "autograd/function.h"
+#include "autograd/ops/bodies.h"
 #include "tensor/copy.h"
 #include "tensor/elementwise.h"
 #include "tensor/index.h"
@@ -23,21 +24,8 @@ using autograd::record;
 using autograd::record_multi;
 using autograd::Saved;
 
-// Under autocast, operands of different dtypes meet in float32 (Note [Autocast policy]); operands
-// of one dtype are joined as they are.
-static std::optional<std::vector<Tensor>> widened_if_mixed(const std::vector<Tensor>& tensors) {
-  if (!autocast::is_enabled() || tensors.empty()) return std::nullopt;
-  bool mixed = false;
-  for (const Tensor& t : tensors) mixed = mixed || t.dtype() != tensors[0].dtype();
-  if (!mixed) return std::nullopt;
-  std::vector<Tensor> widened;
-  for (const Tensor& t : tensors) widened.push_back(autocast::to_float32(t));
-  return widened;
-}
-
 // d cat: input i gets the slice of dout it was copied to (empty 1-D inputs get empty zeros)
-Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
-  if (auto widened = widened_if_mixed(tensors)) return cat(*widened, dim);
+Tensor ops_impl::cat(const std::vector<Tensor>& tensors, int64_t dim) {
   Tensor out = k::cat(tensors, dim);  // checks the arguments
   if (!autograd::any_requires_grad(tensors)) return out;
   std::vector<int64_t> starts, lengths;  // along d, -1 for skipped inputs
@@ -62,8 +50,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
 }
 
 // d stack: input i gets dout.select(dim, i)
-Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
-  if (auto widened = widened_if_mixed(tensors)) return stack(*widened, dim);
+Tensor ops_impl::stack(const std::vector<Tensor>& tensors, int64_t dim) {
   Tensor out = k::stack(tensors, dim);  // checks the arguments
   const int64_t d = wrap_dim(dim, tensors[0].dim() + 1, "stack");
   return record("stack", out, tensors, {}, [d](const Grads& dout, Saved& s, Grads& g) {
@@ -91,8 +78,7 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
 }
 
 // d index_select: dout's rows added into zeros at the rows they were read from (duplicates add)
-Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
-  if (autocast::needs_float32({x})) return index_select(autocast::to_float32(x), dim, index);
+Tensor ops_impl::index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   Tensor out = k::index_select(x, dim, index);  // checks the arguments
   const Shape in_shape = x.sizes();
   return record("index_select", out, {x}, {index},
@@ -104,8 +90,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
 }
 
 // d gather: dout scattered (added) into zeros at the positions it was read from
-Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
-  if (autocast::needs_float32({x})) return gather(autocast::to_float32(x), dim, index);
+Tensor ops_impl::gather(const Tensor& x, int64_t dim, const Tensor& index) {
   Tensor out = k::gather(x, dim, index);  // checks the arguments
   const Shape in_shape = x.sizes();
   return record("gather", out, {x}, {index},
@@ -117,9 +102,7 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
 }
 
 // d scatter_add: dx = dout ; dsrc = gather(dout, dim, index) where index reaches, 0 elsewhere
-Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
-  if (autocast::needs_float32({x, src}))
-    return scatter_add(autocast::to_float32(x), dim, index, autocast::to_float32(src));
+Tensor ops_impl::scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
   Tensor out = k::scatter_add(x, dim, index, src);  // checks the arguments
   const Shape src_shape = src.sizes();
   return record("scatter_add", out, {x, src}, {index},
@@ -158,8 +141,7 @@ Tensor embedding(const Tensor& weight, const Tensor& index, int64_t padding_idx)
 
 // d dropout: dout * mask / (1 - p), the mask recomputed from the forward's (seed, first)
 // (Note [Dropout mask] in tensor/index.h)
-Tensor dropout(const Tensor& x, double p, bool training) {
-  if (autocast::needs_float32({x})) return dropout(autocast::to_float32(x), p, training);
+Tensor ops_impl::dropout(const Tensor& x, double p, bool training) {
   LOOM_CHECK(p >= 0.0 && p <= 1.0, ValueError, "dropout: p must be in [0, 1]; got p=", p,
              " for x=", x.sizes());
   if (!training || p == 0.0) return x;

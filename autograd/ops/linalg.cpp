@@ -1,10 +1,12 @@
 // autograd/ops/linalg.cpp — matmul, bmm, addmm and linear with their backwards. Transposed
 // operands in the backward are views (.t()), which the GEMM reads in place.
+// Ops with an autocast rule are defined here as ops_impl:: bodies (autograd/ops/bodies.h);
+// their entries, which apply the rule, are in autograd/autocast_ops.cpp.
 
 #include "autograd/ops/linalg.h"
 
-#include "autograd/autocast.h"
 #include "autograd/function.h"
+#include "autograd/ops/bodies.h"
 #include "autograd/ops/view.h"
 #include "tensor/copy.h"
 #include "tensor/elementwise.h"
@@ -20,8 +22,7 @@ using autograd::record;
 using autograd::Saved;
 
 // a [M,K] @ b [K,N]: da = dout @ b^T ; db = a^T @ dout
-static Tensor mm(const Tensor& a, const Tensor& b) {
-  if (autocast::needs_low({a, b})) return mm(autocast::to_low(a), autocast::to_low(b));
+Tensor ops_impl::mm(const Tensor& a, const Tensor& b) {
   return record("mm", k::mm(a, b), {a, b}, {a, b}, [](const Grads& dout, Saved& s, Grads& g) {
     if (s.needs_grad(0)) g[0] = k::mm(dout[0], k::transpose(s[1], 0, 1));
     if (s.needs_grad(1)) g[1] = k::mm(k::transpose(s[0], 0, 1), dout[0]);
@@ -29,8 +30,7 @@ static Tensor mm(const Tensor& a, const Tensor& b) {
 }
 
 // a [B,M,K] @ b [B,K,N]: da = dout @ b^T ; db = a^T @ dout, per batch
-Tensor bmm(const Tensor& a, const Tensor& b) {
-  if (autocast::needs_low({a, b})) return bmm(autocast::to_low(a), autocast::to_low(b));
+Tensor ops_impl::bmm(const Tensor& a, const Tensor& b) {
   return record("bmm", k::bmm(a, b), {a, b}, {a, b}, [](const Grads& dout, Saved& s, Grads& g) {
     if (s.needs_grad(0)) g[0] = k::bmm(dout[0], k::transpose(s[1], 1, 2));
     if (s.needs_grad(1)) g[1] = k::bmm(k::transpose(s[0], 1, 2), dout[0]);
@@ -76,9 +76,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 // beta c + alpha a @ b: dc = beta dout ; da = alpha dout @ b^T ; db = alpha a^T @ dout
-Tensor addmm(const Tensor& input, const Tensor& a, const Tensor& b, double beta, double alpha) {
-  if (autocast::needs_low({input, a, b}))
-    return addmm(autocast::to_low(input), autocast::to_low(a), autocast::to_low(b), beta, alpha);
+Tensor ops_impl::addmm(const Tensor& input, const Tensor& a, const Tensor& b, double beta,
+                       double alpha) {
   return record(
       "addmm", k::addmm(input, a, b, beta, alpha), {input, a, b}, {a, b},
       [beta, alpha](const Grads& dout, Saved& s, Grads& g) {
@@ -97,9 +96,7 @@ Tensor addmm(const Tensor& input, const Tensor& a, const Tensor& b, double beta,
 
 // y = x W^T + b over x [N, in] (leading dims flattened):
 // dx = dy W ; dW = dy^T x ; db = sum over rows of dy
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  if (autocast::needs_low({x, weight, bias}))
-    return linear(autocast::to_low(x), autocast::to_low(weight), autocast::to_low(bias));
+Tensor ops_impl::linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   LOOM_CHECK(x.dim() >= 1 && weight.dim() == 2, ShapeError,
              "linear: expected x [..., in] and weight [out, in]; got x=", x.sizes(),
              " weight=", weight.sizes());

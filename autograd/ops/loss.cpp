@@ -1,10 +1,12 @@
 // autograd/ops/loss.cpp — softmax, log_softmax and the losses: argument checks, the fused
 // kernels of tensor/loss.h, and each backward right below its forward.
+// Ops with an autocast rule are defined here as ops_impl:: bodies (autograd/ops/bodies.h);
+// their entries, which apply the rule, are in autograd/autocast_ops.cpp.
 
 #include "autograd/ops/loss.h"
 
-#include "autograd/autocast.h"
 #include "autograd/function.h"
+#include "autograd/ops/bodies.h"
 #include "autograd/ops/view.h"
 #include "tensor/elementwise.h"
 #include "tensor/loss.h"
@@ -33,8 +35,7 @@ Tensor as_batch_of_one(const char* op, const Tensor& input, const Tensor& target
 }  // namespace
 
 // d softmax: dx = y (dy - sum(dy y))
-Tensor softmax(const Tensor& x, int64_t dim) {
-  if (autocast::needs_float32({x})) return softmax(autocast::to_float32(x), dim);
+Tensor ops_impl::softmax(const Tensor& x, int64_t dim) {
   Tensor y = k::softmax(x, dim);
   return record("softmax", y, {x}, {y}, [dim](const Grads& dout, Saved& s, Grads& g) {
     g[0] = k::softmax_backward(dout[0], s[0], dim);
@@ -42,8 +43,7 @@ Tensor softmax(const Tensor& x, int64_t dim) {
 }
 
 // d log_softmax: dx = dy - exp(y) sum(dy)
-Tensor log_softmax(const Tensor& x, int64_t dim) {
-  if (autocast::needs_float32({x})) return log_softmax(autocast::to_float32(x), dim);
+Tensor ops_impl::log_softmax(const Tensor& x, int64_t dim) {
   Tensor y = k::log_softmax(x, dim);
   return record("log_softmax", y, {x}, {y}, [dim](const Grads& dout, Saved& s, Grads& g) {
     g[0] = k::log_softmax_backward(dout[0], s[0], dim);
@@ -52,11 +52,8 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
 
 // d cross_entropy: dlogits = g (softmax(logits) - (1 - ls) onehot(target) - ls / C), 0 where
 // the target is ignored; g = dloss, or dloss / count for Mean
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction,
-                     int64_t ignore_index, double label_smoothing) {
-  if (autocast::needs_float32({logits}))
-    return cross_entropy(autocast::to_float32(logits), target, reduction, ignore_index,
-                         label_smoothing);
+Tensor ops_impl::cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction,
+                               int64_t ignore_index, double label_smoothing) {
   const char* op = "cross_entropy";
   LOOM_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, ValueError, op,
              ": label_smoothing must be in [0, 1]; got ", label_smoothing);
@@ -65,7 +62,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
              " target=", target.sizes());
   if (logits.dim() == 1)
     return as_batch_of_one(op, logits, target, reduction, [&](const Tensor& l, const Tensor& t) {
-      return cross_entropy(l, t, reduction, ignore_index, label_smoothing);
+      return loom::cross_entropy(l, t, reduction, ignore_index, label_smoothing);
     });
   k::CrossEntropyForward f =
       k::cross_entropy_forward(logits, target, reduction, ignore_index, label_smoothing);
@@ -79,11 +76,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
 
 // d nll_loss: dlog_probs = -g weight[target] at the target class, 0 elsewhere; g = dloss, or
 // dloss / sum(weight[target]) for Mean. The class weights are constants (no gradient).
-Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor& weight,
-                Reduction reduction, int64_t ignore_index) {
-  if (autocast::needs_float32({log_probs, weight}))
-    return nll_loss(autocast::to_float32(log_probs), target, autocast::to_float32(weight),
-                    reduction, ignore_index);
+Tensor ops_impl::nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor& weight,
+                          Reduction reduction, int64_t ignore_index) {
   const char* op = "nll_loss";
   LOOM_CHECK(log_probs.dim() >= 1, ShapeError, op,
              ": expected log_probs of shape [N, C, ...] or [C]; got log_probs=", log_probs.sizes(),
@@ -92,7 +86,7 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor& wei
              ": expected weight of log_probs' dtype ", log_probs.dtype(), "; got ", weight.dtype());
   if (log_probs.dim() == 1)
     return as_batch_of_one(op, log_probs, target, reduction, [&](const Tensor& l, const Tensor& t) {
-      return nll_loss(l, t, weight, reduction, ignore_index);
+      return loom::nll_loss(l, t, weight, reduction, ignore_index);
     });
   k::NllLossForward f = k::nll_loss_forward(log_probs, target, weight, reduction, ignore_index);
   return record(op, f.loss, {log_probs}, {target, weight},
@@ -105,9 +99,7 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, const Tensor& wei
 
 // d mse_loss: dinput = 2 (input - target) g ; dtarget = -dinput; g = dloss, or dloss / numel
 // for Mean
-Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
-  if (autocast::needs_float32({input, target}))
-    return mse_loss(autocast::to_float32(input), autocast::to_float32(target), reduction);
+Tensor ops_impl::mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
   return record("mse_loss", k::mse_loss(input, target, reduction), {input, target}, {input, target},
                 [reduction](const Grads& dout, Saved& s, Grads& g) {
                   const Tensor dinput = k::mse_loss_backward(dout[0], s[0], s[1], reduction);

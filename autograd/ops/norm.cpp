@@ -1,10 +1,12 @@
 // autograd/ops/norm.cpp — batch_norm and layer_norm: the argument checks, the fused kernels of
 // tensor/norm.h, and each backward right below its forward.
+// Ops with an autocast rule are defined here as ops_impl:: bodies (autograd/ops/bodies.h);
+// their entries, which apply the rule, are in autograd/autocast_ops.cpp.
 
 #include "autograd/ops/norm.h"
 
-#include "autograd/autocast.h"
 #include "autograd/function.h"
+#include "autograd/ops/bodies.h"
 #include "autograd/ops/elementwise.h"
 #include "tensor/copy.h"
 #include "tensor/norm.h"
@@ -30,23 +32,20 @@ void check_param(const char* op, const char* name, const Tensor& param, const Sh
              ")");
 }
 
+}  // namespace
+
 // d batch_norm (training, through the batch statistics; Note [Batch norm pieces]):
 //   dx = weight invstd (dy - mean(dy) - x_hat mean(dy x_hat)); eval: dx = weight invstd dy;
 //   dweight = sum(dy x_hat) ; dbias = sum(dy)
 // With the epilogue of batch_norm_relu, dy is first masked where y is 0 (relu_backward), and the
 // residual's gradient is that masked dy (Note [Batch norm with ReLU], tensor/norm.h).
-// A 16-bit x keeps its dtype (y and dx too) with float32 parameters and statistics (Note
-// [Autocast policy]: in a region, on the CPU, or with 16-bit parameters, x is widened instead).
-Tensor batch_norm_with(const char* op, const Tensor& x, const Tensor& running_mean,
-                       const Tensor& running_var, const Tensor& weight, const Tensor& bias,
-                       bool training, double momentum, double eps,
-                       const k::BatchNormEpilogue& epilogue) {
-  if (autocast::needs_float32({running_mean, running_var, weight, bias}) ||
-      autocast::widens_on_cpu({x}))
-    return batch_norm_with(op, autocast::to_float32(x), autocast::to_float32(running_mean),
-                           autocast::to_float32(running_var), autocast::to_float32(weight),
-                           autocast::to_float32(bias), training, momentum, eps,
-                           {autocast::to_float32(epilogue.residual), epilogue.relu});
+// A 16-bit x keeps its dtype (y and dx too) with float32 parameters and statistics (in a region,
+// x arrives widened where it is a CPU tensor or the parameters are 16-bit: Note [Autocast
+// policy]).
+Tensor ops_impl::batch_norm_with(const char* op, const Tensor& x, const Tensor& running_mean,
+                                 const Tensor& running_var, const Tensor& weight,
+                                 const Tensor& bias, bool training, double momentum, double eps,
+                                 const k::BatchNormEpilogue& epilogue) {
   LOOM_CHECK(x.dim() >= 2, ShapeError, op, ": expected x of shape [N, C, ...]; got x=", x.sizes());
   const Shape channels{x.size(1)};
   const DType pd = k::batch_norm_param_dtype(x.dtype());
@@ -93,8 +92,6 @@ Tensor batch_norm_with(const char* op, const Tensor& x, const Tensor& running_me
       });
 }
 
-}  // namespace
-
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight, const Tensor& bias, bool training, double momentum,
                   double eps) {
@@ -117,11 +114,8 @@ Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor
 
 // d layer_norm: dx = rstd (dx_hat - mean(dx_hat) - x_hat mean(dx_hat x_hat)), dx_hat = dy weight;
 //   dweight = sum_rows(dy x_hat) ; dbias = sum_rows(dy)
-Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
-                  const Tensor& bias, double eps) {
-  if (autocast::needs_float32({x, weight, bias}))
-    return layer_norm(autocast::to_float32(x), normalized_shape, autocast::to_float32(weight),
-                      autocast::to_float32(bias), eps);
+Tensor ops_impl::layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                            const Tensor& bias, double eps) {
   const char* op = "layer_norm";
   const int64_t lead = x.dim() - static_cast<int64_t>(normalized_shape.size());
   LOOM_CHECK(lead >= 0 && Shape(x.sizes().begin() + lead, x.sizes().end()) == normalized_shape,

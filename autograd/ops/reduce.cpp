@@ -1,12 +1,14 @@
 // autograd/ops/reduce.cpp — differentiable reductions. Each backward first restores the
 // reduced dims as size 1 (unsqueeze_reduced) so the gradient broadcasts against the input.
+// Ops with an autocast rule are defined here as ops_impl:: bodies (autograd/ops/bodies.h);
+// their entries, which apply the rule, are in autograd/autocast_ops.cpp.
 
 #include "autograd/ops/reduce.h"
 
 #include <cmath>
 
-#include "autograd/autocast.h"
 #include "autograd/function.h"
+#include "autograd/ops/bodies.h"
 #include "autograd/ops/elementwise.h"
 #include "tensor/copy.h"
 #include "tensor/dispatch.h"
@@ -38,8 +40,7 @@ int64_t count_of(const Shape& in_shape, const Shape& sorted_dims) {
 }  // namespace
 
 // d sum: dout broadcast over the reduced dims
-Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) {
-  if (autocast::needs_float32({x})) return sum(autocast::to_float32(x), dims, keepdim);
+Tensor ops_impl::sum(const Tensor& x, const Shape& dims, bool keepdim) {
   const Shape rdims = k::reduce_dims(x, dims, "sum");
   const Shape in_shape = x.sizes();
   return record("sum", k::sum(x, dims, keepdim), {x}, {},
@@ -49,8 +50,7 @@ Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) {
 }
 
 // d mean: dout / N broadcast over the reduced dims
-Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
-  if (autocast::needs_float32({x})) return mean(autocast::to_float32(x), dims, keepdim);
+Tensor ops_impl::mean(const Tensor& x, const Shape& dims, bool keepdim) {
   const Shape rdims = k::reduce_dims(x, dims, "mean");
   const Shape in_shape = x.sizes();
   const double n = static_cast<double>(count_of(in_shape, rdims));
@@ -64,8 +64,6 @@ Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
 // d amax: dout shared evenly among the elements equal to the maximum
 static Tensor extremum(const char* name, const Tensor& x, const Shape& dims, bool keepdim,
                        bool is_max) {
-  if (autocast::needs_float32({x}))
-    return extremum(name, autocast::to_float32(x), dims, keepdim, is_max);
   const Shape rdims = k::reduce_dims(x, dims, name);
   const Shape in_shape = x.sizes();
   Tensor out = is_max ? k::amax(x, dims, keepdim) : k::amin(x, dims, keepdim);
@@ -76,10 +74,10 @@ static Tensor extremum(const char* name, const Tensor& x, const Shape& dims, boo
     g[0] = k::mul(hit, k::div(unsqueeze_reduced(dout[0], in_shape, rdims), count));
   });
 }
-Tensor amax(const Tensor& x, const Shape& dims, bool keepdim) {
+Tensor ops_impl::amax(const Tensor& x, const Shape& dims, bool keepdim) {
   return extremum("amax", x, dims, keepdim, true);
 }
-Tensor amin(const Tensor& x, const Shape& dims, bool keepdim) {
+Tensor ops_impl::amin(const Tensor& x, const Shape& dims, bool keepdim) {
   return extremum("amin", x, dims, keepdim, false);
 }
 Tensor max(const Tensor& x) { return amax(x); }
@@ -88,8 +86,6 @@ Tensor min(const Tensor& x) { return amin(x); }
 // d max(x, dim): dout goes to the index that won
 static std::pair<Tensor, Tensor> extremum_dim(const char* name, const Tensor& x, int64_t dim,
                                               bool keepdim, bool is_max) {
-  if (autocast::needs_float32({x}))
-    return extremum_dim(name, autocast::to_float32(x), dim, keepdim, is_max);
   auto [values, indices] = is_max ? k::max_dim(x, dim, keepdim) : k::min_dim(x, dim, keepdim);
   const Shape in_shape = x.sizes();
   const int64_t d = wrap_dim(dim, x.dim(), name);
@@ -116,23 +112,22 @@ static std::pair<Tensor, Tensor> extremum_dim(const char* name, const Tensor& x,
       });
   return {outs[0], outs[1]};
 }
-std::pair<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim) {
+std::pair<Tensor, Tensor> ops_impl::max(const Tensor& x, int64_t dim, bool keepdim) {
   return extremum_dim("max", x, dim, keepdim, true);
 }
-std::pair<Tensor, Tensor> min(const Tensor& x, int64_t dim, bool keepdim) {
+std::pair<Tensor, Tensor> ops_impl::min(const Tensor& x, int64_t dim, bool keepdim) {
   return extremum_dim("min", x, dim, keepdim, false);
 }
 
-Tensor argmax(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
-  return k::argmax(autocast::to_float32(x), dim, keepdim);
+Tensor ops_impl::argmax(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
+  return k::argmax(x, dim, keepdim);
 }
-Tensor argmin(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
-  return k::argmin(autocast::to_float32(x), dim, keepdim);
+Tensor ops_impl::argmin(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
+  return k::argmin(x, dim, keepdim);
 }
 
 // d var: dout 2 (x - mean) / (N - correction)
-Tensor var(const Tensor& x, const Shape& dims, bool unbiased, bool keepdim) {
-  if (autocast::needs_float32({x})) return var(autocast::to_float32(x), dims, unbiased, keepdim);
+Tensor ops_impl::var(const Tensor& x, const Shape& dims, bool unbiased, bool keepdim) {
   const Shape rdims = k::reduce_dims(x, dims, "var");
   const Shape in_shape = x.sizes();
   const double denom = static_cast<double>(count_of(in_shape, rdims) - (unbiased ? 1 : 0));
@@ -151,8 +146,7 @@ Tensor std(const Tensor& x, const Shape& dims, bool unbiased, bool keepdim) {
 }
 
 // d logsumexp: dout softmax(x) over the reduced dims
-Tensor logsumexp(const Tensor& x, const Shape& dims, bool keepdim) {
-  if (autocast::needs_float32({x})) return logsumexp(autocast::to_float32(x), dims, keepdim);
+Tensor ops_impl::logsumexp(const Tensor& x, const Shape& dims, bool keepdim) {
   const Shape rdims = k::reduce_dims(x, dims, "logsumexp");
   const Shape in_shape = x.sizes();
   Tensor out = k::logsumexp(x, dims, keepdim);

@@ -291,6 +291,15 @@ TEST(AutocastRegion, Float64IsNeverCastAndNestedRegionsRestoreTheirState) {
   EXPECT_EQ(matmul(randn({2, 2}), randn({2, 2})).dtype(), kFloat16);
 }
 
+TEST(AutocastRegion, CatAndStackPromoteDtypesThatDifferOnceThe16BitOnesAreWidened) {
+  const Tensor d = randn({2, 3}, kFloat64), f = randn({2, 3}), h = randn({2, 3}).to(kBFloat16);
+  autocast::Guard amp(kBFloat16);
+  EXPECT_EQ(cat({f, d}).dtype(), kFloat64);
+  EXPECT_EQ(cat({h, d}).dtype(), kFloat64);  // h widened to float32, then promoted with d
+  EXPECT_EQ(stack({h, f, d}).dtype(), kFloat64);
+  EXPECT_EQ(stack({h, f}).dtype(), kFloat32);
+}
+
 TEST(AutocastRegion, OutsideARegionNothingIsCastAndSums16BitAreRefused) {
   EXPECT_FALSE(autocast::is_enabled());
   const Tensor h = randn({2, 3}).to(kBFloat16);
