@@ -51,6 +51,47 @@ std::string Linear::extra_repr() const {
                      ", bias=", bool_str(bias.defined()));
 }
 
+// ------------------------------------------------------------------ Embedding
+
+namespace {
+
+// The checked sizes' padding_idx, wrapped into [0, rows) as PyTorch wraps a negative one.
+std::optional<int64_t> checked_padding_idx(int64_t rows, int64_t dim,
+                                           std::optional<int64_t> padding_idx) {
+  check_positive("Embedding", "num_embeddings", rows);
+  check_positive("Embedding", "embedding_dim", dim);
+  if (!padding_idx) return std::nullopt;
+  const int64_t p = *padding_idx;
+  LOOM_CHECK(p >= -rows && p < rows, ValueError, "Embedding: padding_idx must be in [", -rows, ", ",
+             rows, ") for ", rows, " embeddings; got ", p);
+  return p < 0 ? p + rows : p;
+}
+
+}  // namespace
+
+Embedding::Embedding(int64_t rows, int64_t dim, std::optional<int64_t> padding)
+    : Module("Embedding"),
+      num_embeddings(rows),
+      embedding_dim(dim),
+      padding_idx(checked_padding_idx(rows, dim, padding)) {
+  weight = register_parameter("weight", empty({rows, dim}));
+  init::normal_(weight);
+  if (padding_idx) {
+    autograd::NoGradGuard no_grad;
+    weight.select(0, *padding_idx).zero_();
+  }
+}
+
+Tensor Embedding::forward(const Tensor& index) {
+  return embedding(weight, index, padding_idx.value_or(-1));
+}
+
+std::string Embedding::extra_repr() const {
+  std::string s = detail::str(num_embeddings, ", ", embedding_dim);
+  if (padding_idx) s += detail::str(", padding_idx=", *padding_idx);
+  return s;
+}
+
 // ------------------------------------------------------------------ Conv2d
 
 Conv2d::Conv2d(int64_t in, int64_t out, Pair kernel, Conv2dOptions opt)
@@ -134,6 +175,33 @@ std::string BatchNorm2d::extra_repr() const {
   return detail::str(num_features, ", eps=", options.eps, ", momentum=", options.momentum,
                      ", affine=", bool_str(options.affine),
                      ", track_running_stats=", bool_str(options.track_running_stats));
+}
+
+// ------------------------------------------------------------------ LayerNorm
+
+LayerNorm::LayerNorm(Shape shape, LayerNormOptions opt)
+    : Module("LayerNorm"), normalized_shape(std::move(shape)), options(opt) {
+  LOOM_CHECK(!normalized_shape.empty(), ValueError,
+             "LayerNorm: normalized_shape must name at least one dim");
+  for (int64_t size : normalized_shape) check_positive("LayerNorm", "each normalized size", size);
+  LOOM_CHECK(opt.eps > 0, ValueError, "LayerNorm: eps must be positive; got ", opt.eps);
+  if (opt.elementwise_affine) {
+    weight = register_parameter("weight", ones(normalized_shape));
+    bias = register_parameter("bias", opt.bias ? zeros(normalized_shape) : Tensor());
+  }
+}
+
+Tensor LayerNorm::forward(const Tensor& x) {
+  return layer_norm(x, normalized_shape, weight, bias, options.eps);
+}
+
+std::string LayerNorm::extra_repr() const {
+  std::string shape = "(";
+  for (size_t i = 0; i < normalized_shape.size(); ++i)
+    shape += detail::str(normalized_shape[i], normalized_shape.size() == 1 ? "," : "",
+                         i + 1 < normalized_shape.size() ? ", " : "");
+  return detail::str(shape, "), eps=", options.eps,
+                     ", elementwise_affine=", bool_str(options.elementwise_affine));
 }
 
 // ------------------------------------------------------------------ activations, dropout

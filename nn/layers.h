@@ -1,10 +1,12 @@
-// nn/layers.h — the layers a ResNet or an MLP is built from, with PyTorch's parameter names,
-// defaults and initialisation: Linear, Conv2d, BatchNorm2d, ReLU, GELU, Dropout, MaxPool2d,
-// AvgPool2d, AdaptiveAvgPool2d, Flatten, Identity, and Sequential to chain them.
+// nn/layers.h — the layers a ResNet, an MLP or a Transformer is built from, with PyTorch's
+// parameter names, defaults and initialisation: Linear, Embedding, Conv2d, BatchNorm2d,
+// LayerNorm, ReLU, GELU, Dropout, MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, Flatten, Identity,
+// and Sequential to chain them.
 #pragma once
 
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "autograd/ops/conv.h"
@@ -21,6 +23,21 @@ class Linear : public Module {
 
   const int64_t in_features, out_features;
   Tensor weight, bias;
+};
+
+// A table of num_embeddings rows of embedding_dim: index [...] -> [..., embedding_dim]. weight
+// N(0, 1) as PyTorch's; the row padding_idx (negative counts from the end) starts at zero and
+// gets no gradient.
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim,
+            std::optional<int64_t> padding_idx = std::nullopt);
+  Tensor forward(const Tensor& index) override;
+  std::string extra_repr() const override;
+
+  const int64_t num_embeddings, embedding_dim;
+  const std::optional<int64_t> padding_idx;  // in [0, num_embeddings) once constructed
+  Tensor weight;
 };
 
 struct Conv2dOptions {
@@ -88,6 +105,27 @@ class BatchNorm2d : public Module {
  private:
   Tensor normalise(const Tensor& x, bool relu, const Tensor& residual);
   std::shared_ptr<BatchNormSync> sync_;
+};
+
+struct LayerNormOptions {
+  double eps = 1e-5;
+  bool elementwise_affine = true;  // a weight (ones) and a bias (zeros) of normalized_shape
+  bool bias = true;                // with elementwise_affine: false leaves the bias out
+};
+
+// Normalises over the trailing dims normalized_shape, with statistics in float32 or wider
+// (Note [Autocast policy]); PyTorch's nn.LayerNorm.
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(Shape normalized_shape, LayerNormOptions options = {});
+  explicit LayerNorm(int64_t normalized_size, LayerNormOptions options = {})
+      : LayerNorm(Shape{normalized_size}, options) {}
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+
+  const Shape normalized_shape;
+  const LayerNormOptions options;
+  Tensor weight, bias;  // undefined without elementwise_affine (bias: without options.bias)
 };
 
 class ReLU : public Module {
