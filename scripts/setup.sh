@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/setup.sh — installs what loom needs to build, test and run its main job, from
 # Debian's packages (run as root). Quick when everything is already there.
-#   scripts/setup.sh           build and test dependencies, and the Fashion-MNIST data
+#   scripts/setup.sh           build and test dependencies, the Fashion-MNIST data, and Debian's
+#                              fortunes (English text for the GPT)
 #   scripts/setup.sh --torch   also python3-torch (golden fixtures, PyTorch benchmarks, the
 #                              interop tests) and the `safetensors` Python package from PyPI,
 #                              and `tensorboard` (its event-file reader, for the tests), in
@@ -12,7 +13,7 @@ packages=(
   build-essential cmake pkg-config ccache
   libeigen3-dev libgtest-dev googletest nlohmann-json3-dev libcli11-dev zlib1g-dev libstb-dev
   libgloo-dev libprotobuf-dev protobuf-compiler libisal-dev
-  dataset-fashion-mnist
+  dataset-fashion-mnist fortunes
 )
 if [[ "${1:-}" == "--torch" ]]; then
   packages+=(python3-torch python3-numpy python3-pip)
