@@ -50,7 +50,10 @@ Storage allocate_storage(size_t nbytes, Device device) {
       accounting().add(device, -static_cast<int64_t>(nbytes));
     });
   }
-  const CudaBackend& backend = cuda_backend("allocate");
+  const CudaBackend* loaded = cuda_backend_if_available();
+  LOOM_CHECK(loaded != nullptr, DeviceError, "allocate: ", device, " is not available: ",
+             cuda_backend_unavailable_reason());
+  const CudaBackend& backend = *loaded;
   const int visible = backend.device_count();
   LOOM_CHECK(device.index >= 0 && device.index < visible, DeviceError, "allocate: ", device,
              " is not available (", visible, " CUDA devices visible)");

@@ -63,7 +63,7 @@ TEST(CudaBackend, BuiltWithoutCudaEveryGpuRequestSaysSo) {
   EXPECT_EQ(cuda_backend_if_available(), nullptr);
   EXPECT_LOOM_ERROR(cuda_backend("conv2d"), DeviceError, {"conv2d", "built without CUDA"});
   EXPECT_LOOM_ERROR(zeros({2}, kFloat32, Device("cuda:0")), DeviceError,
-                    {"allocate", "built without CUDA"});
+                    {"allocate", "cuda:0", "built without CUDA"});
   EXPECT_LOOM_ERROR(synchronize(Device("cuda:0")), DeviceError,
                     {"synchronize", "built without CUDA"});
   EXPECT_LOOM_ERROR(set_cuda_device(Device("cuda:0")), DeviceError, {"built without CUDA"});
