@@ -101,20 +101,25 @@ CollectiveChecks::Arrivals CollectiveChecks::arrivals(int64_t seq, const std::st
   return found;
 }
 
+std::string CollectiveChecks::summary(const Arrivals& found, const std::string& fingerprint) const {
+  if (!found.store_failure.empty())
+    return "; the store does not answer either (" + found.store_failure + ")";
+  if (found.mismatched_rank >= 0)
+    return ": " + mismatch(fingerprint, found.mismatched_rank, found.theirs);
+  if (found.missing.empty()) return "; every rank arrived, so one failed or stalled inside it";
+  return "; " + never_arrived(found.missing);
+}
+
 std::string CollectiveChecks::diagnose(int64_t seq, const std::string& fingerprint,
                                        const std::string& description, bool timed_out,
                                        const std::string& cause) {
+  const Arrivals found = arrivals(seq, fingerprint);
+  if (found.mismatched_rank >= 0) return description + summary(found, fingerprint);
   const std::string head =
       description + (timed_out ? detail::str(" timed out after ", timeout_.count(), " ms")
                                : std::string(" failed"));
-  const Arrivals found = arrivals(seq, fingerprint);
-  if (!found.store_failure.empty())
-    return head + "; the store does not answer either (" + found.store_failure + "); " + cause;
-  if (found.mismatched_rank >= 0)
-    return description + ": " + mismatch(fingerprint, found.mismatched_rank, found.theirs);
-  std::string message = head + "; ";
-  message += found.missing.empty() ? "every rank arrived, so one failed or stalled inside it"
-                                   : never_arrived(found.missing);
+  if (!found.store_failure.empty()) return head + summary(found, fingerprint) + "; " + cause;
+  std::string message = head + summary(found, fingerprint);
   if (!timed_out) message += " (" + cause + ")";
   const Bytes tombstone = to_bytes(detail::str(
       kTombstone, never_arrived(found.missing), " (reported by rank ", rank_,
@@ -130,13 +135,7 @@ std::string CollectiveChecks::diagnose(int64_t seq, const std::string& fingerpri
 }
 
 std::string CollectiveChecks::arrivals_suffix(int64_t seq, const std::string& fingerprint) {
-  const Arrivals found = arrivals(seq, fingerprint);
-  if (!found.store_failure.empty())
-    return "; the store does not answer either (" + found.store_failure + ")";
-  if (found.mismatched_rank >= 0)
-    return ": " + mismatch(fingerprint, found.mismatched_rank, found.theirs);
-  if (found.missing.empty()) return "; every rank arrived, so one failed or stalled inside it";
-  return "; " + never_arrived(found.missing);
+  return summary(arrivals(seq, fingerprint), fingerprint);
 }
 
 std::string CollectiveChecks::find_mismatch(int64_t seq, const std::string& fingerprint) {

@@ -77,6 +77,8 @@ class CollectiveChecks {
  private:
   std::string key(int64_t seq, int rank) const;
   std::string mismatch(const std::string& fingerprint, int peer, const std::string& theirs) const;
+  // `found` as the suffix arrivals_suffix returns.
+  std::string summary(const Arrivals& found, const std::string& fingerprint) const;
 
   std::shared_ptr<Store> store_;
   int rank_, size_;
