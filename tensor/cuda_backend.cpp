@@ -40,7 +40,9 @@ const Loaded& loaded() {
     }
     // Every slot after `size` is a function pointer; a null one is an entry the library left
     // out, which would crash when called.
-    const auto* slots = reinterpret_cast<void* const*>(backend + 0) + 1;
+    static_assert(sizeof(size_t) == sizeof(void*) && sizeof(CudaBackend) % sizeof(void*) == 0,
+                  "CudaBackend is `size` followed by function pointers");
+    const auto* slots = reinterpret_cast<void* const*>(backend) + 1;
     const size_t count = (sizeof(CudaBackend) - sizeof(size_t)) / sizeof(void*);
     for (size_t i = 0; i < count; ++i) {
       if (slots[i] == nullptr) {
