@@ -3,6 +3,7 @@
 // every backward written right below its forward.
 #pragma once
 
+#include "autograd/ops/attention.h"
 #include "autograd/ops/conv.h"
 #include "autograd/ops/elementwise.h"
 #include "autograd/ops/index.h"

@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "tensor/attention.h"
 #include "tensor/conv.h"
 #include "tensor/loss.h"
 #include "tensor/norm.h"
@@ -177,6 +178,14 @@ struct CudaBackend {
   kernels::NormGrads (*layer_norm_backward)(const Tensor& dy, const Tensor& x, const Tensor& mean,
                                             const Tensor& rstd, const Tensor& weight,
                                             int64_t normalized_numel, std::array<bool, 3> need);
+
+  // --- fused attention (tensor/attention.h): the kernels' contract of Note [Fused attention]
+  kernels::AttentionForward (*attention_forward)(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                 const kernels::AttentionOptions& options);
+  kernels::AttentionGrads (*attention_backward)(const Tensor& dout, const Tensor& q,
+                                                const Tensor& k, const Tensor& v,
+                                                const Tensor& out, const Tensor& lse,
+                                                const kernels::AttentionOptions& options);
 
   // --- convolution and pooling (tensor/conv.h)
   Tensor (*conv2d)(const Tensor& x, const Tensor& weight, const Tensor& bias,
