@@ -11,7 +11,10 @@
 namespace loom::dist {
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& o, std::vector<Tensor> params,
-                                                 double lr) {
+                                                 double lr, std::vector<bool> decay) {
+  LOOM_CHECK(decay.empty() || o.optimizer != "sgd", ValueError,
+             "make_optimizer: sgd applies weight decay to every parameter; a decay grouping is "
+             "for adam and adamw");
   if (o.optimizer == "sgd")
     return std::make_unique<optim::SGD>(std::move(params),
                                         optim::SGDOptions{.lr = lr,
@@ -19,16 +22,20 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& o, std::vec
                                                           .weight_decay = o.weight_decay,
                                                           .nesterov = o.nesterov});
   if (o.optimizer == "adam")
-    return std::make_unique<optim::Adam>(
-        std::move(params),
-        optim::AdamOptions{
-            .lr = lr, .beta1 = o.beta1, .beta2 = o.beta2, .weight_decay = o.weight_decay});
+    return std::make_unique<optim::Adam>(std::move(params),
+                                         optim::AdamOptions{.lr = lr,
+                                                            .beta1 = o.beta1,
+                                                            .beta2 = o.beta2,
+                                                            .weight_decay = o.weight_decay,
+                                                            .decay = std::move(decay)});
   LOOM_CHECK(o.optimizer == "adamw", ValueError, "unknown optimizer '", o.optimizer,
              "' (sgd, adam or adamw)");
-  return std::make_unique<optim::AdamW>(
-      std::move(params),
-      optim::AdamWOptions{
-          .lr = lr, .beta1 = o.beta1, .beta2 = o.beta2, .weight_decay = o.weight_decay});
+  return std::make_unique<optim::AdamW>(std::move(params),
+                                        optim::AdamWOptions{.lr = lr,
+                                                            .beta1 = o.beta1,
+                                                            .beta2 = o.beta2,
+                                                            .weight_decay = o.weight_decay,
+                                                            .decay = std::move(decay)});
 }
 
 std::string describe_optimizer(const TrainOptions& o, double lr) {

@@ -35,9 +35,10 @@ struct TrainOptions {
 };
 
 // The optimizer `o` names over `params`, at learning rate `lr` (the options' lr, possibly
-// scaled). ValueError for an unknown name or bad hyper-parameters.
+// scaled); `decay` says which parameters weight decay applies to (AdamOptions::decay; empty:
+// every one). ValueError for an unknown name or bad hyper-parameters.
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& o, std::vector<Tensor> params,
-                                                 double lr);
+                                                 double lr, std::vector<bool> decay = {});
 
 // "SGD lr 0.2 momentum 0.9 (nesterov) weight decay 0.0005", "AdamW lr 0.001 betas (0.9, 0.999)
 // weight decay 0.01"; with ", gradients clipped to norm C" when clipping.

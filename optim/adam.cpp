@@ -41,12 +41,13 @@ struct AdamScalars {
   double bias_correction2_sqrt;
 };
 
-// The factors of step t (1 for the first).
-AdamScalars scalars_at(const AdamOptions& o, double lr, bool decoupled, int64_t t) {
+// The factors of step t (1 for the first), for parameters with weight decay or without.
+AdamScalars scalars_at(const AdamOptions& o, double lr, bool decoupled, int64_t t, bool decays) {
   const double step = static_cast<double>(t);
+  const double weight_decay = decays ? o.weight_decay : 0.0;
   AdamScalars s;
-  s.decay_factor = 1.0 - lr * o.weight_decay;
-  s.l2 = decoupled ? 0.0 : o.weight_decay;
+  s.decay_factor = 1.0 - lr * weight_decay;
+  s.l2 = decoupled ? 0.0 : weight_decay;
   s.step_size = lr / (1.0 - std::pow(o.beta1, step));
   s.bias_correction2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, step));
   return s;
@@ -60,6 +61,9 @@ AdamBase::AdamBase(std::string name, std::vector<Tensor> params, AdamOptions opt
       options_(options),
       decoupled_(decoupled) {
   validate(this->name(), options_);
+  LOOM_CHECK(options_.decay.empty() || options_.decay.size() == this->params().size(), ValueError,
+             this->name(), ": decay names ", options_.decay.size(), " parameters; there are ",
+             this->params().size());
 }
 
 Adam::Adam(std::vector<Tensor> params, AdamOptions options)
@@ -67,7 +71,7 @@ Adam::Adam(std::vector<Tensor> params, AdamOptions options)
 
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions o)
     : AdamBase("AdamW", std::move(params),
-               AdamOptions{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.amsgrad},
+               AdamOptions{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.amsgrad, o.decay},
                /*decoupled=*/true) {}
 
 void AdamBase::set_momentum(double beta1) {
@@ -85,18 +89,25 @@ AdamOptions AdamBase::options() const {
 std::vector<std::string> AdamBase::buffer_names() const { return adam_buffers(options_.amsgrad); }
 
 Metadata AdamBase::hyper_parameters() const {
-  return {{"beta1", format_double(options_.beta1)},
-          {"beta2", format_double(options_.beta2)},
-          {"eps", format_double(options_.eps)},
-          {"weight_decay", format_double(options_.weight_decay)},
-          {"amsgrad", options_.amsgrad ? "true" : "false"}};
+  Metadata m{{"beta1", format_double(options_.beta1)},
+             {"beta2", format_double(options_.beta2)},
+             {"eps", format_double(options_.eps)},
+             {"weight_decay", format_double(options_.weight_decay)},
+             {"amsgrad", options_.amsgrad ? "true" : "false"}};
+  // One character a parameter, 1 where weight decay applies.
+  if (!options_.decay.empty()) {
+    std::string decay;
+    for (bool d : options_.decay) decay.push_back(d ? '1' : '0');
+    m["decay"] = decay;
+  }
+  return m;
 }
 
 void AdamBase::step() {
   autograd::NoGradGuard no_grad;
   // The parameters are updated together after the loop: one list per device, dtype and step
   // count (the bias corrections depend on the step; on CUDA a few launches for all of them).
-  using Entry = std::pair<int64_t, k::AdamTensors>;
+  using Entry = std::tuple<int64_t, bool, k::AdamTensors>;  // (step, decays, tensors)
   std::vector<Entry> updates;
   std::vector<std::pair<size_t, Tensor>> to_finish;
   const std::vector<Tensor> grads = update_grads();
@@ -106,7 +117,9 @@ void AdamBase::step() {
     ParamState& state = state_for(i);
     const int64_t t = ++state.steps;
     const Tensor target = update_target(i);
+    const bool decays = options_.decay.empty() || options_.decay[i];
     updates.push_back({t,
+                       decays,
                        {target, grad, state.buffers[0], state.buffers[1],
                         options_.amsgrad ? state.buffers[2] : Tensor()}});
     to_finish.emplace_back(i, target);
@@ -114,12 +127,14 @@ void AdamBase::step() {
   for_each_group(
       updates,
       [](const Entry& e) {
-        return std::tuple_cat(device_and_dtype(e.second.param), std::make_tuple(e.first));
+        return std::tuple_cat(device_and_dtype(std::get<2>(e).param),
+                              std::make_tuple(std::get<0>(e), std::get<1>(e)));
       },
       [&](std::span<const Entry> group) {
         std::vector<k::AdamTensors> list;
-        for (const Entry& e : group) list.push_back(e.second);
-        const AdamScalars s = scalars_at(options_, lr(), decoupled_, group.front().first);
+        for (const Entry& e : group) list.push_back(std::get<2>(e));
+        const AdamScalars s = scalars_at(options_, lr(), decoupled_, std::get<0>(group.front()),
+                                         std::get<1>(group.front()));
         k::adam_update(list, {options_.beta1, options_.beta2, options_.eps, s.l2, s.decay_factor,
                               s.step_size, s.bias_correction2_sqrt, decoupled_});
       });
@@ -135,6 +150,14 @@ void AdamBase::load_state(const SafetensorsFile& file, const std::string& prefix
   o.eps = read_double(file, prefix, "eps");
   o.weight_decay = read_double(file, prefix, "weight_decay");
   o.amsgrad = read_bool(file, prefix, "amsgrad");
+  o.decay = options_.decay;  // the caller's grouping; a checkpoint's must agree with it
+  const auto decay = file.metadata.find(prefix + "decay");
+  std::string expected;
+  for (bool d : options_.decay) expected.push_back(d ? '1' : '0');
+  const std::string found = decay == file.metadata.end() ? std::string() : decay->second;
+  LOOM_CHECK(found == expected, ValueError, name(), ": the checkpoint's weight-decay grouping (",
+             found.empty() ? "every parameter" : found, ") differs from this optimizer's (",
+             expected.empty() ? "every parameter" : expected, ")");
   validate(name(), o);
   std::vector<ParamState> state = read_state(file, prefix, adam_buffers(o.amsgrad));
   options_ = o;

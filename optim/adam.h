@@ -16,6 +16,10 @@ struct AdamOptions {
   double eps = 1e-8;
   double weight_decay = 0;  // L2: wd * p added to the gradient
   bool amsgrad = false;
+  // Per parameter, whether weight_decay applies to it; empty: to every one. PyTorch says this
+  // with two parameter groups (nanoGPT's configure_optimizers: decay on matrices and embeddings,
+  // none on biases and LayerNorm weights). ValueError when its length is not the parameters'.
+  std::vector<bool> decay = {};
 };
 
 // AdamW's options: the same fields, weight decay on by default (decoupled: p *= 1 - lr * wd).
@@ -26,6 +30,7 @@ struct AdamWOptions {
   double eps = 1e-8;
   double weight_decay = 1e-2;
   bool amsgrad = false;
+  std::vector<bool> decay = {};  // as AdamOptions::decay
 };
 
 // Per parameter p with gradient g, at its step t (counted from 1):

@@ -532,3 +532,43 @@ TEST(ClipGradNorm, EdgeCasesAndErrors) {
 
 }  // namespace
 }  // namespace loom::optim
+
+namespace loom::optim {
+namespace {
+
+// AdamOptions::decay: a parameter left out of weight decay steps as with weight_decay 0, the
+// others as with it; the grouping travels with the checkpoint and must match on load.
+TEST(AdamW, DecayMaskExemptsParameters) {
+  manual_seed(21);
+  const Tensor a0 = randn({3, 4}), b0 = randn({4});
+  auto fresh = [](const Tensor& t) { return t.clone().requires_grad_(); };
+  Tensor a = fresh(a0), b = fresh(b0), a_ref = fresh(a0), b_ref = fresh(b0);
+  AdamW masked({a, b}, AdamWOptions{.lr = 0.1, .weight_decay = 0.5, .decay = {true, false}});
+  AdamW decayed({a_ref}, AdamWOptions{.lr = 0.1, .weight_decay = 0.5});
+  AdamW plain({b_ref}, AdamWOptions{.lr = 0.1, .weight_decay = 0.0});
+  for (int step = 0; step < 3; ++step) {
+    const Tensor ga = randn({3, 4}), gb = randn({4});
+    a.set_grad(ga.clone()), a_ref.set_grad(ga.clone());
+    b.set_grad(gb.clone()), b_ref.set_grad(gb.clone());
+    masked.step(), decayed.step(), plain.step();
+  }
+  EXPECT_TRUE(test::tensors_close(a, a_ref, 0, 0));
+  EXPECT_TRUE(test::tensors_close(b, b_ref, 0, 0));
+
+  NamedTensors tensors;
+  Metadata meta;
+  masked.save_state(tensors, meta, "optimizer.");
+  EXPECT_EQ(meta.at("optimizer.decay"), "10");
+  SafetensorsFile file{tensors, meta};
+  AdamW same({fresh(a0), fresh(b0)}, AdamWOptions{.decay = {true, false}});
+  same.load_state(file, "optimizer.");
+  EXPECT_EQ(same.param_steps(1), 3);
+  AdamW other({fresh(a0), fresh(b0)}, AdamWOptions{});
+  EXPECT_LOOM_ERROR(other.load_state(file, "optimizer."), ValueError,
+                    {"AdamW", "grouping", "10", "every parameter"});
+  EXPECT_LOOM_ERROR(AdamW({fresh(a0)}, AdamWOptions{.decay = {true, false}}), ValueError,
+                    {"AdamW", "decay names 2 parameters", "1"});
+}
+
+}  // namespace
+}  // namespace loom::optim
