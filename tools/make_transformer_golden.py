@@ -86,7 +86,8 @@ def flag(b):
 def mha_case(out, meta, case, heads, L, S, N, bias=True, batch_first=False, self_attention=False,
              key_padding_mask=None, attn_mask=None):
     """N = 0: unbatched input [L, E]."""
-    mha = nn.MultiheadAttention(EMBED_DIM, heads, dropout=0.1, bias=bias, batch_first=batch_first)
+    mha = nn.MultiheadAttention(EMBED_DIM, heads, dropout=0.1, bias=bias,
+                                batch_first=batch_first)
     mha = mha.double().eval()
     randomise(mha)
 
@@ -106,8 +107,8 @@ def mha_case(out, meta, case, heads, L, S, N, bias=True, batch_first=False, self
                     need_weights=False)
     grads = ["in_proj_weight", "in_proj_bias", "out_proj.weight"] if bias else \
         ["in_proj_weight", "out_proj.weight"]
-    settings = {"module": "MultiheadAttention", "embed_dim": str(EMBED_DIM), "num_heads": str(heads),
-                "dropout": "0.1", "bias": flag(bias), "batch_first": flag(batch_first),
+    settings = {"module": "MultiheadAttention", "embed_dim": str(EMBED_DIM),
+                "num_heads": str(heads), "dropout": "0.1", "bias": flag(bias), "batch_first": flag(batch_first),
                 "self_attention": flag(self_attention)}
     record(out, meta, case, mha, inputs,
            {"key_padding_mask": key_padding_mask, "attn_mask": attn_mask}, output, grads, settings)
