@@ -98,17 +98,22 @@ void expect_parameter_grads(const Module& m, const std::string& c) {
 
 // ------------------------------------------------------------------ the golden cases
 
+// PyTorch's keys and printed form, then the case's state in float64, in eval mode.
+void load_golden_state(Module& m, const std::string& c) {
+  EXPECT_EQ(keys(m), split(setting(c, "state_keys"))) << c;
+  EXPECT_EQ(m.repr(), setting(c, "repr")) << c;
+  m.to(kFloat64);
+  m.load_state_dict(state(c));
+  m.eval();
+}
+
 std::shared_ptr<MultiheadAttention> golden_attention(const std::string& c) {
   auto mha = make<MultiheadAttention>(
       std::stoll(setting(c, "embed_dim")), std::stoll(setting(c, "num_heads")),
       MultiheadAttentionOptions{.dropout = std::stod(setting(c, "dropout")),
                                 .bias = flag(c, "bias"),
                                 .batch_first = flag(c, "batch_first")});
-  EXPECT_EQ(keys(*mha), split(setting(c, "state_keys"))) << c;
-  EXPECT_EQ(mha->repr(), setting(c, "repr")) << c;
-  mha->to(kFloat64);
-  mha->load_state_dict(state(c));
-  mha->eval();
+  load_golden_state(*mha, c);
   return mha;
 }
 
@@ -160,15 +165,11 @@ std::shared_ptr<TransformerEncoderLayer> golden_encoder(const std::string& c) {
       .norm_first = flag(c, "norm_first")};
   auto layer = make<TransformerEncoderLayer>(std::stoll(setting(c, "d_model")),
                                              std::stoll(setting(c, "nhead")), options);
-  EXPECT_EQ(keys(*layer), split(setting(c, "state_keys"))) << c;
-  EXPECT_EQ(layer->repr(), setting(c, "repr")) << c;
-  layer->to(kFloat64);
-  layer->load_state_dict(state(c));
-  layer->eval();
+  load_golden_state(*layer, c);
   return layer;
 }
 
-// src_mask: the fixture's (undefined: none), or what `mask` says to pass instead.
+// Runs the case with the given src_mask and is_causal (the fixture's src_key_padding_mask, if any).
 void check_encoder(const std::string& c, const Tensor& src_mask, bool is_causal = false) {
   ASSERT_EQ(setting(c, "module"), "TransformerEncoderLayer");
   auto layer = golden_encoder(c);
