@@ -1,4 +1,4 @@
-// nn/nn.h — the nn layer in one include: Module, layers, losses, init, ResNet.
+// nn/nn.h — the nn layer in one include: Module, layers, losses, init, ResNet, Transformer.
 #pragma once
 
 #include "nn/init.h"
@@ -6,3 +6,4 @@
 #include "nn/loss.h"
 #include "nn/module.h"
 #include "nn/resnet.h"
+#include "nn/transformer.h"
