@@ -21,7 +21,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--serve", action="store_true")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--vocab", type=int, default=96)
+    parser.add_argument("--vocab", type=int, default=114)
     parser.add_argument("--block", type=int, default=64)
     parser.add_argument("--embd", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
