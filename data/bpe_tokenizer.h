@@ -17,7 +17,7 @@
 //      68 other bytes for U+0100..U+0143 in order, so a space is 'Ġ'); loading maps the files'
 //      tokens back to bytes, and encoding works on bytes throughout.
 //   4. The adjacent pair of symbols with the lowest rank (its line in merges.txt) is merged,
-//      the leftmost where two pairs share it, until no adjacent pair has a merge. The symbols'
+//      the leftmost where the pair occurs twice, until no adjacent pair has a merge. The symbols'
 //      ids are the word's ids. A word's ids are cached (a word recurs: " the").
 // Decoding appends the ids' bytes; <|endoftext|> decodes to its own text (tokenizers' decode
 // with skip_special_tokens=False).
