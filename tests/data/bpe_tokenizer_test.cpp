@@ -9,7 +9,6 @@
 
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -121,14 +120,7 @@ TEST(BpeTokenizer, EncodesTheFortunesCorpusAsTokenizersDoesAndBack) {
   if (!fs::is_directory(fortunes)) GTEST_SKIP() << "the fortunes package is not installed";
   const std::string corpus = read_corpus(fortunes);
   const BpeTokenizer t = BpeTokenizer::from_dir(kGoldenDir);
-  const auto start = std::chrono::steady_clock::now();
   const std::vector<int64_t> ids = t.encode(corpus);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("encoded %zu bytes of fortunes into %zu tokens in %.3f s\n", corpus.size(),
-              ids.size(), seconds);
-  RecordProperty("encode_seconds", std::to_string(seconds));
-  EXPECT_LT(seconds, 3.0) << "the word cache should make this well under a second";
   EXPECT_TRUE(t.decode(ids) == corpus) << "the corpus does not decode back";
   EXPECT_EQ(t.encode(corpus), ids) << "a second, cached encode differs";
 
