@@ -21,6 +21,12 @@ int cuda_device_count() {
   return backend ? backend->device_count() : 0;
 }
 
+double dense_peak_flops(Device device, DType dtype) {
+  LOOM_CHECK(device.is_cuda(), DeviceError, "dense_peak_flops: ", device,
+             " is not a GPU (a CPU's peak is measured: fma_peak_gflops)");
+  return cuda_backend("dense_peak_flops").dense_peak_flops(device.index, dtype);
+}
+
 std::string why_no_cuda_device() {
   if (cuda_backend_if_available() == nullptr) return cuda_backend_unavailable_reason();
   return "the CUDA driver sees no GPU";

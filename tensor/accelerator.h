@@ -20,6 +20,10 @@ std::string why_no_cuda_device();
 Device current_cuda_device();  // the GPU this thread launches on
 void set_cuda_device(Device device);
 void synchronize(Device device);  // waits for all work queued on `device` (a CPU: nothing)
+// A GPU's dense peak FLOP/s for products in `dtype` (tensor cores for 16-bit dtypes), from its
+// architecture, SM count and clock: the denominator of MFU there. DeviceError for a CPU device
+// (whose peak is measured: fma_peak_gflops in tensor/cpu_info.h) or without CUDA.
+double dense_peak_flops(Device device, DType dtype);
 // Whether cuDNN keeps to deterministic convolution algorithms (default true; PyTorch's default
 // is false): Note [conv2d on cuDNN].
 void set_cudnn_deterministic(bool deterministic);

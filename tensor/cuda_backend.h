@@ -71,6 +71,8 @@ struct CudaBackend {
   // Note [Deferred device checks]: +1 on a hold's construction, -1 on its destruction.
   void (*hold_deferred_checks)(int delta);
   void (*set_cudnn_deterministic)(bool deterministic);
+  // The device's dense peak in FLOP/s for products in `dtype` (tensor cores for 16-bit ones).
+  double (*dense_peak_flops)(int device, DType dtype);
 
   // --- copy and random fills (tensor/copy.h, tensor/random.h)
   void (*copy_)(const Tensor& dst, const Tensor& src);

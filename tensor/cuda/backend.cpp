@@ -41,6 +41,7 @@ void free_uploader(void* uploader) { delete static_cast<Uploader*>(uploader); }
 CudaBackend make_table() {
   CudaBackend t{};  // a slot left out stays null, and the loader refuses the table
   t.device_count = device_count;
+  t.dense_peak_flops = dense_peak_flops;
   t.current_device = current_device;
   t.set_device = set_device;
   t.synchronize = synchronize;

@@ -118,6 +118,34 @@ int device_count() {
   return count;
 }
 
+// FLOPs per SM and clock: float32 (CUDA cores x 2) and 16-bit tensor-core products, per compute
+// capability (the whitepapers' dense figures: V100 125, A100 312, H100 SXM 989 TFLOP/s in 16
+// bits). float64 counts as float32's rate halved on the data-centre parts, which is a bound.
+double dense_peak_flops(int device, DType dtype) {
+  int sms = 0, clock_khz = 0, major = 0, minor = 0;
+  LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), device);
+  LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device), device);
+  LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+                  device);
+  LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device),
+                  device);
+  const int cc = major * 10 + minor;
+  const double fp32_per_clock = (cc == 80 || cc == 70 || cc < 70) ? 128 : 256;  // 64 or 128 cores
+  double tensor_per_clock = 0;
+  if (cc >= 100)
+    tensor_per_clock = 8192;
+  else if (cc >= 90)
+    tensor_per_clock = 4096;
+  else if (cc == 80)
+    tensor_per_clock = 2048;
+  else if (cc >= 70)
+    tensor_per_clock = 1024;
+  const double per_clock = is_16bit_float(dtype) && tensor_per_clock > 0 ? tensor_per_clock
+                           : dtype == kFloat64                           ? fp32_per_clock / 2
+                                                                         : fp32_per_clock;
+  return static_cast<double>(sms) * clock_khz * 1e3 * per_clock;
+}
+
 int current_device() {
   int device = 0;
   check_cuda(cudaGetDevice(&device), -1, "cudaGetDevice");

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "tensor/caching_allocator.h"
+#include "tensor/dtype.h"
 
 namespace loom::cuda {
 
@@ -22,6 +23,10 @@ int device_count();  // visible devices; 0 without a driver or a GPU
 int current_device();
 void set_device(int device);
 void synchronize(int device);  // waits for all work on the device
+// The dense peak in FLOP/s of `device` for products in `dtype`: streaming multiprocessors x
+// clock x the FLOPs an SM does per clock for that dtype on that architecture (FMA = 2 FLOPs;
+// tensor cores for float16 and bfloat16, without sparsity), as the vendor's tables state them.
+double dense_peak_flops(int device, DType dtype);
 
 // Sets the current device for a scope and restores the previous one on exit.
 class DeviceGuard {
