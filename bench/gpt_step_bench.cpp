@@ -9,8 +9,11 @@
 // measured by the same binary between the steps.
 //
 //   gpt_step_bench                      # the fortunes-char recipe's model and GPT-2 small
-//   gpt_step_bench --model recipe|gpt2 [--threads N (2)] [--repeats R (7; 5 for gpt2)]
-//                  [--no-torch] [--fused-adamw] [--python PATH]
+//   gpt_step_bench --model recipe|gpt2 [--threads N (2)] [--repeats R (15; 5 for gpt2)]
+//                  [--batch B] [--block T] [--device cpu|cuda] [--no-torch] [--fused-adamw]
+//                  [--python PATH]
+// With --device cuda both run on cuda:0, each step timed to the end of its GPU work, and MFU is
+// over the GPU's dense float32 peak (dense_peak_flops).
 //
 // PyTorch comes from the virtual environment bench/torch_venv.sh makes (PyTorch 2.x from PyPI;
 // Debian's 1.13 multiplies matrices with a reference BLAS here and is no peer for speed).
@@ -29,6 +32,7 @@
 #include "nn/gpt.h"
 #include "optim/clip.h"
 #include "stats.h"
+#include "tensor/accelerator.h"
 #include "tensor/cpu_info.h"
 #include "torch_peer.h"
 
@@ -55,10 +59,11 @@ std::string venv_python() {
 }
 
 void run(const Workload& w, int threads, bool with_torch, bool fused_adamw,
-         const std::string& python, double peak) {
+         const std::string& python, double peak, loom::Device device) {
   const loom::nn::GPTConfig& c = w.config;
   loom::manual_seed(0);
   auto model = std::make_shared<loom::nn::GPT>(c);
+  model->to(device);
   model->train();
   std::vector<loom::Tensor> params = model->parameters();
   std::vector<bool> decay;
@@ -67,14 +72,15 @@ void run(const Workload& w, int threads, bool with_torch, bool fused_adamw,
   t.optimizer = "adamw";
   t.beta1 = 0.9, t.beta2 = 0.99, t.weight_decay = 0.1;
   auto opt = loom::dist::make_optimizer(t, params, 1e-3, decay);
-  const loom::Tensor x = loom::randint(0, c.vocab_size, {w.batch, c.block_size});
-  const loom::Tensor y = loom::randint(0, c.vocab_size, {w.batch, c.block_size});
+  const loom::Tensor x = loom::randint(0, c.vocab_size, {w.batch, c.block_size}).to(device);
+  const loom::Tensor y = loom::randint(0, c.vocab_size, {w.batch, c.block_size}).to(device);
   auto loom_step = [&] {
     const auto start = Clock::now();
     opt->zero_grad();
     model->loss(x, y).backward();
     loom::optim::clip_grad_norm_(params, 1.0);
     opt->step();
+    loom::synchronize(device);
     return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   };
 
@@ -87,6 +93,7 @@ void run(const Workload& w, int threads, bool with_torch, bool fused_adamw,
                                    "--heads",   std::to_string(c.n_head),
                                    "--batch",   std::to_string(w.batch)};
   if (fused_adamw) args.push_back("--fused-adamw");
+  if (device.is_cuda()) args.insert(args.end(), {"--device", "cuda"});
   const bool have_torch = with_torch && !python.empty() &&
                           torch.start(python, repo_file("bench/gpt_step_torch.py"), args);
   if (with_torch && !have_torch)
@@ -106,13 +113,14 @@ void run(const Workload& w, int threads, bool with_torch, bool fused_adamw,
   const double loom_tps = tokens / (median(loom_ms) / 1e3);
   std::printf(
       "\n%s: %lld layers, %lld heads, %lld embd, vocabulary %lld, block %lld, batch %lld "
-      "(%lld parameters); %d threads, float32; median of %d steps\n",
+      "(%lld parameters); %s, float32; median of %d steps\n",
       w.name.c_str(), static_cast<long long>(c.n_layer), static_cast<long long>(c.n_head),
       static_cast<long long>(c.n_embd), static_cast<long long>(c.vocab_size),
       static_cast<long long>(c.block_size), static_cast<long long>(w.batch),
-      static_cast<long long>(model->num_parameters()), threads, w.repeats);
+      static_cast<long long>(model->num_parameters()),
+      device.is_cuda() ? "cuda:0" : (std::to_string(threads) + " threads").c_str(), w.repeats);
   std::printf("| | step ms | tokens/s | MFU |\n|---|---|---|---|\n");
-  auto mfu = [&](double tps) { return peak > 0 ? tps * flops_per_token / (peak * 1e9) : 0.0; };
+  auto mfu = [&](double tps) { return peak > 0 ? tps * flops_per_token / peak : 0.0; };
   std::printf("| loom | %.1f | %.0f | %.1f%% |\n", median(loom_ms), loom_tps, 100 * mfu(loom_tps));
   if (have_torch) {
     const double torch_tps = tokens / (median(torch_ms) / 1e3);
@@ -127,6 +135,8 @@ void run(const Workload& w, int threads, bool with_torch, bool fused_adamw,
 
 int main(int argc, char** argv) {
   int threads = 2, repeats = 0;
+  int64_t batch = 0, block = 0;
+  std::string device_name = "cpu";
   bool with_torch = true, fused_adamw = false;
   std::string model = "both", python = venv_python();
   for (int i = 1; i < argc; ++i) {
@@ -136,6 +146,12 @@ int main(int argc, char** argv) {
       threads = std::stoi(next());
     else if (arg == "--repeats")
       repeats = std::stoi(next());
+    else if (arg == "--batch")
+      batch = std::stoll(next());
+    else if (arg == "--block")
+      block = std::stoll(next());
+    else if (arg == "--device")
+      device_name = next();
     else if (arg == "--model")
       model = next();
     else if (arg == "--no-torch")
@@ -146,8 +162,9 @@ int main(int argc, char** argv) {
       python = next();
     else {
       std::fprintf(stderr,
-                   "usage: %s [--model recipe|gpt2|both] [--threads N] [--repeats R] "
-                   "[--no-torch] [--fused-adamw] [--python PATH]\n",
+                   "usage: %s [--model recipe|gpt2|both] [--threads N] [--repeats R] [--batch B] "
+                   "[--block T] [--device cpu|cuda] [--no-torch] [--fused-adamw] "
+                   "[--python PATH]\n",
                    argv[0]);
       return 2;
     }
@@ -156,21 +173,42 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--model: recipe, gpt2 or both, not %s\n", model.c_str());
     return 2;
   }
+  if (device_name != "cpu" && device_name != "cuda") {
+    std::fprintf(stderr, "--device: cpu or cuda, not %s\n", device_name.c_str());
+    return 2;
+  }
+  const bool on_gpu = device_name == "cuda";
+  if (on_gpu && loom::cuda_device_count() == 0) {
+    std::fprintf(stderr, "--device cuda: %s\n", loom::why_no_cuda_device().c_str());
+    return 2;
+  }
+  const loom::Device device = on_gpu ? loom::Device{loom::DeviceType::CUDA, 0} : loom::kCPU;
   loom::set_num_threads(threads);
   std::signal(SIGPIPE, SIG_IGN);
-  const double peak = loom::fma_peak_gflops(threads);
-  std::printf("%s, %s; float32 FMA peak %.0f GFLOP/s on %d threads (measured)\n",
-              loom::cpu_model_name().c_str(), loom::cpu_vector_isa().c_str(), peak, threads);
+  double peak = 0;  // FLOP/s
+  if (on_gpu) {
+    peak = loom::dense_peak_flops(device, loom::kFloat32);
+    std::printf("cuda:0; dense float32 peak %.1f TFLOP/s\n", peak / 1e12);
+  } else {
+    peak = loom::fma_peak_gflops(threads) * 1e9;
+    std::printf("%s, %s; float32 FMA peak %.0f GFLOP/s on %d threads (measured)\n",
+                loom::cpu_model_name().c_str(), loom::cpu_vector_isa().c_str(), peak / 1e9,
+                threads);
+  }
   // The fortunes-char recipe's model: the fortunes corpus holds 114 distinct bytes.
-  const Workload recipe{"fortunes-char",
+  Workload recipe{"fortunes-char",
                         {.vocab_size = 114, .block_size = 64, .n_embd = 128, .n_layer = 4,
                          .n_head = 4, .dropout = 0.0, .bias = true},
                         12,
                         repeats > 0 ? repeats : 15};
   loom::nn::GPTConfig small = loom::nn::GPTConfig::gpt2_small();
   small.block_size = 256;
-  const Workload gpt2{"GPT-2 small (124M)", small, 2, repeats > 0 ? repeats : 5};
-  if (model != "gpt2") run(recipe, threads, with_torch, fused_adamw, python, peak);
-  if (model != "recipe") run(gpt2, threads, with_torch, fused_adamw, python, peak);
+  Workload gpt2{"GPT-2 small (124M)", small, 2, repeats > 0 ? repeats : 5};
+  for (Workload* w : {&recipe, &gpt2}) {
+    if (batch > 0) w->batch = batch;
+    if (block > 0) w->config.block_size = block;
+  }
+  if (model != "gpt2") run(recipe, threads, with_torch, fused_adamw, python, peak, device);
+  if (model != "recipe") run(gpt2, threads, with_torch, fused_adamw, python, peak, device);
   return 0;
 }

@@ -28,6 +28,7 @@ def main():
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--batch", type=int, default=12)
     parser.add_argument("--fused-adamw", action="store_true")
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     try:
         import torch
@@ -37,11 +38,15 @@ def main():
         return 0
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = GPT(args.vocab, args.block, args.embd, args.layers, args.heads)
+    device = torch.device("cuda:0" if args.device == "cuda" else "cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        say({"error": "torch sees no CUDA device"})
+        return 0
+    model = GPT(args.vocab, args.block, args.embd, args.layers, args.heads).to(device)
     model.train()
     opt = make_optimizer(model, 1e-3, (0.9, 0.99), 0.1, fused=args.fused_adamw)
-    x = torch.randint(0, args.vocab, (args.batch, args.block))
-    y = torch.randint(0, args.vocab, (args.batch, args.block))
+    x = torch.randint(0, args.vocab, (args.batch, args.block), device=device)
+    y = torch.randint(0, args.vocab, (args.batch, args.block), device=device)
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -49,6 +54,8 @@ def main():
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
 
     step()  # warm-up: allocations, the optimizer's state
     say({"torch": torch.__version__, "threads": torch.get_num_threads(),

@@ -3,7 +3,8 @@
 # builds loom with CUDA, runs the `cuda` tests, then the GPU benchmarks, and prints a short
 # table last (also written to $OUT/gpu_check.md when OUT is set, else build-gpu/gpu_check.md):
 # op parity failures, ResNet-18 CIFAR training images/s at batch 256 and 512 (loom and PyTorch
-# in the same run), and allreduce bus bandwidth. Meant to finish within 8 minutes on one H200.
+# in the same run), GPT-2 small training tokens/s (loom and PyTorch), and allreduce bus
+# bandwidth. Meant to finish within 8 minutes on one H200.
 #
 # The GPU machine has nvcc, CMake and PyTorch with its CUDA libraries as pip wheels
 # (site-packages/nvidia/...), but none of Debian's -dev packages and no network: first run
@@ -59,6 +60,7 @@ build_status="not started" summary="" failed="" skipped=""
 declare -A loom_ips torch_ips any_ips ops_ips
 loom_fp16="" torch_fp16="" loom_fp16_ips="" torch_fp16_ips="" any_fp16_ips="" ops_fp16_ips=""
 busbw=""
+gpt_loom_tps="" gpt_torch_tps="" gpt_loom_mfu=""
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }'; }
 print_table() {
@@ -82,6 +84,9 @@ print_table() {
     echo "| same, loom with any cuDNN algorithm (PyTorch's default) / PyTorch | $(ratio "${any_fp16_ips:-0}" "${torch_fp16_ips:-0}") |"
     echo "| same, loom fused / loom ops one by one (batch norm, add, ReLU) | $(ratio "${loom_fp16_ips:-0}" "${ops_fp16_ips:-0}") |"
     echo "| fp16 / float32 img/s, both channels-last: loom, PyTorch | ${loom_fp16:-n/a}, ${torch_fp16:-n/a} |"
+    echo "| GPT-2 small train step, block 1024, batch 8, float32: loom tokens/s (MFU) | ${gpt_loom_tps:-n/a} (${gpt_loom_mfu:-n/a}) |"
+    echo "| same, PyTorch (F.scaled_dot_product_attention) tokens/s | ${gpt_torch_tps:-n/a} |"
+    echo "| same, loom / PyTorch | $(ratio "${gpt_loom_tps:-0}" "${gpt_torch_tps:-0}") |"
     echo "| allreduce busbw | ${busbw:-n/a} |"
     echo
     echo "($((SECONDS - start)) s in all)"
@@ -94,7 +99,7 @@ trap print_table EXIT
 # test programs with the `cuda` label. -k: one target's failure leaves the others built.
 prefix=()
 [ -d "$deps" ] && prefix=(-DCMAKE_PREFIX_PATH="$deps")
-targets=(loom train_step_bench allreduce_bench resnet18_cifar test_resnet18_cifar_test)
+targets=(loom train_step_bench gpt_step_bench allreduce_bench resnet18_cifar test_resnet18_cifar_test)
 for f in "$root"/tests/cuda/*_test.cpp "$root"/tests/dist/*nccl*_test.cpp \
   "$root"/tests/dist/*cuda*_test.cpp; do
   [ -e "$f" ] && targets+=("test_$(basename "$f" .cpp)")
@@ -168,6 +173,19 @@ if [ -x "$bench" ] && (($(cap 120) >= 60)); then
   any_fp16_ips="$(ips_of "$(amp_row "loom, any cuDNN algorithm" 4)")"
   ops_fp16_ips="$(ips_of "$(amp_row "loom, ops one by one" 4)")"
   cat "$out/train_step_fp16.log" >>"$log"
+fi
+
+# GPT-2 small (124M) training steps, AdamW, float32; loom and PyTorch (bench/gpt_step_torch.py,
+# F.scaled_dot_product_attention) alternate step by step (bench/gpt_step_bench.cpp).
+gpt_bench="$build/bench/gpt_step_bench"
+if [ -x "$gpt_bench" ] && (($(cap 90) >= 45)); then
+  say "GPT-2 small train step, block 1024, batch 8"
+  timeout "$(cap 90)" "$gpt_bench" --device cuda --model gpt2 --block 1024 --batch 8 --repeats 10 \
+    ${python:+--python "$python"} >"$out/gpt_step.log" 2>&1
+  gpt_loom_tps="$(awk -F'|' '/^\| loom /{gsub(/ /,"",$4); print $4}' "$out/gpt_step.log")"
+  gpt_loom_mfu="$(awk -F'|' '/^\| loom /{gsub(/ /,"",$5); print $5}' "$out/gpt_step.log")"
+  gpt_torch_tps="$(awk -F'|' '/^\| PyTorch /{gsub(/ /,"",$4); print $4}' "$out/gpt_step.log")"
+  cat "$out/gpt_step.log" >>"$log"
 fi
 
 # Allreduce: nccl with a GPU per rank; on one GPU, two gloo ranks share it (CUDA tensors staged
