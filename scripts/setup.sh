@@ -5,8 +5,9 @@
 #                              fortunes (English text for the GPT)
 #   scripts/setup.sh --torch   also python3-torch (golden fixtures, PyTorch benchmarks, the
 #                              interop tests) and the `safetensors` Python package from PyPI,
-#                              and `tensorboard` (its event-file reader, for the tests), in
-#                              .pydeps/ (Debian 12 packages neither)
+#                              `tensorboard` (its event-file reader, for the tests) and
+#                              `transformers` (the GPT's interop test), in .pydeps/ (Debian 12
+#                              packages none of them)
 set -euo pipefail
 
 packages=(
@@ -44,5 +45,14 @@ if [[ "${1:-}" == "--torch" ]]; then
     echo "setup: installing the tensorboard Python package into $root/.pydeps"
     /usr/bin/python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
       --upgrade --target "$root/.pydeps" tensorboard "numpy<2"
+  fi
+  # transformers pinned to a release that runs on Debian's torch 1.13 (4.44.2 to 4.48.3 were
+  # seen to), so that a later one, which may want torch 2, never breaks the interop test;
+  # numpy < 2 again, or the numpy it brings would shadow Debian's as above.
+  if ! PYTHONPATH="$root/.pydeps" /usr/bin/python3 -c "from transformers import GPT2LMHeadModel" \
+      2>/dev/null; then
+    echo "setup: installing the transformers Python package into $root/.pydeps"
+    /usr/bin/python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+      --upgrade --target "$root/.pydeps" "transformers==4.46.3" "numpy<2"
   fi
 fi
