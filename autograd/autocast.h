@@ -19,7 +19,8 @@
 //
 //   | class          | ops                                                | inside a region     |
 //   |----------------|----------------------------------------------------|---------------------|
-//   | low precision  | matmul, bmm, addmm, linear, conv2d                 | float32 inputs are  |
+//   | low precision  | matmul, bmm, addmm, linear, conv2d,                | float32 inputs are  |
+//   |                | scaled_dot_product_attention (a float mask too)    |                     |
 //   |                |                                                    | cast to the region's|
 //   |                |                                                    | dtype; the output   |
 //   |                |                                                    | is 16-bit           |

@@ -111,6 +111,16 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return ops_impl::linear(cast(x), cast(weight), cast(bias));
 }
 
+// A float mask is cast with q, k and v (the kernels add it in their dtype); a bool mask passes.
+// The kernels keep the softmax statistics in float32 (Note [Fused attention]).
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& attn_mask, double dropout_p, bool is_causal,
+                                    std::optional<double> scale) {
+  const LowPrecision cast{q, k, v};
+  return ops_impl::scaled_dot_product_attention(cast(q), cast(k), cast(v), cast(attn_mask),
+                                                dropout_p, is_causal, scale);
+}
+
 // The weight is cast into x's memory format: for a channels-last x, the cached 16-bit weight is
 // in the order the NHWC kernels read (Note [The cast cache]).
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Pair stride, Pair padding,

@@ -46,8 +46,9 @@ namespace loom::kernels {
 // - mask undefined, or [N, H, L, S] (broadcast dims have stride 0) of dtype bool (true: attend)
 //   or q's dtype (added to the scores).
 // - out [N, H, L, Ev] in q's dtype is allocated as the transpose of a contiguous [N, L, H, Ev]
-//   tensor, so out.transpose(1, 2) is contiguous (what a Transformer's output projection reads);
-//   dq, dk, dv likewise in the layouts of q, k, v's shapes ([N, L, H, E] memory). lse [N, H, L] is
+//   tensor, so out.transpose(1, 2) is contiguous (what a Transformer's output projection reads).
+//   dq, dk and dv take the strides of q, k and v where those are dense (so a leaf's gradient is
+//   accumulated without a copy), else out's layout (empty_attention_grad). lse [N, H, L] is
 //   contiguous, float32 (float64 for float64 inputs).
 struct AttentionOptions {
   Tensor mask;
@@ -78,8 +79,11 @@ AttentionGrads attention_backward(const Tensor& dout, const Tensor& q, const Ten
                                   const AttentionOptions& options);
 
 // The [N, H, L, Ev] result laid out as [N, L, H, Ev] (Note [Fused attention]); both backends
-// allocate out and the gradients with it.
+// allocate out with it.
 Tensor empty_attention_result(int64_t n, int64_t h, int64_t l, int64_t e, DType dtype,
                               Device device);
+// The gradient of a 4-D input x: x's strides where x is dense, else empty_attention_result's
+// layout. Both backends allocate dq, dk and dv with it (in `dtype`).
+Tensor empty_attention_grad(const Tensor& x, DType dtype);
 
 }  // namespace loom::kernels

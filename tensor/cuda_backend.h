@@ -183,8 +183,8 @@ struct CudaBackend {
   kernels::AttentionForward (*attention_forward)(const Tensor& q, const Tensor& k, const Tensor& v,
                                                  const kernels::AttentionOptions& options);
   kernels::AttentionGrads (*attention_backward)(const Tensor& dout, const Tensor& q,
-                                                const Tensor& k, const Tensor& v,
-                                                const Tensor& out, const Tensor& lse,
+                                                const Tensor& k, const Tensor& v, const Tensor& out,
+                                                const Tensor& lse,
                                                 const kernels::AttentionOptions& options);
 
   // --- convolution and pooling (tensor/conv.h)

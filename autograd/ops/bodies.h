@@ -31,6 +31,11 @@ Tensor batch_norm_with(const char* op, const Tensor& x, const Tensor& running_me
 
 namespace loom::ops_impl {
 
+// autograd/ops/attention.cpp
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& attn_mask, double dropout_p, bool is_causal,
+                                    std::optional<double> scale);
+
 // autograd/ops/elementwise.cpp
 Tensor add(const Tensor& a, const Tensor& b, double alpha);
 Tensor sub(const Tensor& a, const Tensor& b, double alpha);
