@@ -1,6 +1,7 @@
 // tensor/cuda/backend.cpp — libloom_cuda's one export: the table of tensor/cuda_backend.h,
 // filled with this library's functions (Note [The CUDA backend library]).
 
+#include "tensor/cuda/attention.h"
 #include "tensor/cuda/blas.h"
 #include "tensor/cuda/conv.h"
 #include "tensor/cuda/copy.h"
@@ -158,6 +159,9 @@ CudaBackend make_table() {
   t.batch_norm_backward = batch_norm_backward;
   t.layer_norm_forward = layer_norm_forward;
   t.layer_norm_backward = layer_norm_backward;
+
+  t.attention_forward = attention_forward;
+  t.attention_backward = attention_backward;
 
   t.conv2d = conv2d;
   t.conv2d_backward = conv2d_backward;
