@@ -49,7 +49,7 @@ struct Workload {
 };
 
 std::string repo_file(const char* relative) {
-  return (std::filesystem::path(__FILE__).parent_path().parent_path() / relative).string();
+  return (std::filesystem::path(LOOM_SOURCE_DIR) / relative).string();
 }
 
 // The venv's python, as bench/torch_venv.sh --python prints it; "" when there is none.

@@ -661,6 +661,35 @@ bool is_mask_buffer(const std::string& key) {
 
 }  // namespace
 
+std::map<std::string, std::string> gpt_metadata(const GPTConfig& config,
+                                                const GPTTokenizerInfo& tokenizer) {
+  check_tokenizer(tokenizer, config, "gpt_metadata");
+  std::map<std::string, std::string> meta{{kConfigKey, gpt_config_to_json(config)}};
+  if (!tokenizer.kind.empty()) meta[kTokenizerKey] = tokenizer.kind;
+  if (tokenizer.kind == "byte") meta[kVocabularyKey] = to_hex(tokenizer.vocabulary);
+  if (tokenizer.kind == "gpt2-bpe") meta[kFilesKey] = json(tokenizer.files).dump();
+  return meta;
+}
+
+std::pair<std::optional<GPTConfig>, GPTTokenizerInfo> read_gpt_metadata(
+    const std::map<std::string, std::string>& metadata, const std::string& what) {
+  std::optional<GPTConfig> config;
+  if (auto it = metadata.find(kConfigKey); it != metadata.end())
+    config = gpt_config_from_json(it->second);
+  GPTTokenizerInfo tokenizer = read_tokenizer(metadata, what);
+  if (config) check_tokenizer(tokenizer, *config, what);
+  return {config, tokenizer};
+}
+
+double gpt_flops_per_token(const GPTConfig& c, int64_t T) {
+  // Every parameter but wpe, exactly: wte (the head is tied to it), the blocks, ln_f.
+  const double C = static_cast<double>(c.n_embd), b = c.bias ? 1.0 : 0.0;
+  const double norm = C * (1.0 + b);
+  const double block = 12.0 * C * C + b * 9.0 * C + 2.0 * norm;
+  const double params = static_cast<double>(c.vocab_size) * C + c.n_layer * block + norm;
+  return 6.0 * params + 12.0 * c.n_layer * C * static_cast<double>(T);
+}
+
 void save_gpt(const std::string& path, const GPT& model, const GPTTokenizerInfo& tokenizer,
               const std::map<std::string, std::string>& extra) {
   const std::string what = detail::str("save_gpt: '", path, "'");

@@ -23,6 +23,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "nn/layers.h"
@@ -186,6 +187,21 @@ struct GPTCheckpoint {
   GPTTokenizerInfo tokenizer;
   std::map<std::string, std::string> metadata;  // the whole __metadata__, as read
 };
+
+// The __metadata__ entries a GPT file records of its model and tokenizer (Note [GPT
+// checkpoints]): loom.gpt.config and the loom.tokenizer entries, for other files (gpt_train's
+// training checkpoints) to carry them too; and back: the config (none where the metadata has
+// no loom.gpt.config) and the tokenizer. ValueError naming `what` for malformed entries.
+std::map<std::string, std::string> gpt_metadata(const GPTConfig& config,
+                                                const GPTTokenizerInfo& tokenizer);
+std::pair<std::optional<GPTConfig>, GPTTokenizerInfo> read_gpt_metadata(
+    const std::map<std::string, std::string>& metadata, const std::string& what);
+
+// The model FLOPs of one token of a training step at context length T (forward and backward,
+// PaLM's count as nanoGPT's estimate_mfu makes it): 6 per parameter other than the position
+// embeddings, plus 12 n_layer n_embd T for attention's two products. Note [MFU] in
+// apps/gpt_train/train.cpp.
+double gpt_flops_per_token(const GPTConfig& config, int64_t T);
 
 // Writes hf_state_dict() (transformer.* and lm_head.weight, in the model's dtype) to `path`,
 // atomically, with __metadata__: format "pt", loom.gpt.config (the config as JSON with Hugging

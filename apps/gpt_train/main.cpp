@@ -19,6 +19,7 @@
 
 #include "common/train_flags.h"
 #include "dist/launch.h"
+#include "dist/store.h"
 #include "tensor/error.h"
 #include "train.h"
 

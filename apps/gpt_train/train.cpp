@@ -53,6 +53,7 @@
 #include "optim/grad_scaler.h"
 #include "optim/schedule.h"
 #include "tensor/accelerator.h"
+#include "tensor/copy.h"
 #include "tensor/cpu_info.h"
 
 namespace gpt_train {
@@ -113,7 +114,7 @@ struct Source {
 
 Source inspect(const std::string& path) {
   LOOM_CHECK(fs::is_regular_file(path), IOError, "--resume: no file '", path, "'");
-  Source s{.path = path};
+  Source s{.path = path, .training_checkpoint = false, .config = std::nullopt, .tokenizer = {}};
   const optim::Metadata meta = optim::read_checkpoint_metadata(path);
   s.training_checkpoint = meta.count("loom.checkpoint") > 0;
   std::tie(s.config, s.tokenizer) = nn::read_gpt_metadata(meta, "'" + path + "'");
@@ -236,7 +237,7 @@ double evaluate(nn::GPT& model, const data::TextWindows& windows, const Options&
     count += 1;
   }
   model.train();
-  const std::vector<double> total = dist::sum_over_ranks(job, {sum, count});
+  const std::vector<double> total = dist::sum_over_ranks(job, std::vector<double>{sum, count});
   return total[1] > 0 ? total[0] / total[1] : 0.0;
 }
 
@@ -245,7 +246,7 @@ double job_peak_flops(const Options& o, const dist::Job& job) {
   if (job.device.is_cuda())
     return job.world * dense_peak_flops(job.device, o.amp == "off" ? kFloat32 : kBFloat16);
   const double mine = fma_peak_gflops(get_num_threads()) * 1e9;
-  return dist::sum_over_ranks(job, {mine})[0];
+  return dist::sum_over_ranks(job, std::vector<double>{mine})[0];
 }
 
 std::unique_ptr<optim::LRSchedule> make_schedule(const Options& o, optim::Optimizer& opt) {
@@ -315,7 +316,10 @@ double run(const Options& o) {
   auto model = std::make_shared<nn::GPT>(config);
   model->to(job.device);
   const std::vector<Tensor> params = model->parameters();
-  const auto optimizer = dist::make_optimizer(o.train, params, o.train.lr, decay_mask(params));
+  // SGD's weight decay (L2) applies to every parameter; Adam's and AdamW's to the matrices.
+  const auto optimizer = dist::make_optimizer(
+      o.train, params, o.train.lr,
+      o.train.optimizer == "sgd" ? std::vector<bool>() : decay_mask(params));
   const auto schedule = make_schedule(o, *optimizer);
   optim::GradScaler scaler({.enabled = o.amp == "fp16"});
   optim::GradScaler* saved_scaler = scaler.is_enabled() ? &scaler : nullptr;
@@ -334,7 +338,7 @@ double run(const Options& o) {
     NoGradGuard no_grad;
     const NamedTensors from = loaded.model->named_parameters();
     const NamedTensors to = model->named_parameters();
-    for (size_t i = 0; i < to.size(); ++i) to[i].second.copy_(from[i].second);
+    for (size_t i = 0; i < to.size(); ++i) kernels::copy_(to[i].second, from[i].second);
   }
   if (sampling) {
     if (job.leader()) out.say("%s\n", sample(*model, tokenizer, o, o.sample).c_str());

@@ -680,13 +680,10 @@ kernels::AttentionGrads attention_backward(const Tensor& dout_in, const Tensor& 
   const Tensor q = with_unit_last_stride(q_in), k = with_unit_last_stride(k_in),
                v = with_unit_last_stride(v_in), out = with_unit_last_stride(out_in),
                dout = with_unit_last_stride(dout_in);
-  kernels::AttentionGrads grads{
-      kernels::empty_attention_result(shape.batch, shape.heads, shape.queries, shape.qk_dim, dtype,
-                                      device),
-      kernels::empty_attention_result(shape.batch, shape.heads, shape.keys, shape.qk_dim, dtype,
-                                      device),
-      kernels::empty_attention_result(shape.batch, shape.heads, shape.keys, shape.v_dim, dtype,
-                                      device)};
+  // The inputs' strides where they are dense (Note [Fused attention]).
+  kernels::AttentionGrads grads{kernels::empty_attention_grad(q_in, dtype),
+                                kernels::empty_attention_grad(k_in, dtype),
+                                kernels::empty_attention_grad(v_in, dtype)};
   const DType acc_dtype = accumulation_dtype(dtype);
   const Tensor lse = contiguous_as(lse_in, acc_dtype);
   const Tensor delta = empty({shape.batch, shape.heads, shape.queries}, acc_dtype, device);
