@@ -85,21 +85,19 @@ void run(const Workload& w, int threads, bool with_torch, bool fused_adamw,
   };
 
   loom::bench::TorchPeer torch;
-  std::vector<std::string> args = {"--threads", std::to_string(threads),
-                                   "--vocab",   std::to_string(c.vocab_size),
-                                   "--block",   std::to_string(c.block_size),
-                                   "--embd",    std::to_string(c.n_embd),
-                                   "--layers",  std::to_string(c.n_layer),
-                                   "--heads",   std::to_string(c.n_head),
-                                   "--batch",   std::to_string(w.batch)};
+  std::vector<std::string> args = {
+      "--threads", std::to_string(threads),      "--vocab", std::to_string(c.vocab_size),
+      "--block",   std::to_string(c.block_size), "--embd",  std::to_string(c.n_embd),
+      "--layers",  std::to_string(c.n_layer),    "--heads", std::to_string(c.n_head),
+      "--batch",   std::to_string(w.batch)};
   if (fused_adamw) args.push_back("--fused-adamw");
   if (device.is_cuda()) args.insert(args.end(), {"--device", "cuda"});
   const bool have_torch = with_torch && !python.empty() &&
                           torch.start(python, repo_file("bench/gpt_step_torch.py"), args);
   if (with_torch && !have_torch)
-    std::printf("PyTorch not measured: %s\n",
-                torch.header().is_object() ? torch.header().value("error", "?").c_str()
-                                           : "no bench venv (run bench/torch_venv.sh)");
+    std::printf("PyTorch not measured: %s\n", torch.header().is_object()
+                                                  ? torch.header().value("error", "?").c_str()
+                                                  : "no bench venv (run bench/torch_venv.sh)");
 
   loom_step();  // warm-up: the optimizer's state, scratch memory, cached blocks
   if (have_torch) torch.request("step");
@@ -197,10 +195,15 @@ int main(int argc, char** argv) {
   }
   // The fortunes-char recipe's model: the fortunes corpus holds 114 distinct bytes.
   Workload recipe{"fortunes-char",
-                        {.vocab_size = 114, .block_size = 64, .n_embd = 128, .n_layer = 4,
-                         .n_head = 4, .dropout = 0.0, .bias = true},
-                        12,
-                        repeats > 0 ? repeats : 15};
+                  {.vocab_size = 114,
+                   .block_size = 64,
+                   .n_embd = 128,
+                   .n_layer = 4,
+                   .n_head = 4,
+                   .dropout = 0.0,
+                   .bias = true},
+                  12,
+                  repeats > 0 ? repeats : 15};
   loom::nn::GPTConfig small = loom::nn::GPTConfig::gpt2_small();
   small.block_size = 256;
   Workload gpt2{"GPT-2 small (124M)", small, 2, repeats > 0 ? repeats : 5};

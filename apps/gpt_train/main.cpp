@@ -36,17 +36,20 @@ int main(int argc, char** argv) {
   app.add_option("--bpe-dir", o.bpe_dir, "a folder with GPT-2's vocab.json and merges.txt");
   // The model's flags: on --resume each given one must match the checkpoint.
   std::vector<std::pair<std::string, CLI::Option*>> model_flags = {
-      {"--layers", app.add_option("--layers", o.layers, "transformer blocks")
-                       ->check(CLI::PositiveNumber)},
-      {"--heads", app.add_option("--heads", o.heads, "attention heads")->check(CLI::PositiveNumber)},
+      {"--layers",
+       app.add_option("--layers", o.layers, "transformer blocks")->check(CLI::PositiveNumber)},
+      {"--heads",
+       app.add_option("--heads", o.heads, "attention heads")->check(CLI::PositiveNumber)},
       {"--embd", app.add_option("--embd", o.embd, "embedding width")->check(CLI::PositiveNumber)},
-      {"--block", app.add_option("--block", o.block, "context length in tokens")
-                      ->check(CLI::PositiveNumber)},
-      {"--dropout", app.add_option("--dropout", o.dropout, "dropout (attention, residual, "
-                                                           "embedding)")
+      {"--block",
+       app.add_option("--block", o.block, "context length in tokens")->check(CLI::PositiveNumber)},
+      {"--dropout", app.add_option("--dropout", o.dropout,
+                                   "dropout (attention, residual, "
+                                   "embedding)")
                         ->check(CLI::Range(0.0, 0.999))},
-      {"--bias", app.add_option("--bias", o.bias, "biases in the projections and LayerNorms "
-                                                  "(true/false)")}};
+      {"--bias", app.add_option("--bias", o.bias,
+                                "biases in the projections and LayerNorms "
+                                "(true/false)")}};
   app.add_option("--batch-size", o.batch_size, "windows per rank and micro-batch")
       ->check(CLI::PositiveNumber);
   app.add_option("--iters", o.iters, "optimizer steps")->check(CLI::PositiveNumber);
@@ -96,7 +99,8 @@ int main(int argc, char** argv) {
     if (o.eval_only && o.resume.empty())
       throw CLI::ValidationError("--eval-only", "needs --resume CHECKPOINT");
     if (o.gpus > 0 && o.nproc > 1)
-      throw CLI::ValidationError("--nproc", "starts CPU workers; with --gpus N there is one per GPU");
+      throw CLI::ValidationError("--nproc",
+                                 "starts CPU workers; with --gpus N there is one per GPU");
     if (o.gpus > 0 && app.count("--backend") == 0) o.backend = "nccl";
   } catch (const CLI::ParseError& e) {
     const int status = app.exit(e);

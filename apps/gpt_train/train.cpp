@@ -74,8 +74,9 @@ class Tokenizer {
     return t;
   }
   static Tokenizer bpe(const std::string& dir) {
-    LOOM_CHECK(!dir.empty(), ValueError, "--tokenizer gpt2 needs --bpe-dir DIR (vocab.json and "
-                                         "merges.txt, as Hugging Face's gpt2 folder has them)");
+    LOOM_CHECK(!dir.empty(), ValueError,
+               "--tokenizer gpt2 needs --bpe-dir DIR (vocab.json and "
+               "merges.txt, as Hugging Face's gpt2 folder has them)");
     Tokenizer t;
     t.bpe_.emplace(data::BpeTokenizer::from_dir(dir));
     t.info_.kind = "gpt2-bpe";
@@ -154,8 +155,8 @@ nn::GPTConfig model_config(const Options& o, const std::optional<Source>& source
   // Dropout is a training setting, not a shape: a resumed run may change it.
   if (o.model_flags_given.count("--dropout")) c.dropout = o.dropout;
   LOOM_CHECK(vocab_size <= c.vocab_size, ValueError, "the tokenizer has ", vocab_size,
-             " tokens, more than the checkpoint's vocab_size ", c.vocab_size, " ('",
-             source->path, "')");
+             " tokens, more than the checkpoint's vocab_size ", c.vocab_size, " ('", source->path,
+             "')");
   return c;
 }
 
@@ -179,10 +180,13 @@ Tokenizer make_tokenizer(const Options& o, const std::optional<Source>& source,
       }
     return t;
   }
-  LOOM_CHECK(!source || source->tokenizer.kind.empty(), ValueError, "--tokenizer byte: the "
-             "checkpoint '", source->path, "' was trained with GPT-2's BPE (--tokenizer gpt2)");
-  LOOM_CHECK(!text.empty(), ValueError, "--tokenizer byte needs training text (--data) or a "
-                                        "checkpoint that records its vocabulary");
+  LOOM_CHECK(!source || source->tokenizer.kind.empty(), ValueError,
+             "--tokenizer byte: the "
+             "checkpoint '",
+             source->path, "' was trained with GPT-2's BPE (--tokenizer gpt2)");
+  LOOM_CHECK(!text.empty(), ValueError,
+             "--tokenizer byte needs training text (--data) or a "
+             "checkpoint that records its vocabulary");
   // The bytes of the whole text (both splits), so that the validation split encodes too.
   return Tokenizer::bytes(data::ByteTokenizer::from_text(text).vocabulary());
 }
@@ -309,7 +313,8 @@ double run(const Options& o) {
   const Tokenizer tokenizer = make_tokenizer(o, source, corpus);
   const nn::GPTConfig config = model_config(o, source, tokenizer.vocab_size());
   std::optional<Text> text;
-  if (!sampling) text.emplace(make_text(o, tokenizer, corpus, config.block_size, config.vocab_size));
+  if (!sampling)
+    text.emplace(make_text(o, tokenizer, corpus, config.block_size, config.vocab_size));
 
   const dist::Job job = dist::join_job({.gpus = o.gpus, .backend = o.backend});
   dist::Reporter out(job, /*progress_bar=*/false);
@@ -317,9 +322,9 @@ double run(const Options& o) {
   model->to(job.device);
   const std::vector<Tensor> params = model->parameters();
   // SGD's weight decay (L2) applies to every parameter; Adam's and AdamW's to the matrices.
-  const auto optimizer = dist::make_optimizer(
-      o.train, params, o.train.lr,
-      o.train.optimizer == "sgd" ? std::vector<bool>() : decay_mask(params));
+  const auto optimizer =
+      dist::make_optimizer(o.train, params, o.train.lr,
+                           o.train.optimizer == "sgd" ? std::vector<bool>() : decay_mask(params));
   const auto schedule = make_schedule(o, *optimizer);
   optim::GradScaler scaler({.enabled = o.amp == "fp16"});
   optim::GradScaler* saved_scaler = scaler.is_enabled() ? &scaler : nullptr;
@@ -330,8 +335,9 @@ double run(const Options& o) {
 
   optim::TrainingProgress progress;
   if (source && source->training_checkpoint) {
-    progress = checkpoints.resume(o.resume, *model, optimizer.get(), schedule.get(), saved_scaler,
-                                  /*model_only=*/sampling || o.eval_only)
+    progress = checkpoints
+                   .resume(o.resume, *model, optimizer.get(), schedule.get(), saved_scaler,
+                           /*model_only=*/sampling || o.eval_only)
                    .progress;
   } else if (source) {
     const nn::GPTCheckpoint loaded = nn::load_gpt(o.resume, *source->config);
@@ -348,12 +354,13 @@ double run(const Options& o) {
   const int64_t tokens_per_step = o.batch_size * config.block_size * o.train.accumulate * job.world;
   const double peak = job_peak_flops(o, job);
   const double flops_per_token = nn::gpt_flops_per_token(config, config.block_size);
-  out.say("gpt_train: GPT %lld layers, %lld heads, %lld embd, block %lld, vocabulary %lld (%lld "
-          "parameters); %s\n",
-          static_cast<long long>(config.n_layer), static_cast<long long>(config.n_head),
-          static_cast<long long>(config.n_embd), static_cast<long long>(config.block_size),
-          static_cast<long long>(config.vocab_size),
-          static_cast<long long>(model->num_parameters()), tokenizer.describe().c_str());
+  out.say(
+      "gpt_train: GPT %lld layers, %lld heads, %lld embd, block %lld, vocabulary %lld (%lld "
+      "parameters); %s\n",
+      static_cast<long long>(config.n_layer), static_cast<long long>(config.n_head),
+      static_cast<long long>(config.n_embd), static_cast<long long>(config.block_size),
+      static_cast<long long>(config.vocab_size), static_cast<long long>(model->num_parameters()),
+      tokenizer.describe().c_str());
   out.say("%s\n", text->description.c_str());
   out.open_log(o.log_json, /*append=*/source.has_value());
   out.open_tensorboard(o.tensorboard);
@@ -363,8 +370,8 @@ double run(const Options& o) {
     const double train = evaluate(*model, *text->train_eval, o, job);
     out.say("step %lld: train loss %.4f, val loss %.4f\n", static_cast<long long>(progress.step),
             train, val);
-    out.log(dist::LogRecord().add("step", progress.step).add("train_loss", train).add("val_loss",
-                                                                                      val));
+    out.log(
+        dist::LogRecord().add("step", progress.step).add("train_loss", train).add("val_loss", val));
     return val;
   }
 
@@ -375,14 +382,15 @@ double run(const Options& o) {
       scaler.set_found_inf_agreement(dist::found_inf_agreement(job.group, job.device));
   }
   nn::Module& net = ddp ? static_cast<nn::Module&>(*ddp) : *model;
-  out.say("batch %lld x %lld tokens, %lld micro-batches a step, world %d: %lld tokens per step; "
-          "%s; warm-up %lld, cosine to %g at %lld; %d threads%s%s\n",
-          static_cast<long long>(o.batch_size), static_cast<long long>(config.block_size),
-          static_cast<long long>(o.train.accumulate), job.world,
-          static_cast<long long>(tokens_per_step),
-          dist::describe_optimizer(o.train, o.train.lr).c_str(), static_cast<long long>(o.warmup),
-          o.min_lr, static_cast<long long>(o.iters), get_num_threads(),
-          o.amp == "off" ? "" : ", mixed precision ", o.amp == "off" ? "" : o.amp.c_str());
+  out.say(
+      "batch %lld x %lld tokens, %lld micro-batches a step, world %d: %lld tokens per step; "
+      "%s; warm-up %lld, cosine to %g at %lld; %d threads%s%s\n",
+      static_cast<long long>(o.batch_size), static_cast<long long>(config.block_size),
+      static_cast<long long>(o.train.accumulate), job.world,
+      static_cast<long long>(tokens_per_step),
+      dist::describe_optimizer(o.train, o.train.lr).c_str(), static_cast<long long>(o.warmup),
+      o.min_lr, static_cast<long long>(o.iters), get_num_threads(),
+      o.amp == "off" ? "" : ", mixed precision ", o.amp == "off" ? "" : o.amp.c_str());
   out.say("peak %.0f GFLOP/s (%s), %.2f GFLOP per token\n", peak / 1e9,
           job.device.is_cuda() ? "the GPUs' dense peak" : "FMA peak measured on these cores",
           flops_per_token / 1e9);
@@ -402,10 +410,10 @@ double run(const Options& o) {
     if (eval) {
       val_loss = evaluate(*model, *text->validation, o, job);
       train_loss = evaluate(*model, *text->train_eval, o, job);
-      out.say("step %lld: train loss %.4f, val loss %.4f, %.1f ms/iter, %.0f tokens/s, MFU "
-              "%.1f%%\n",
-              static_cast<long long>(progress.step), train_loss, val_loss, ms, tokens_per_s,
-              100 * mfu);
+      out.say(
+          "step %lld: train loss %.4f, val loss %.4f, %.1f ms/iter, %.0f tokens/s, MFU "
+          "%.1f%%\n",
+          static_cast<long long>(progress.step), train_loss, val_loss, ms, tokens_per_s, 100 * mfu);
       record.add("val_loss", val_loss);
       out.scalar("val/loss", val_loss, progress.step);
     } else {
@@ -427,15 +435,14 @@ double run(const Options& o) {
     interval.reset();
   };
 
-  while (progress.step < o.iters &&
-         (o.train.max_steps < 0 || progress.step < o.train.max_steps)) {
+  while (progress.step < o.iters && (o.train.max_steps < 0 || progress.step < o.train.max_steps)) {
     optimizer->zero_grad();
     checkpoints.changed();
     Tensor loss;
     const int64_t micro = o.train.accumulate;
     for (int64_t i = 0; i < micro; ++i) {
-      auto [x, y] = text->train->batch(progress.step * micro + i, job.rank * o.batch_size,
-                                       o.batch_size);
+      auto [x, y] =
+          text->train->batch(progress.step * micro + i, job.rank * o.batch_size, o.batch_size);
       const auto local = ddp && i + 1 < micro ? ddp->no_sync() : nullptr;
       {
         AmpRegion region(o.amp);

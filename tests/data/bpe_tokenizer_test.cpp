@@ -132,7 +132,10 @@ TEST(BpeTokenizer, EncodesTheFortunesCorpusAsTokenizersDoesAndBack) {
   }
   EXPECT_EQ(ids.size(), expected["tokens"].get<size_t>());
   std::string digits;
-  for (size_t i = 0; i < ids.size(); ++i) digits += (i ? "," : "") + std::to_string(ids[i]);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0) digits += ',';
+    digits += std::to_string(ids[i]);
+  }
   EXPECT_EQ(sha256_hex(digits), expected["ids_sha256"].get<std::string>());
 }
 

@@ -80,13 +80,11 @@ TEST_F(GptTrainApp, DISABLED_OneRankAtBatchEightEqualsTwoRanksAtBatchFour) {
 
 TEST_F(GptTrainApp, ResumingContinuesWhereTheRunStopped) {
   std::string out;
-  ASSERT_EQ(run(data() + kModel + "--iters 4 --eval-every 2 --checkpoint-dir " + path("whole"),
-                &out),
-            0)
+  ASSERT_EQ(
+      run(data() + kModel + "--iters 4 --eval-every 2 --checkpoint-dir " + path("whole"), &out), 0)
       << out;
-  ASSERT_EQ(run(data() + kModel + "--iters 2 --eval-every 2 --checkpoint-dir " + path("half"),
-                &out),
-            0)
+  ASSERT_EQ(
+      run(data() + kModel + "--iters 2 --eval-every 2 --checkpoint-dir " + path("half"), &out), 0)
       << out;
   ASSERT_EQ(run(data() + kModel + "--iters 4 --eval-every 2 --checkpoint-dir " + path("half") +
                     " --resume " + path("half/last.safetensors"),
@@ -100,16 +98,16 @@ TEST_F(GptTrainApp, ResumingContinuesWhereTheRunStopped) {
   EXPECT_TRUE(model.contains("transformer.h.0.attn.c_attn.weight"));
   EXPECT_TRUE(model.contains("lm_head.weight"));
   EXPECT_TRUE(fs::exists(path("whole/config.json")));
-  ASSERT_EQ(run("--sample 'The quick' --sample-tokens 20 --resume " +
-                    path("whole/last.safetensors"),
-                &out),
-            0)
+  ASSERT_EQ(
+      run("--sample 'The quick' --sample-tokens 20 --resume " + path("whole/last.safetensors"),
+          &out),
+      0)
       << out;
   EXPECT_EQ(out.rfind("The quick", 0), 0u) << out;
-  ASSERT_EQ(run("--sample 'The quick' --sample-tokens 5 --resume " +
-                    path("whole/model.safetensors"),
-                &out),
-            0)
+  ASSERT_EQ(
+      run("--sample 'The quick' --sample-tokens 5 --resume " + path("whole/model.safetensors"),
+          &out),
+      0)
       << out;
 }
 
