@@ -446,7 +446,10 @@ double run(const Options& o) {
       const auto local = ddp && i + 1 < micro ? ddp->no_sync() : nullptr;
       {
         AmpRegion region(o.amp);
-        loss = model->loss(x.to(job.device), y.to(job.device));
+        // Through `net`: DDP's forward is what arms its reducer for the backward that follows.
+        const Tensor logits = net.forward(x.to(job.device));
+        loss =
+            cross_entropy(logits.reshape({-1, config.vocab_size}), y.to(job.device).reshape({-1}));
       }
       scaler.scale(micro > 1 ? loss / static_cast<double>(micro) : loss).backward();
       interval.loss += loss.item() / static_cast<double>(micro);
