@@ -108,6 +108,30 @@ TEST_F(GptTrainApp, ResumingContinuesWhereTheRunStopped) {
       << out;
 }
 
+// GPT-2's BPE (the fixture's 1000-token one): training records the files' hashes, and sampling
+// from the exported folder (model.safetensors beside config.json) needs the same files.
+TEST_F(GptTrainApp, TrainsAndSamplesWithTheBpeTokenizer) {
+  std::string out;
+  const std::string bpe = " --tokenizer gpt2 --bpe-dir " + kBpeDir + " ";
+  ASSERT_EQ(
+      run(data() + kModel + bpe + "--iters 2 --eval-every 2 --checkpoint-dir " + path("b"), &out),
+      0)
+      << out;
+  EXPECT_NE(out.find("GPT-2 BPE"), std::string::npos) << out;
+  const loom::SafetensorsFile model = loom::load_safetensors(path("b/model.safetensors"));
+  EXPECT_EQ(model.metadata.at("loom.tokenizer"), "gpt2-bpe");
+  EXPECT_NE(model.metadata.at("loom.tokenizer.files").find("merges.txt"), std::string::npos);
+  ASSERT_EQ(run("--sample 'The quick' --sample-tokens 8" + bpe + "--resume " +
+                    path("b/model.safetensors"),
+                &out),
+            0)
+      << out;
+  EXPECT_EQ(out.rfind("The quick", 0), 0u) << out;
+  // Without --tokenizer gpt2 the checkpoint's tokenizer is refused, not guessed.
+  EXPECT_EQ(run("--sample 'The quick' --resume " + path("b/model.safetensors"), &out), 2) << out;
+  EXPECT_NE(out.find("GPT-2's BPE"), std::string::npos) << out;
+}
+
 TEST_F(GptTrainApp, BadInputExitsWithTwoAndWritesNothing) {
   std::string out;
   ASSERT_EQ(run(data() + kModel + "--iters 1 --eval-every 1 --checkpoint-dir " + path("ok"), &out),
