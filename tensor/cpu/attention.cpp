@@ -6,12 +6,12 @@
 #include "tensor/cpu/attention.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
+#include "tensor/cpu/vec_math.h"
 #include "tensor/dispatch.h"
 #include "tensor/parallel.h"
 #include "tensor/philox.h"
@@ -22,31 +22,6 @@ namespace {
 
 constexpr int64_t kQueryRows = 32;  // query rows a forward work item holds
 constexpr int64_t kKeys = 64;       // keys a block holds (the scores' row length)
-
-// exp(x) for x <= 0 (what a softmax exponentiates: a score less the running maximum), to about
-// 2 ulp, without a branch, so that a loop over a block of scores vectorises (glibc's expf is a
-// call per element). Cody-Waite: x = n ln2 + r with |r| <= ln2/2, exp(r) by its Taylor series to
-// r^7 (error below 2e-9 relative on that range), 2^n put into the exponent bits. Below -87.3 the
-// result would be subnormal: it is 0 there, as it is for -inf.
-inline float exp_nonpositive(float x) {
-  constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kLn2Hi = 0.693359375f;  // ln 2 = hi + lo, hi with few mantissa bits: n hi exact
-  constexpr float kLn2Lo = -2.12194440e-4f;
-  const float clamped = std::max(x, -87.0f);
-  const float n = std::floor(clamped * kLog2e + 0.5f);
-  const float r = (clamped - n * kLn2Hi) - n * kLn2Lo;
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const float two_n = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
-  return x < -87.0f ? 0.0f : p * two_n;
-}
-inline double exp_nonpositive(double x) { return std::exp(x); }
 
 template <typename T>
 constexpr T kMinusInf = -std::numeric_limits<T>::infinity();

@@ -8,6 +8,7 @@
 
 #include "tensor/copy.h"
 #include "tensor/cpu/loops.h"
+#include "tensor/cpu/vec_math.h"
 #include "tensor/dispatch.h"
 
 namespace loom::cpu {
@@ -258,6 +259,7 @@ Tensor gelu(const Tensor& x, bool tanh_approximation) {
   if (tanh_approximation) {
     return unary_float("gelu", x, [](auto v) {
       using T = decltype(v);
+      if constexpr (std::is_same_v<T, float>) return gelu_tanh_float(v);
       const T inner = T(kSqrt2OverPi) * (v + T(kGeluCubic) * v * v * v);
       return T(0.5) * v * (T(1) + std::tanh(inner));
     });
@@ -310,6 +312,7 @@ Tensor gelu_backward(const Tensor& dout, const Tensor& x, bool tanh_approximatio
     // d/dx 0.5x(1+tanh(u)), u = k(x + c x^3): 0.5(1+t) + 0.5x(1-t^2) k (1 + 3c x^2)
     return backward_binary("gelu_backward", dout, x, [](auto g, auto v) {
       using T = decltype(g);
+      if constexpr (std::is_same_v<T, float>) return gelu_tanh_backward_float(g, v);
       const T t = std::tanh(T(kSqrt2OverPi) * (v + T(kGeluCubic) * v * v * v));
       const T du = T(kSqrt2OverPi) * (T(1) + T(3 * kGeluCubic) * v * v);
       return g * (T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * du);
