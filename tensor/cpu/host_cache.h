@@ -10,8 +10,10 @@
 // of kMinCached (256 KiB) and more:
 // - sizes are rounded up to a multiple of kGranule (64 KiB); a request takes a free block of
 //   exactly its rounded size, else a new one;
-// - at most the limit is kept (1 GiB by default; the environment variable LOOM_CPU_CACHE_MB
-//   sets it, 0 turns the cache off); a block freed beyond it goes back to the system;
+// - at most the limit is kept (by default a quarter of physical memory, at least 1 GiB: a
+//   training step's activations are freed in backward and allocated again in the next forward,
+//   and all of them have to fit; the environment variable LOOM_CPU_CACHE_MB sets it, 0 turns
+//   the cache off); a block freed beyond it goes back to the system;
 // - a failed allocation empties the cache and tries once more; empty_host_cache() gives every
 //   cached block back;
 // - builds with AddressSanitizer do not cache, so a use after free stays visible.
