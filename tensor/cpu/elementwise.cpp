@@ -17,10 +17,8 @@ namespace {
 
 using kernels::to_dtype;
 
-constexpr double kSqrt1_2 = 0.70710678118654752440;      // 1/sqrt(2)
-constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2/pi)
-constexpr double kInvSqrt2Pi = 0.39894228040143267794;   // 1/sqrt(2*pi)
-constexpr double kGeluCubic = 0.044715;
+constexpr double kSqrt1_2 = 0.70710678118654752440;     // 1/sqrt(2)
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1/sqrt(2*pi)
 
 // out = f(a, b) over the broadcast shape, computing in the promoted dtype `compute`; the output
 // is bool for comparisons (kCompare), else of dtype `compute`.

@@ -20,7 +20,7 @@ inline float exp_nonpositive(float x) {
   constexpr float kLn2Hi = 0.693359375f;  // ln 2 = hi + lo, hi with few mantissa bits: n hi exact
   constexpr float kLn2Lo = -2.12194440e-4f;
   // n = round(x log2 e) by adding and taking away 1.5 * 2^23: the sum's last bits are n (GCC 12
-  // keeps a loop calling std::floor or std::nearbyint scalar for -march=znver3 and others).
+  // kept a loop calling std::floor scalar with -march=native on a Zen 4, tuned as znver3).
   constexpr float kRound = 12582912.0f;
   const float clamped = std::max(x, -87.0f);
   const float shifted = clamped * kLog2e + kRound;
@@ -52,8 +52,10 @@ inline float sigmoid_float(float x) {
 // as x sigmoid(2u) (1 + tanh(u) = 2 sigmoid(2u)): no tanh, and no cancellation in 1 + tanh(u)
 // where u is very negative, so it is closer to the exact value than the tanh form rounded in
 // float32 (which PyTorch computes).
-inline constexpr float kGeluTanhScale = 0.79788456080286535588f;  // sqrt(2/pi)
-inline constexpr float kGeluTanhCubic = 0.044715f;
+inline constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2/pi)
+inline constexpr double kGeluCubic = 0.044715;
+inline constexpr float kGeluTanhScale = static_cast<float>(kSqrt2OverPi);
+inline constexpr float kGeluTanhCubic = static_cast<float>(kGeluCubic);
 
 inline float gelu_tanh_float(float x) {
   const float u = kGeluTanhScale * (x + kGeluTanhCubic * x * x * x);
