@@ -11,6 +11,7 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 #include <netdb.h>
 #include <pthread.h>
 #include <signal.h>
@@ -42,6 +43,10 @@ namespace loom::dist {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The gloo slot prefix of loom's own ring (Note [Ring reduce-scatter]); gloo's collectives use
+// 0x01 to 0x08 and user tags of send/recv are small slots.
+constexpr uint8_t kRingSlotPrefix = 0x40;
 
 // The time left until `deadline`, at least 1 ms (gloo reads 0 as "no timeout").
 Milliseconds time_left(Clock::time_point deadline) {
@@ -461,6 +466,7 @@ class ProcessGroupGloo final : public ProcessGroup {
   std::shared_ptr<Work> allreduce(Tensor t, ReduceOp op) override {
     check_tensor("allreduce", t);
     check_reducible("allreduce", t.dtype());
+    count("allreduce", static_cast<int64_t>(t.nbytes()));
     return enqueue("allreduce", describe_tensor(t) + ", " + to_string(op), /*full_sync=*/true,
                    [this, t, op](uint32_t tag, Milliseconds timeout) {
                      allreduce_in_place(t.data(), t.numel(), t.dtype(), op, tag, timeout);
@@ -471,6 +477,7 @@ class ProcessGroupGloo final : public ProcessGroup {
     check_tensor("broadcast", t);
     LOOM_CHECK(root >= 0 && root < size_, ValueError, "broadcast: root ", root,
                " is not a rank of this group of ", size_);
+    count("broadcast", static_cast<int64_t>(t.nbytes()));
     return enqueue("broadcast", describe_tensor(t) + ", root " + std::to_string(root),
                    /*full_sync=*/false, [this, t, root](uint32_t tag, Milliseconds timeout) {
                      if (t.nbytes() == 0 || size_ == 1) return;
@@ -483,33 +490,52 @@ class ProcessGroupGloo final : public ProcessGroup {
                    });
   }
 
+  // gloo's ring all-gather into one flat buffer: the outputs themselves when they lie back to
+  // back (in place when the input is this rank's piece of them), else a scratch buffer.
   std::shared_ptr<Work> allgather(std::vector<Tensor> out, Tensor input) override {
     check_tensor("allgather", input);
     LOOM_CHECK(static_cast<int>(out.size()) == size_, ValueError, "allgather: expected ", size_,
                " output tensors (one per rank); got ", out.size());
     for (const Tensor& o : out) check_like("allgather", "an output", o, input);
+    count("allgather", static_cast<int64_t>(input.nbytes()) * size_);
+    const bool direct = lie_back_to_back(out);
+    const bool in_place = direct && input.data() == out[static_cast<size_t>(rank_)].data();
+    LOOM_CHECK(in_place || !direct || !input.is_alias_of(out[0]) || input.nbytes() == 0, ValueError,
+               "allgather: the input overlaps the outputs without being this rank's piece of them");
     return enqueue("allgather", describe_tensor(input), /*full_sync=*/true,
-                   [this, out, input](uint32_t tag, Milliseconds timeout) {
+                   [this, out, input, direct, in_place](uint32_t tag, Milliseconds timeout) {
                      const size_t nbytes = input.nbytes();
                      if (nbytes == 0) return;
                      if (size_ == 1) {
-                       std::memmove(out[0].data(), input.data(), nbytes);
+                       if (!in_place) std::memmove(out[0].data(), input.data(), nbytes);
                        return;
                      }
-                     std::vector<uint8_t> gathered(nbytes * size_);
+                     Tensor scratch;
+                     uint8_t* flat = static_cast<uint8_t*>(out[0].data());
+                     if (!direct) {
+                       scratch = loom::empty({static_cast<int64_t>(nbytes) * size_}, kUInt8);
+                       flat = static_cast<uint8_t*>(scratch.data());
+                     }
                      gloo::AllgatherOptions opts(state_->context);
-                     opts.setInput(static_cast<uint8_t*>(input.data()), nbytes);
-                     opts.setOutput(gathered.data(), gathered.size());
+                     if (!in_place) opts.setInput(static_cast<uint8_t*>(input.data()), nbytes);
+                     opts.setOutput(flat, nbytes * size_);
                      opts.setTag(tag);
                      opts.setTimeout(timeout);
                      gloo::allgather(opts);
-                     for (int r = 0; r < size_; ++r)
-                       std::memcpy(out[r].data(), gathered.data() + r * nbytes, nbytes);
+                     if (!direct)
+                       for (int r = 0; r < size_; ++r)
+                         std::memcpy(out[r].data(), flat + r * nbytes, nbytes);
                    });
   }
 
-  // An allreduce of every rank's inputs laid end to end, of which this rank keeps its piece:
-  // twice the traffic of a true reduce-scatter, and simple.
+  // Note [Ring reduce-scatter]
+  // gloo's new API has no reduce-scatter, so loom runs the textbook ring on gloo's point-to-point
+  // buffers. N ranks in a ring, rank r receiving from r-1 and sending to r+1; the input is N
+  // pieces, piece c destined for rank c. In step s = 0 .. N-2, rank r sends its running sum of
+  // piece (r - s - 1) mod N (at s = 0 its own input's piece) and receives the running sum of
+  // piece (r - s - 2) mod N, to which it adds its own input's piece. After N-1 steps the piece it
+  // received last is its own, r, now summed over every rank. Each rank sends N-1 pieces:
+  // (N-1)/N of the buffer, half of an allreduce. The inputs are read, never written.
   std::shared_ptr<Work> reduce_scatter(Tensor out, std::vector<Tensor> inputs,
                                        ReduceOp op) override {
     check_tensor("reduce_scatter", out);
@@ -517,19 +543,12 @@ class ProcessGroupGloo final : public ProcessGroup {
     LOOM_CHECK(static_cast<int>(inputs.size()) == size_, ValueError, "reduce_scatter: expected ",
                size_, " input tensors (one per rank); got ", inputs.size());
     for (const Tensor& in : inputs) check_like("reduce_scatter", "an input", in, out);
-    Tensor flat = loom::empty({size_ * out.numel()}, out.dtype());
+    count("reduce_scatter", static_cast<int64_t>(out.nbytes()) * size_);
     return enqueue("reduce_scatter", describe_tensor(out) + ", " + to_string(op),
-                   /*full_sync=*/true,
-                   [this, out, inputs, flat, op](uint32_t tag, Milliseconds timeout) {
-                     const size_t nbytes = out.nbytes();
-                     auto* bytes = static_cast<uint8_t*>(flat.data());
-                     for (int r = 0; r < size_; ++r)
-                       std::memcpy(bytes + r * nbytes, inputs[r].data(), nbytes);
-                     allreduce_in_place(bytes, flat.numel(), flat.dtype(), op, tag, timeout);
-                     std::memcpy(out.data(), bytes + rank_ * nbytes, nbytes);
+                   /*full_sync=*/true, [this, out, inputs, op](uint32_t tag, Milliseconds timeout) {
+                     ring_reduce_scatter(out, inputs, op, tag, timeout);
                    });
   }
-
   std::shared_ptr<Work> barrier() override {
     return enqueue("barrier", "", /*full_sync=*/true, [this](uint32_t tag, Milliseconds timeout) {
       if (size_ == 1) return;
@@ -541,6 +560,7 @@ class ProcessGroupGloo final : public ProcessGroup {
   }
 
   std::shared_ptr<Work> send(Tensor t, int dst, int tag) override {
+    if (t.defined()) count("send", static_cast<int64_t>(t.nbytes()));
     return point_to_point("send", t, dst, tag, /*is_send=*/true);
   }
   std::shared_ptr<Work> recv(Tensor t, int src, int tag) override {
@@ -618,6 +638,48 @@ class ProcessGroupGloo final : public ProcessGroup {
       opts.setTimeout(timeout);
       gloo::allreduce(opts);
       if (op == ReduceOp::Avg) divide(static_cast<T*>(data), n, size_);
+    });
+  }
+
+  // Note [Ring reduce-scatter], on the worker thread.
+  void ring_reduce_scatter(const Tensor& out, const std::vector<Tensor>& inputs, ReduceOp op,
+                           uint32_t tag, Milliseconds timeout) {
+    const int64_t n = out.numel();
+    if (n == 0) return;
+    if (size_ == 1) {
+      if (out.data() != inputs[0].data()) std::memmove(out.data(), inputs[0].data(), out.nbytes());
+      return;
+    }
+    const size_t nbytes = out.nbytes();
+    const int left = (rank_ - 1 + size_) % size_, right = (rank_ + 1) % size_;
+    auto piece = [&](int step_back) { return ((rank_ - step_back) % size_ + size_) % size_; };
+    Tensor received = loom::empty({n}, out.dtype());
+    Tensor running = loom::empty({n}, out.dtype());
+    auto recv_buffer = state_->context->createUnboundBuffer(received.data(), nbytes);
+    auto send_buffer = state_->context->createUnboundBuffer(running.data(), nbytes);
+    const uint64_t slot = gloo::Slot::build(kRingSlotPrefix, tag);
+    dispatch_reducible(out.dtype(), "reduce_scatter", [&]<typename T>() {
+      const auto reduce = reduce_function<T>(op);
+      for (int step = 0; step < size_ - 1; ++step) {
+        if (step == 0) {  // this rank's own input piece goes first, read in place
+          auto first = state_->context->createUnboundBuffer(
+              const_cast<void*>(inputs[static_cast<size_t>(piece(1))].data()), nbytes);
+          recv_buffer->recv(left, slot);
+          first->send(right, slot);
+          recv_buffer->waitRecv(timeout);
+          first->waitSend(timeout);
+        } else {
+          recv_buffer->recv(left, slot);
+          send_buffer->send(right, slot);
+          recv_buffer->waitRecv(timeout);
+          send_buffer->waitSend(timeout);
+        }
+        const bool last = step == size_ - 2;
+        void* sum = last ? out.data() : running.data();
+        reduce(sum, received.data(), inputs[static_cast<size_t>(piece(step + 2))].data(),
+               static_cast<size_t>(n));
+      }
+      if (op == ReduceOp::Avg) divide(static_cast<T*>(out.data()), n, size_);
     });
   }
 

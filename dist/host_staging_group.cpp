@@ -57,6 +57,9 @@ class HostStagingGroup : public ProcessGroup {
     return staged(inner_->reduce_scatter(host_out, to_host(inputs, &unused), op), std::move(back));
   }
   std::shared_ptr<Work> barrier() override { return inner_->barrier(); }
+  // The inner group counts what moved (Note [Bytes moved]).
+  CollectiveCounters counters() const override { return inner_->counters(); }
+  void reset_counters() override { inner_->reset_counters(); }
   std::shared_ptr<Work> send(Tensor t, int dst, int tag) override {
     return inner_->send(on_host(t), dst, tag);  // the host copy lives in the work
   }

@@ -163,17 +163,6 @@ void check_like(const char* op, const char* what, const Tensor& t, const Tensor&
 }
 
 // True when `parts` lie back to back, in order, in one storage: one flat buffer for NCCL.
-bool back_to_back(const std::vector<Tensor>& parts) {
-  const auto* base = static_cast<const uint8_t*>(parts[0].data());
-  const size_t nbytes = parts[0].nbytes();
-  for (size_t r = 0; r < parts.size(); ++r) {
-    if (!parts[r].is_alias_of(parts[0]) ||
-        static_cast<const uint8_t*>(parts[r].data()) != base + r * nbytes)
-      return false;
-  }
-  return true;
-}
-
 // `single` may be the slot `slot` of the flat `parts` (NCCL's in-place case) or lie elsewhere,
 // but must not overlap the flat buffer otherwise.
 bool usable_with_flat(const Tensor& single, const std::vector<Tensor>& parts, size_t slot) {
@@ -380,6 +369,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
     const ncclDataType_t type = nccl_dtype(t.dtype(), "allreduce");
     const ncclRedOp_t nccl_reduce = nccl_op(op, t.dtype());
     const int64_t n = t.numel();
+    count("allreduce", static_cast<int64_t>(t.nbytes()));
     After after;
     if (divides_after(op, t.dtype()))
       after = [this, t](cudaStream_t s) { divide_by_world_size(t, size_, s, device_); };
@@ -398,6 +388,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
     check_tensor("broadcast", t, device_);
     LOOM_CHECK(root >= 0 && root < size_, ValueError, "broadcast: root ", root,
                " is not a rank of this group of ", size_);
+    count("broadcast", static_cast<int64_t>(t.nbytes()));
     return enqueue("broadcast", describe_tensor(t) + ", root " + std::to_string(root),
                    /*collective=*/true, /*full_sync=*/false, {t},
                    [&](ncclComm_t comm, cudaStream_t s) {
@@ -414,7 +405,8 @@ class ProcessGroupNCCL final : public ProcessGroup {
                " output tensors (one per rank); got ", out.size());
     for (const Tensor& o : out) check_like("allgather", "an output", o, input, device_);
     const size_t nbytes = input.nbytes();
-    const bool direct = back_to_back(out) && usable_with_flat(input, out, rank_);
+    count("allgather", static_cast<int64_t>(nbytes) * size_);
+    const bool direct = lie_back_to_back(out) && usable_with_flat(input, out, rank_);
     Tensor flat = direct ? out[0] : empty({size_ * input.numel()}, input.dtype(), input.device());
     std::vector<Tensor> keep = out;
     keep.push_back(input);
@@ -448,7 +440,8 @@ class ProcessGroupNCCL final : public ProcessGroup {
     const ncclRedOp_t nccl_reduce = nccl_op(op, out.dtype());
     const size_t nbytes = out.nbytes();
     const int64_t n = out.numel();
-    const bool direct = back_to_back(inputs) && usable_with_flat(out, inputs, rank_);
+    count("reduce_scatter", static_cast<int64_t>(nbytes) * size_);
+    const bool direct = lie_back_to_back(inputs) && usable_with_flat(out, inputs, rank_);
     Tensor flat = direct ? inputs[0] : empty({size_ * n}, out.dtype(), out.device());
     std::vector<Tensor> keep = inputs;
     keep.push_back(out);
@@ -487,6 +480,7 @@ class ProcessGroupNCCL final : public ProcessGroup {
   }
 
   std::shared_ptr<Work> send(Tensor t, int dst, int tag) override {
+    if (t.defined()) count("send", static_cast<int64_t>(t.nbytes()));
     return point_to_point("send", t, dst, tag, /*is_send=*/true);
   }
   std::shared_ptr<Work> recv(Tensor t, int src, int tag) override {

@@ -8,7 +8,10 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -42,6 +45,35 @@ class Work {
   virtual double finished_at() const = 0;  // 0 until completed
 };
 
+// Note [Bytes moved]
+// Every collective adds to its group's counters when it is called: one call, its payload (the
+// bytes of the tensor reduced, broadcast or sent; for the all-gather and the reduce-scatter the
+// whole flat buffer, N times one rank's piece) and its bus bytes, what each rank sends over its
+// link under a bandwidth-optimal (ring) algorithm, as nccl-tests count them:
+//   allreduce       2 (N-1)/N x payload   a reduce-scatter, then an all-gather
+//   reduce_scatter    (N-1)/N x payload   each rank passes on N-1 of the N pieces
+//   allgather         (N-1)/N x payload   likewise
+//   broadcast               1 x payload   a pipelined chain forwards the whole tensor
+//   send                    1 x payload   (recv and barrier: 0)
+// These are the figures of the ZeRO paper's argument: DDP's allreduce of Psi gradients moves
+// 2 Psi per rank; ZeRO-1 and ZeRO-2 a reduce-scatter of the gradients and an all-gather of the
+// parameters, 2 Psi again; ZeRO-3 all-gathers the parameters twice (forward and backward) and
+// reduce-scatters the gradients once, 3 Psi, 1.5 times DDP's. The count is the algorithm's, not
+// a sniffed socket: gloo's broadcast sends N-1 copies from the root, for one.
+struct CollectiveStats {
+  int64_t calls = 0;
+  int64_t payload_bytes = 0;
+  int64_t bus_bytes = 0;
+};
+using CollectiveCounters = std::map<std::string, CollectiveStats>;  // by op name
+// The counters as a table (op, calls, payload, bus bytes), with a total row.
+std::string format_counters(const CollectiveCounters& counters);
+// The bus bytes (Note [Bytes moved]) of one call of `op` with `payload` bytes in a group of `size`.
+int64_t bus_bytes(const std::string& op, int64_t payload, int size);
+
+// True when `parts` lie back to back in one storage, in order: a flat buffer's pieces.
+bool lie_back_to_back(const std::vector<Tensor>& parts);
+
 struct ProcessGroupOptions {
   Milliseconds timeout{std::chrono::minutes(5)};
   // Note [Collective checks]; LOOM_CHECK_COLLECTIVES=0 makes the default off.
@@ -74,8 +106,28 @@ class ProcessGroup {
   virtual std::shared_ptr<Work> send(Tensor t, int dst, int tag = 0) = 0;
   virtual std::shared_ptr<Work> recv(Tensor t, int src, int tag = 0) = 0;
 
+  // The flat forms (PyTorch's all_gather_into_tensor and reduce_scatter_tensor), what the
+  // sharded stages use: `out` holds size() pieces of input's numel back to back, piece r rank
+  // r's input; `input` holds size() pieces of out's numel, and rank r gets the reduction of
+  // every rank's piece r. No copy where the backend can work on the flat buffer (both do), and
+  // input may be out's piece rank() (an all-gather in place).
+  std::shared_ptr<Work> allgather_into_tensor(Tensor out, Tensor input);
+  std::shared_ptr<Work> reduce_scatter_tensor(Tensor out, Tensor input,
+                                              ReduceOp op = ReduceOp::Sum);
+
+  // Note [Bytes moved]: what this group's collectives moved since it was made (or reset).
+  virtual CollectiveCounters counters() const;
+  virtual void reset_counters();
+
  protected:
+  // Backends call it once per collective they accept.
+  void count(const std::string& op, int64_t payload_bytes);
+
   int rank_, size_;
+
+ private:
+  mutable std::mutex counters_mutex_;
+  CollectiveCounters counters_;
 };
 
 // Gloo over TCP (Debian's libgloo-dev): ranks exchange addresses through `store`.

@@ -139,6 +139,78 @@ TEST(ProcessGroupGloo, BroadcastAllgatherReduceScatterBarrierOnThreeRanks) {
   test::run_ranks(3, check_data_movement);
 }
 
+// The flat collectives against the allreduce: a reduce-scatter of every rank's buffer must give
+// each rank its piece of the allreduced buffer (sums in float64 are exact here: small integers),
+// and an all-gather in place or from another tensor must lay every rank's piece in rank order.
+// The counters must show what Note [Bytes moved] says each call moves.
+void check_flat_collectives(test::Rank& r) {
+  auto pg = join(r);
+  const int world = r.world_size;
+  for (DType dtype : {kFloat64, kFloat32, kBFloat16, kInt64}) {
+    for (int64_t piece : {int64_t{1}, int64_t{7}, int64_t{40001}}) {
+      const int64_t n = piece * world;
+      // rank r's element i: (i * 7 + 3 r) mod 11 - 5, small integers exact in bfloat16 sums.
+      std::vector<double> values(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i)
+        values[i] = static_cast<double>((i * 7 + 3 * r.rank) % 11) - 5;
+      Tensor input = tensor<double>(values, {n}).to(dtype);
+      Tensor reference = input.clone();
+      pg->allreduce(reference)->wait();
+      Tensor out = full({piece}, -99, dtype);
+      pg->reduce_scatter_tensor(out, input)->wait();
+      EXPECT_EQ(out.to(kFloat64).to_vector<double>(),
+                reference.narrow(0, r.rank * piece, piece).to(kFloat64).to_vector<double>())
+          << dtype << " piece " << piece;
+      EXPECT_EQ(input.to(kFloat64).to_vector<double>(), values) << "the input was changed";
+
+      Tensor whole = full({n}, -99, dtype);
+      pg->allgather_into_tensor(whole, out)->wait();
+      EXPECT_EQ(whole.to(kFloat64).to_vector<double>(), reference.to(kFloat64).to_vector<double>());
+      Tensor in_place = full({n}, -99, dtype);
+      in_place.narrow(0, r.rank * piece, piece).copy_(out);
+      pg->allgather_into_tensor(in_place, in_place.narrow(0, r.rank * piece, piece))->wait();
+      EXPECT_EQ(in_place.to(kFloat64).to_vector<double>(),
+                reference.to(kFloat64).to_vector<double>());
+    }
+  }
+  Tensor avg = full({2}, 0.0);
+  pg->reduce_scatter_tensor(avg, full({2 * world}, static_cast<double>(r.rank)), ReduceOp::Avg)
+      ->wait();
+  EXPECT_EQ(avg.to_vector<float>(), std::vector<float>(2, (world - 1) / 2.0f));
+
+  // Counters: one fresh count of each op on 4 KiB of float32.
+  pg->reset_counters();
+  Tensor buffer = zeros({1024 * world});
+  Tensor shard = zeros({1024});
+  pg->allreduce(buffer)->wait();
+  pg->reduce_scatter_tensor(shard, buffer)->wait();
+  pg->allgather_into_tensor(buffer, shard)->wait();
+  const CollectiveCounters counters = pg->counters();
+  const int64_t payload = 4096 * world;
+  ASSERT_EQ(counters.size(), 3u);
+  EXPECT_EQ(counters.at("allreduce").calls, 1);
+  EXPECT_EQ(counters.at("allreduce").payload_bytes, payload);
+  EXPECT_EQ(counters.at("allreduce").bus_bytes, 2 * payload * (world - 1) / world);
+  EXPECT_EQ(counters.at("reduce_scatter").payload_bytes, payload);
+  EXPECT_EQ(counters.at("reduce_scatter").bus_bytes, payload * (world - 1) / world);
+  EXPECT_EQ(counters.at("allgather").bus_bytes, payload * (world - 1) / world);
+  const std::string table = format_counters(counters);
+  EXPECT_NE(table.find("reduce_scatter"), std::string::npos) << table;
+  EXPECT_NE(table.find("total"), std::string::npos) << table;
+}
+
+TEST(ProcessGroupGloo, FlatReduceScatterAndAllgatherAgreeWithAllreduceOnTwoRanks) {
+  test::run_ranks(2, check_flat_collectives);
+}
+
+TEST(ProcessGroupGloo, FlatReduceScatterAndAllgatherAgreeWithAllreduceOnThreeRanks) {
+  test::run_ranks(3, check_flat_collectives);
+}
+
+TEST(ProcessGroupGloo, FlatReduceScatterAndAllgatherAgreeWithAllreduceOnFourRanks) {
+  test::run_ranks(4, check_flat_collectives);
+}
+
 TEST(ProcessGroupGloo, SendAndRecvIncludingAnExchange) {
   test::run_ranks(2, [](test::Rank& r) {
     auto pg = join(r);
@@ -395,6 +467,20 @@ TEST_F(OneRank, BadArgumentsRaiseTypedErrorsAtTheCall) {
   EXPECT_LOOM_ERROR(pg_->recv(ones({2}), 3), ValueError, {"recv", "rank 3"});
   EXPECT_LOOM_ERROR(make_gloo_process_group(store_, 2, 2), ValueError, {"rank 2"});
   EXPECT_LOOM_ERROR(make_gloo_process_group(nullptr, 0, 1), ValueError, {"store"});
+}
+
+TEST_F(OneRank, FlatCollectivesCheckTheirSizes) {
+  EXPECT_LOOM_ERROR(pg_->reduce_scatter_tensor(zeros({3}), zeros({4})), ShapeError,
+                    {"reduce_scatter_tensor", "[4]", "[3]"});
+  EXPECT_LOOM_ERROR(pg_->allgather_into_tensor(zeros({2}), zeros({3})), ShapeError,
+                    {"allgather_into_tensor", "[2]", "[3]"});
+  EXPECT_LOOM_ERROR(pg_->allgather_into_tensor(zeros({3}, kFloat64), zeros({3})), DTypeError,
+                    {"allgather_into_tensor", "float64", "float32"});
+  Tensor ok = tensor<float>({1, 2}, {2});
+  Tensor out = zeros({2});
+  pg_->reduce_scatter_tensor(out, ok)->wait();
+  EXPECT_EQ(out.to_vector<float>(), (std::vector<float>{1, 2}));
+  EXPECT_EQ(pg_->counters().at("reduce_scatter").bus_bytes, 0);  // one rank sends nothing
 }
 
 TEST_F(OneRank, AnUnresolvableGlooHostIsReportedNotACrash) {
