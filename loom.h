@@ -2,6 +2,7 @@
 #pragma once
 
 #include "autograd/autocast.h"
+#include "autograd/checkpoint.h"
 #include "autograd/gradcheck.h"
 #include "autograd/graph.h"
 #include "autograd/ops.h"

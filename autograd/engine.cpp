@@ -154,14 +154,19 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
   LOOM_CHECK(roots.size() == grad_roots.size(), ValueError, "backward: ", roots.size(),
              " tensors but ", grad_roots.size(), " gradients");
   NoGradGuard no_grad;  // backward computes with kernels; nothing it does is recorded
+  // Callbacks belong to the outermost pass: a nested one (a checkpointed segment recomputed,
+  // Note [Activation checkpointing]) runs inside it, and a hook that queues "after backward"
+  // during the nested pass means the end of the whole backward.
   std::vector<std::function<void()>> callbacks;
-  struct CallbackScope {  // this pass's callback list while it runs (backward may nest)
+  const bool outermost = final_callbacks == nullptr;
+  struct CallbackScope {  // this pass's callback list while it runs
     std::vector<std::function<void()>>* saved;
-    explicit CallbackScope(std::vector<std::function<void()>>* mine) : saved(final_callbacks) {
-      final_callbacks = mine;
+    CallbackScope(std::vector<std::function<void()>>* mine, bool outermost)
+        : saved(final_callbacks) {
+      if (outermost) final_callbacks = mine;
     }
     ~CallbackScope() { final_callbacks = saved; }
-  } callback_scope(&callbacks);
+  } callback_scope(&callbacks, outermost);
 
   // Seed: one gradient per root, into the root's edge.
   std::unordered_map<Node*, std::vector<Tensor>> buffers;
@@ -270,7 +275,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
       if (--dependencies[next] == 0) ready.push(next);
     }
   }
-  for (size_t i = 0; i < callbacks.size(); ++i) {  // a callback may queue another
+  for (size_t i = 0; i < callbacks.size(); ++i) {  // a callback may queue another (only the
+                                                   // outermost pass has any)
     std::function<void()> fn = std::move(callbacks[i]);
     fn();
   }

@@ -119,7 +119,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
 // Runs `fn` once the backward pass now running on this thread has processed its whole graph,
 // just before backward() returns (callbacks in the order queued; one that throws ends backward
 // with its exception). For hooks that must act after the last gradient arrived: the DDP reducer
-// waits for its buckets here. AutogradError when no backward is running.
+// waits for its buckets here. During a nested backward (a checkpointed segment's recomputation)
+// it is the outermost pass's end. AutogradError when no backward is running.
 void queue_callback(std::function<void()> fn);
 
 }  // namespace loom::autograd

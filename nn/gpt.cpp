@@ -13,6 +13,7 @@
 #include <regex>
 #include <sstream>
 
+#include "autograd/checkpoint.h"
 #include "autograd/graph.h"
 #include "autograd/ops.h"
 #include "nn/init.h"
@@ -278,8 +279,14 @@ Tensor GPT::logits(const Tensor& idx, KVCache* cache) {
                          .to(idx.device());
   Tensor x = transformer->drop->forward(transformer->wte->forward(idx.contiguous()) +
                                         transformer->wpe->forward(pos));  // [B, T, C]
-  for (size_t i = 0; i < transformer->h.size(); ++i)
-    x = transformer->h[i]->forward(x, cache != nullptr ? &cache->layers[i] : nullptr);
+  const bool recompute = gradient_checkpointing_ && cache == nullptr && autograd::grad_enabled();
+  for (size_t i = 0; i < transformer->h.size(); ++i) {
+    GPTBlock& block = *transformer->h[i];
+    if (recompute)
+      x = checkpoint([&block](const Tensor& in) { return block.forward(in, nullptr); }, x);
+    else
+      x = block.forward(x, cache != nullptr ? &cache->layers[i] : nullptr);
+  }
   return lm_head->forward(transformer->ln_f->forward(x));  // [B, T, V]
 }
 

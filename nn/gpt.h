@@ -163,12 +163,20 @@ class GPT : public Module {
   // Hugging Face's state_dict(): state_dict() then lm_head.weight (Note [GPT's tied head]).
   NamedTensors hf_state_dict() const;
 
+  // With it on, each block's forward keeps only its input when grad mode is on and recomputes
+  // the rest in backward (Note [Activation checkpointing], autograd/checkpoint.h): the same
+  // gradients, the activations of one block instead of all. Hugging Face's
+  // gradient_checkpointing_enable(). Off by default.
+  void set_gradient_checkpointing(bool on) { gradient_checkpointing_ = on; }
+  bool gradient_checkpointing() const { return gradient_checkpointing_; }
+
   const GPTConfig config;
   std::shared_ptr<GPTTransformer> transformer;
   ModulePtr lm_head;  // a Linear-shaped view of transformer->wte->weight, no parameter
 
  private:
   Tensor logits(const Tensor& idx, KVCache* cache);
+  bool gradient_checkpointing_ = false;
 };
 
 // ------------------------------------------------------------------ checkpoints

@@ -320,6 +320,7 @@ double run(const Options& o) {
   dist::Reporter out(job, /*progress_bar=*/false);
   auto model = std::make_shared<nn::GPT>(config);
   model->to(job.device);
+  model->set_gradient_checkpointing(o.checkpoint_activations);
   const std::vector<Tensor> params = model->parameters();
   // SGD's weight decay (L2) applies to every parameter; Adam's and AdamW's to the matrices.
   const auto optimizer =
@@ -384,13 +385,14 @@ double run(const Options& o) {
   nn::Module& net = ddp ? static_cast<nn::Module&>(*ddp) : *model;
   out.say(
       "batch %lld x %lld tokens, %lld micro-batches a step, world %d: %lld tokens per step; "
-      "%s; warm-up %lld, cosine to %g at %lld; %d threads%s%s\n",
+      "%s; warm-up %lld, cosine to %g at %lld; %d threads%s%s%s\n",
       static_cast<long long>(o.batch_size), static_cast<long long>(config.block_size),
       static_cast<long long>(o.train.accumulate), job.world,
       static_cast<long long>(tokens_per_step),
       dist::describe_optimizer(o.train, o.train.lr).c_str(), static_cast<long long>(o.warmup),
       o.min_lr, static_cast<long long>(o.iters), get_num_threads(),
-      o.amp == "off" ? "" : ", mixed precision ", o.amp == "off" ? "" : o.amp.c_str());
+      o.amp == "off" ? "" : ", mixed precision ", o.amp == "off" ? "" : o.amp.c_str(),
+      o.checkpoint_activations ? ", activations recomputed per block" : "");
   out.say("peak %.0f GFLOP/s (%s), %.2f GFLOP per token\n", peak / 1e9,
           job.device.is_cuda() ? "the GPUs' dense peak" : "FMA peak measured on these cores",
           flops_per_token / 1e9);

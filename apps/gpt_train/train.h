@@ -26,6 +26,7 @@ struct Options {
   int64_t warmup = 100;     // linear warm-up steps
   loom::dist::TrainOptions train = default_train_options();
   int64_t eval_every = 250, eval_iters = 20, log_every = 50;
+  bool checkpoint_activations = false;  // recompute each block in backward (nn::GPT)
   // where and how
   int nproc = 1, gpus = 0;
   std::string backend = "gloo";
