@@ -226,6 +226,8 @@ void Reducer::register_comm_hook(std::shared_ptr<CommHook> hook) {
   LOOM_CHECK(hook != nullptr, ValueError, "register_comm_hook: the hook is null");
   LOOM_CHECK(iterations_ == 0 && !expecting_backward_, ValueError,
              "register_comm_hook: register the hook before the first backward");
+  LOOM_CHECK(zero_stage_ == 0, ValueError, "register_comm_hook: under ZeRO-", zero_stage_,
+             " the buckets are reduce-scattered; comm hooks do not apply");
   hook_ = std::move(hook);
 }
 
@@ -251,6 +253,8 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     groups.back().push_back(i);
     bytes += static_cast<int64_t>(p.nbytes());
   }
+  const int64_t world = group_->size();
+  const int64_t rank = group_->rank();
   for (const std::vector<size_t>& members : groups) {
     Bucket bucket;
     bucket.params = members;
@@ -260,21 +264,57 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
       bucket.offsets.push_back(numel);
       numel += params_[i].numel();
     }
-    const Tensor& first = params_[members.front()];
-    bucket.buffer = zeros({numel}, first.dtype(), first.device());
-    for (size_t pos = 0; pos < members.size(); ++pos) {
-      const size_t i = members[pos];
-      Tensor& p = params_[i];
-      // Stored as p is (Note [The bucketed reducer], step 1); row-major when p is not dense.
-      views_[i] = k::as_strided(bucket.buffer, p.sizes(),
-                                format_strides(p.sizes(), suggest_memory_format(p)),
-                                bucket.buffer.offset() + bucket.offsets[pos]);
-      where_[i] = {buckets_.size(), pos};
-      if (Tensor g = p.grad(); g.defined()) k::copy_(views_[i], g);
-      p.set_grad(views_[i]);
-    }
+    if (zero_stage_ > 0) numel = (numel + world - 1) / world * world;  // equal pieces
+    bucket.numel = numel;
+    bucket.dtype = params_[members.front()].dtype();
+    for (size_t pos = 0; pos < members.size(); ++pos) where_[members[pos]] = {buckets_.size(), pos};
+    if (zero_stage_ != 2) make_buffer(bucket);
+    if (zero_stage_ == 1)
+      bucket.shard = bucket.buffer.narrow(0, rank * numel / world, numel / world);
+    if (zero_stage_ == 2)
+      bucket.shard = zeros({numel / world}, bucket.dtype, params_[members.front()].device());
     buckets_.push_back(std::move(bucket));
   }
+}
+
+void Reducer::make_buffer(Bucket& bucket) {
+  NoGradGuard no_grad;
+  bucket.buffer = zeros({bucket.numel}, bucket.dtype, params_[bucket.params.front()].device());
+  for (size_t pos = 0; pos < bucket.params.size(); ++pos) {
+    const size_t i = bucket.params[pos];
+    Tensor& p = params_[i];
+    // Stored as p is (Note [The bucketed reducer], step 1); row-major when p is not dense.
+    views_[i] =
+        k::as_strided(bucket.buffer, p.sizes(), format_strides(p.sizes(), suggest_memory_format(p)),
+                      bucket.buffer.offset() + bucket.offsets[pos]);
+    if (zero_stage_ == 2) continue;  // the gradient is copied in when it arrives
+    if (Tensor g = p.grad(); g.defined()) k::copy_(views_[i], g);
+    p.set_grad(views_[i]);
+  }
+}
+
+void Reducer::release_reduced_buffers() {
+  while (released_upto_ < inflight_.size() && inflight_[released_upto_].work->is_completed()) {
+    Bucket& b = buckets_[released_upto_];
+    for (size_t i : b.params) views_[i] = Tensor();
+    b.buffer = Tensor();
+    ++released_upto_;
+  }
+}
+
+void Reducer::shard_gradients(int stage) {
+  LOOM_CHECK(stage == 1 || stage == 2, ValueError,
+             "ZeRO: the reducer shards gradients in stage 1 or 2; got stage ", stage,
+             " (stage 3 is FullyShardedDataParallel)");
+  LOOM_CHECK(iterations_ == 0 && !expecting_backward_, ValueError,
+             "ZeRO: shard the gradients before the first backward");
+  LOOM_CHECK(hook_->name() == "allreduce", ValueError, "ZeRO: the comm hook '", hook_->name(),
+             "' cannot apply: sharded gradients are reduce-scattered");
+  std::vector<size_t> order;
+  for (const Bucket& b : buckets_) order.insert(order.end(), b.params.begin(), b.params.end());
+  zero_stage_ = stage;
+  rebuilt_ = true;  // every rank's shards must keep their place
+  build_buckets(order);
 }
 
 void Reducer::prepare_for_backward(const Tensor& output) {
@@ -284,6 +324,7 @@ void Reducer::prepare_for_backward(const Tensor& output) {
   pending_.clear();
   for (const Bucket& b : buckets_) pending_.push_back(b.params.size());
   next_launch_ = 0;
+  released_upto_ = 0;
   inflight_.clear();
   unused_.clear();
   if (!expecting_backward_ || !options_.find_unused_parameters) return;
@@ -318,8 +359,10 @@ void Reducer::mark_ready(size_t i) {
     timeline_.completed.assign(buckets_.size(), 0.0);
     autograd::queue_callback([this] { finalize(); });
     for (size_t u : unused_) {  // they will get no gradient: zero, and ready now
+      Bucket& b = buckets_[where_[u].first];
+      if (!b.buffer.defined()) make_buffer(b);  // ZeRO-2: zeros already
       k::fill_(views_[u], 0.0);
-      params_[u].set_grad(views_[u]);
+      if (zero_stage_ != 2) params_[u].set_grad(views_[u]);
       ready_[u] = true;
       if (--pending_[where_[u].first] == 0) launch_ready_buckets();
     }
@@ -329,7 +372,13 @@ void Reducer::mark_ready(size_t i) {
   // The gradient must live in the bucket: it does unless zero_grad(set_to_none) dropped the
   // view and AccumulateGrad made a fresh tensor, which is then copied in (once per step).
   Tensor g = params_[i].grad();
-  if (!(g.defined() && g.is_alias_of(views_[i]) && g.data() == views_[i].data())) {
+  if (zero_stage_ == 2) {  // into the bucket, and no full gradient stays behind
+    NoGradGuard no_grad;
+    Bucket& b = buckets_[where_[i].first];
+    if (!b.buffer.defined()) make_buffer(b);
+    if (g.defined()) k::copy_(views_[i], g);
+    params_[i].set_grad(Tensor());
+  } else if (!(g.defined() && g.is_alias_of(views_[i]) && g.data() == views_[i].data())) {
     NoGradGuard no_grad;
     if (g.defined())
       k::copy_(views_[i], g);
@@ -346,9 +395,13 @@ void Reducer::launch_ready_buckets() {
     Bucket& b = buckets_[next_launch_];
     GradBucket view{static_cast<int>(next_launch_), b.buffer, &b.names};
     timeline_.launched[next_launch_] = steady_seconds() - backward_start_;
-    inflight_.push_back(hook_->start(*group_, view));
+    if (zero_stage_ > 0)  // Note [ZeRO stages]: each rank keeps its piece of the sum
+      inflight_.push_back({group_->reduce_scatter_tensor(b.shard, b.buffer, ReduceOp::Sum), {}});
+    else
+      inflight_.push_back(hook_->start(*group_, view));
     ++next_launch_;
   }
+  if (zero_stage_ == 2) release_reduced_buffers();
 }
 
 void Reducer::finalize() {
@@ -374,11 +427,13 @@ void Reducer::finalize() {
   for (size_t b = 0; b < inflight_.size(); ++b) {
     inflight_[b].work->wait();
     if (inflight_[b].finish) inflight_[b].finish();
-    k::mul_scalar_(buckets_[b].buffer, average);  // the sum over ranks, divided by their number
+    // The sum over ranks, divided by their number: under ZeRO this rank's piece only.
+    k::mul_scalar_(zero_stage_ > 0 ? buckets_[b].shard : buckets_[b].buffer, average);
     const double done = inflight_[b].work->finished_at();
     timeline_.completed[b] = (done > 0 ? done : steady_seconds()) - backward_start_;
   }
   timeline_.backward_seconds = backward_end - backward_start_;
+  if (zero_stage_ == 2) release_reduced_buffers();  // every work completed: all of them
   inflight_.clear();
   ++iterations_;
 
@@ -412,11 +467,15 @@ std::string Reducer::plan() const {
   int64_t total = 0;
   for (const Bucket& b : buckets_) total += b.bytes();
   char line[200];
-  std::snprintf(line, sizeof line,
-                "DDP bucket plan: %zu parameters in %zu buckets, %.2f MiB%s; comm hook %s\n",
-                params_.size(), buckets_.size(), total / 1048576.0,
-                rebuilt_ ? " (rebuilt from the order gradients arrived)" : "",
-                hook_->name().c_str());
+  std::snprintf(
+      line, sizeof line, "DDP bucket plan: %zu parameters in %zu buckets, %.2f MiB%s; %s\n",
+      params_.size(), buckets_.size(), total / 1048576.0,
+      rebuilt_ && zero_stage_ == 0 ? " (rebuilt from the order gradients arrived)" : "",
+      zero_stage_ > 0
+          ? detail::str("ZeRO-", zero_stage_, ": each bucket reduce-scattered, this rank ",
+                        "keeping piece ", group_->rank(), " of ", group_->size())
+                .c_str()
+          : ("comm hook " + hook_->name()).c_str());
   out << line;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const Bucket& bucket = buckets_[b];

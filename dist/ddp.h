@@ -92,8 +92,13 @@ struct Bucket {
   std::vector<size_t> params;      // indices into the parameter list
   std::vector<std::string> names;  // their names, for comm hooks
   std::vector<int64_t> offsets;
-  Tensor buffer;
-  int64_t bytes() const { return buffer.defined() ? static_cast<int64_t>(buffer.nbytes()) : 0; }
+  int64_t numel = 0;  // the buffer's elements: under ZeRO padded to a multiple of the world size
+  DType dtype = kFloat32;
+  Tensor buffer;  // under ZeRO-2 only while a backward fills it (Note [ZeRO stages])
+  // Under ZeRO: this rank's piece of the averaged gradients, numel / world size elements (a view
+  // of piece `rank` of the buffer in stage 1, a buffer of its own in stage 2).
+  Tensor shard;
+  int64_t bytes() const { return numel * static_cast<int64_t>(itemsize(dtype)); }
 };
 
 // What the last synchronised backward did, for reports: per bucket, when its allreduce was
@@ -122,6 +127,20 @@ class Reducer {
   void register_comm_hook(std::shared_ptr<CommHook> hook);
   const CommHook& comm_hook() const { return *hook_; }
 
+  // ZeRO-1 and ZeRO-2 (Note [ZeRO stages], dist/zero.h; ZeroRedundancyOptimizer calls it): from
+  // now on every bucket is padded to a multiple of the world size and reduce-scattered instead
+  // of allreduced, so that after backward each rank holds only its piece of the averaged
+  // gradients, in Bucket::shard (the rest of a stage-1 buffer keeps this rank's own gradients).
+  // Stage 2 also keeps no full gradient: a bucket's buffer exists from its first gradient until
+  // its reduce-scatter completed, and the parameters' .grad are left undefined. The plan is not
+  // rebuilt from the arrival order, and comm hooks do not apply. ValueError for another stage,
+  // after the first backward, or with a comm hook registered.
+  void shard_gradients(int stage);
+  int zero_stage() const { return zero_stage_; }
+  const std::vector<Tensor>& params() const { return params_; }
+  const std::vector<std::string>& names() const { return names_; }
+  ProcessGroup& group() const { return *group_; }
+
   const std::vector<Bucket>& buckets() const { return buckets_; }
   // The plan as a table: bucket, size, parameters (names and shapes).
   std::string plan() const;
@@ -130,6 +149,8 @@ class Reducer {
 
  private:
   void build_buckets(const std::vector<size_t>& order);
+  void make_buffer(Bucket& bucket);  // the flat buffer and its parameters' .grad views
+  void release_reduced_buffers();    // ZeRO-2: the buffers whose reduce-scatter completed
   void mark_ready(size_t index);
   void launch_ready_buckets();
   void finalize();
@@ -152,6 +173,8 @@ class Reducer {
   std::vector<size_t> pending_;  // per bucket: parameters not yet ready
   size_t next_launch_ = 0;
   std::vector<PendingReduction> inflight_;
+  size_t released_upto_ = 0;  // ZeRO-2: buckets before this one have freed their buffers
+  int zero_stage_ = 0;
   std::vector<size_t> unused_;
   std::vector<size_t> arrival_;  // the order of the first iteration's gradients
   int64_t iterations_ = 0;

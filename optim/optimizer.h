@@ -42,7 +42,7 @@ class Optimizer {
   // state), in place, under NoGradGuard.
   virtual void step() = 0;
   // set_to_none: drop the gradients (the default, as in PyTorch 2); otherwise zero them in place.
-  void zero_grad(bool set_to_none = true);
+  virtual void zero_grad(bool set_to_none = true);
 
   double lr() const { return lr_; }
   void set_lr(double lr);  // ValueError when negative or not finite

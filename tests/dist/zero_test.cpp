@@ -1,0 +1,257 @@
+// tests/dist/zero_test.cpp — ZeroRedundancyOptimizer (Note [ZeRO stages]) in real processes:
+// stages 1 and 2 end with DDP's weights after 5 steps (float64, 2 and 4 ranks, a small GPT with
+// AdamW, weight decay on the matrices and clipping, and ResNet-18 with SGD and a GradScaler),
+// move the bytes of DDP's allreduce, keep a 1/N share of the optimizer state (and in stage 2
+// of the gradients), and refuse what they cannot do.
+#include "dist/zero.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "dist/ddp.h"
+#include "dist/multiprocess.h"
+#include "loom.h"
+#include "nn/gpt.h"
+#include "nn/resnet.h"
+#include "optim/adam.h"
+#include "optim/clip.h"
+#include "optim/grad_scaler.h"
+#include "optim/sgd.h"
+#include "test_util.h"
+
+namespace loom::dist {
+namespace {
+
+enum class Model { kGPT, kResNet };
+
+nn::ModulePtr make_model(Model kind) {
+  manual_seed(7);
+  nn::ModulePtr model;
+  if (kind == Model::kGPT) {
+    nn::GPTConfig c;
+    c.vocab_size = 23;
+    c.block_size = 8;
+    c.n_embd = 12;
+    c.n_layer = 2;
+    c.n_head = 2;
+    model = std::make_shared<nn::GPT>(c);
+  } else {
+    model = nn::resnet18({.width = 4, .in_channels = 2, .num_classes = 5});
+  }
+  model->to(kFloat64);
+  return model;
+}
+
+// The global batch of step s, the same on every rank; rank r takes its share.
+std::pair<Tensor, Tensor> batch(Model kind, int step, int rank, int world) {
+  Generator g(500 + static_cast<uint64_t>(step));
+  const Generator::State saved = default_generator().state();
+  default_generator().set_state(g.state());
+  // ResNet's batch norms see at least 16 values a channel on each rank, even in layer4 (2 x 2):
+  // with fewer they amplify rounding differences by orders of magnitude.
+  const int64_t samples = kind == Model::kGPT ? 8 : 16;
+  Tensor x = kind == Model::kGPT ? randint(0, 23, {8, 8}) : randn({16, 2, 16, 16}, kFloat64);
+  Tensor y = kind == Model::kGPT ? randint(0, 23, {8, 8}) : randint(0, 5, {16});
+  default_generator().set_state(saved);
+  const int64_t n = samples / world;
+  return {x.narrow(0, rank * n, n).contiguous(), y.narrow(0, rank * n, n).contiguous()};
+}
+
+Tensor loss_of(Model kind, nn::Module& net, const std::pair<Tensor, Tensor>& b) {
+  Tensor out = net.forward(b.first);
+  if (kind == Model::kGPT) return cross_entropy(out.reshape({-1, 23}), b.second.reshape({-1}));
+  return cross_entropy(out, b.second);
+}
+
+std::vector<bool> matrices(const std::vector<Tensor>& params) {
+  std::vector<bool> decay;
+  for (const Tensor& p : params) decay.push_back(p.dim() >= 2);
+  return decay;
+}
+
+struct RunResult {
+  NamedTensors params;
+  CollectiveCounters per_step;  // the collectives of the last step
+  int64_t state_bytes = 0;      // the (inner) optimizer's state
+  int64_t total_numel = 0;      // the model's parameters, Psi
+  bool grads_left = false;      // some model parameter has a .grad after the last backward
+  bool buffers_left = false;    // some bucket buffer survived the last backward
+};
+
+// Five steps of DDP (stage 0) or ZeRO-`stage`. The GPT trains with AdamW (decay on matrices)
+// and gradient clipping; ResNet-18 with SGD momentum, weight decay and a GradScaler.
+RunResult train(test::Rank& r, std::shared_ptr<ProcessGroup> group, Model kind, int stage) {
+  nn::ModulePtr model = make_model(kind);
+  auto ddp = std::make_shared<DistributedDataParallel>(model, group);
+  const std::vector<Tensor> params = ddp->reducer().params();
+  auto make = [&](std::vector<Tensor> ps, const std::vector<bool>& decay) {
+    std::unique_ptr<optim::Optimizer> opt;
+    if (kind == Model::kGPT)
+      opt = std::make_unique<optim::AdamW>(
+          ps, optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1, .decay = decay});
+    else
+      opt = std::make_unique<optim::SGD>(
+          ps, optim::SGDOptions{.lr = 0.01, .momentum = 0.9, .weight_decay = 1e-3});
+    return opt;
+  };
+  std::unique_ptr<optim::Optimizer> optimizer;
+  ZeroRedundancyOptimizer* zero = nullptr;
+  if (stage == 0) {
+    optimizer = make(params, matrices(params));
+  } else {
+    auto z = std::make_unique<ZeroRedundancyOptimizer>(
+        *ddp,
+        [&](std::vector<Tensor> pieces, const std::vector<size_t>& owner) {
+          std::vector<bool> decay;
+          for (size_t i : owner) decay.push_back(params[i].dim() >= 2);
+          return make(std::move(pieces), decay);
+        },
+        ZeroOptions{.stage = stage});
+    zero = z.get();
+    optimizer = std::move(z);
+  }
+  optim::GradScaler scaler({.init_scale = 1024.0, .enabled = kind == Model::kResNet});
+  scaler.set_found_inf_agreement(found_inf_agreement(group));
+  RunResult result;
+  for (int step = 0; step < 5; ++step) {
+    group->reset_counters();
+    optimizer->zero_grad();
+    scaler.scale(loss_of(kind, *ddp, batch(kind, step, r.rank, r.world_size))).backward();
+    if (kind == Model::kGPT) {
+      if (zero)
+        zero->clip_grad_norm_(0.5);
+      else
+        optim::clip_grad_norm_(params, 0.5);
+    }
+    scaler.step(*optimizer);
+    scaler.update();
+    if (step == 4) {
+      result.per_step = group->counters();
+      for (const Tensor& p : params) result.grads_left = result.grads_left || p.grad().defined();
+      for (const Bucket& b : ddp->reducer().buckets())
+        result.buffers_left = result.buffers_left || b.buffer.defined();
+    }
+  }
+  for (const auto& [name, p] : model->named_parameters())
+    result.params.emplace_back(name, p.clone());
+  result.state_bytes = zero ? zero->inner().state_bytes() : optimizer->state_bytes();
+  for (const Tensor& p : params) result.total_numel += p.numel();
+  return result;
+}
+
+int64_t bus(const CollectiveCounters& c, const std::string& op) {
+  auto it = c.find(op);
+  return it == c.end() ? 0 : it->second.bus_bytes;
+}
+
+void check_stage_against_ddp(test::Rank& r, Model kind, int stage) {
+  auto group = test::gloo_group(r);
+  const RunResult ddp = train(r, group, kind, 0);
+  const RunResult zero = train(r, group, kind, stage);
+  ASSERT_EQ(ddp.params.size(), zero.params.size());
+  for (size_t i = 0; i < ddp.params.size(); ++i)
+    EXPECT_TRUE(test::tensors_close(zero.params[i].second, ddp.params[i].second, 1e-10, 1e-12))
+        << ddp.params[i].first << " stage " << stage << " rank " << r.rank;
+
+  // Traffic: a reduce-scatter and an all-gather of the parameters, DDP's allreduce (padding
+  // aside: under N elements a bucket).
+  const int64_t ddp_bytes = bus(ddp.per_step, "allreduce");
+  const int64_t zero_bytes = bus(zero.per_step, "reduce_scatter") + bus(zero.per_step, "allgather");
+  // Beside them one allreduce of a number: the clipping's float64 norm (GPT), the GradScaler's
+  // float32 found-inf flag (ResNet).
+  EXPECT_EQ(bus(zero.per_step, "allreduce"),
+            bus_bytes("allreduce", kind == Model::kGPT ? 8 : 4, r.world_size))
+      << format_counters(zero.per_step);
+  EXPECT_NEAR(static_cast<double>(zero_bytes) / ddp_bytes, 1.0, 0.01)
+      << "DDP:\n"
+      << format_counters(ddp.per_step) << "ZeRO-" << stage << ":\n"
+      << format_counters(zero.per_step);
+
+  // Optimizer state: 1/N of DDP's (AdamW: m and v; SGD: the momentum), padding aside.
+  EXPECT_NEAR(static_cast<double>(zero.state_bytes) / ddp.state_bytes, 1.0 / r.world_size, 0.01);
+  // Stage 2 keeps no full gradient after backward; stage 1 keeps its buffers.
+  EXPECT_EQ(zero.grads_left, stage == 1);
+  EXPECT_EQ(zero.buffers_left, stage == 1);
+  EXPECT_TRUE(ddp.grads_left);
+}
+
+TEST(Zero, StageOneEndsWithDDPsWeightsOnTwoAndFourRanksGPT) {
+  for (int world : {2, 4})
+    test::run_ranks(
+        world, [](test::Rank& r) { check_stage_against_ddp(r, Model::kGPT, 1); },
+        std::chrono::seconds(60));
+}
+
+TEST(Zero, StageTwoEndsWithDDPsWeightsOnTwoAndFourRanksGPT) {
+  for (int world : {2, 4})
+    test::run_ranks(
+        world, [](test::Rank& r) { check_stage_against_ddp(r, Model::kGPT, 2); },
+        std::chrono::seconds(60));
+}
+
+TEST(Zero, StagesOneAndTwoEndWithDDPsWeightsOnTwoAndFourRanksResNet18) {
+  for (int world : {2, 4})
+    for (int stage : {1, 2})
+      test::run_ranks(
+          world, [stage](test::Rank& r) { check_stage_against_ddp(r, Model::kResNet, stage); },
+          std::chrono::seconds(120));
+}
+
+TEST(Zero, ThePiecesCoverEveryParameterOnceAcrossTheRanks) {
+  test::run_ranks(3, [](test::Rank& r) {
+    auto group = test::gloo_group(r);
+    nn::ModulePtr model = make_model(Model::kGPT);
+    DistributedDataParallel ddp(model, group, {.first_bucket_bytes = 4096, .bucket_bytes = 8192});
+    ZeroRedundancyOptimizer zero(ddp, [](std::vector<Tensor> pieces, const std::vector<size_t>&) {
+      return std::make_unique<optim::SGD>(pieces, optim::SGDOptions{.lr = 0.1});
+    });
+    // Each rank's count of every parameter's elements, summed over ranks: each exactly once.
+    const std::vector<Tensor>& params = ddp.reducer().params();
+    Tensor counts = zeros({static_cast<int64_t>(params.size())}, kInt64);
+    int64_t* c = counts.data_ptr<int64_t>();
+    for (const ShardPiece& piece : zero.pieces()) c[piece.param] += piece.numel;
+    group->allreduce(counts)->wait();
+    for (size_t i = 0; i < params.size(); ++i) EXPECT_EQ(c[i], params[i].numel()) << i;
+    EXPECT_GT(ddp.reducer().buckets().size(), 1u);
+    EXPECT_NE(zero.plan().find("ZeRO-1"), std::string::npos) << zero.plan();
+    EXPECT_NE(ddp.bucket_plan().find("reduce-scattered"), std::string::npos);
+  });
+}
+
+TEST(Zero, BadInputRaisesTypedErrorsThatSayWhatToChange) {
+  test::run_ranks(2, [](test::Rank& r) {
+    auto group = test::gloo_group(r);
+    auto sgd = [](std::vector<Tensor> pieces, const std::vector<size_t>&) {
+      return std::make_unique<optim::SGD>(pieces, optim::SGDOptions{.lr = 0.1});
+    };
+    {
+      DistributedDataParallel ddp(make_model(Model::kGPT), group);
+      EXPECT_LOOM_ERROR(ZeroRedundancyOptimizer(ddp, sgd, {.stage = 3}), ValueError,
+                        {"stage", "got 3", "FullyShardedDataParallel"});
+      EXPECT_LOOM_ERROR(ZeroRedundancyOptimizer(ddp, sgd, {.stage = 0}), ValueError,
+                        {"stage must be 1", "got 0"});
+    }
+    {
+      DistributedDataParallel ddp(make_model(Model::kGPT), group);
+      ddp.register_comm_hook(fp16_compress_hook());
+      EXPECT_LOOM_ERROR(ZeroRedundancyOptimizer(ddp, sgd), ValueError,
+                        {"comm hook", "fp16_compress", "reduce-scattered"});
+    }
+    {
+      DistributedDataParallel ddp(make_model(Model::kGPT), group);
+      ZeroRedundancyOptimizer zero(ddp, sgd, {.stage = 2});
+      EXPECT_LOOM_ERROR(ddp.register_comm_hook(bf16_compress_hook()), ValueError,
+                        {"ZeRO-2", "comm hooks do not apply"});
+      NamedTensors tensors;
+      optim::Metadata meta;
+      EXPECT_LOOM_ERROR(zero.save_state(tensors, meta, "optimizer."), NotImplementedError,
+                        {"sharded"});
+    }
+  });
+}
+
+}  // namespace
+}  // namespace loom::dist
