@@ -36,6 +36,8 @@ thread_local bool grad_mode = true;
 thread_local std::vector<std::function<void()>>* final_callbacks = nullptr;
 }  // namespace
 
+bool backward_running() { return final_callbacks != nullptr; }
+
 void queue_callback(std::function<void()> fn) {
   LOOM_CHECK(final_callbacks != nullptr, AutogradError,
              "queue_callback: no backward pass is running on this thread");

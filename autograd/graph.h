@@ -122,6 +122,9 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
 // waits for its buckets here. During a nested backward (a checkpointed segment's recomputation)
 // it is the outermost pass's end. AutogradError when no backward is running.
 void queue_callback(std::function<void()> fn);
+// True while a backward pass runs on this thread (a checkpointed segment's recomputation runs
+// its forward then).
+bool backward_running();
 
 }  // namespace loom::autograd
 

@@ -282,10 +282,13 @@ Tensor GPT::logits(const Tensor& idx, KVCache* cache) {
   const bool recompute = gradient_checkpointing_ && cache == nullptr && autograd::grad_enabled();
   for (size_t i = 0; i < transformer->h.size(); ++i) {
     GPTBlock& block = *transformer->h[i];
+    // Without a cache, through the module's hooks (Module::operator()).
     if (recompute)
-      x = checkpoint([&block](const Tensor& in) { return block.forward(in, nullptr); }, x);
+      x = checkpoint([&block](const Tensor& in) { return block(in); }, x);
+    else if (cache != nullptr)
+      x = block.forward(x, &cache->layers[i]);
     else
-      x = block.forward(x, cache != nullptr ? &cache->layers[i] : nullptr);
+      x = block(x);
   }
   return lm_head->forward(transformer->ln_f->forward(x));  // [B, T, V]
 }

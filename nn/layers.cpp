@@ -269,7 +269,7 @@ ModulePtr Sequential::operator[](int64_t index) const {
 
 Tensor Sequential::forward(const Tensor& x) {
   Tensor y = x;
-  for (const auto& [name, m] : named_children()) y = m->forward(y);
+  for (const auto& [name, m] : named_children()) y = (*m)(y);
   return y;
 }
 

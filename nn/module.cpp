@@ -13,6 +13,36 @@ namespace loom::nn {
 
 namespace k = kernels;
 
+Tensor Module::operator()(const Tensor& input) {
+  if (forward_pre_hooks_.empty() && forward_hooks_.empty()) return forward(input);
+  // Copies: a hook may register or remove hooks.
+  const auto pre_hooks = forward_pre_hooks_;
+  for (const auto& [handle, hook] : pre_hooks) hook(*this, input);
+  Tensor output = forward(input);
+  const auto hooks = forward_hooks_;
+  for (const auto& [handle, hook] : hooks) output = hook(*this, input, output);
+  return output;
+}
+
+int Module::register_forward_pre_hook(ForwardPreHook hook) {
+  LOOM_CHECK(static_cast<bool>(hook), ValueError, type_name_,
+             ": register_forward_pre_hook: the hook is empty");
+  forward_pre_hooks_.emplace_back(next_hook_, std::move(hook));
+  return next_hook_++;
+}
+
+int Module::register_forward_hook(ForwardHook hook) {
+  LOOM_CHECK(static_cast<bool>(hook), ValueError, type_name_,
+             ": register_forward_hook: the hook is empty");
+  forward_hooks_.emplace_back(next_hook_, std::move(hook));
+  return next_hook_++;
+}
+
+void Module::remove_hook(int handle) {
+  std::erase_if(forward_pre_hooks_, [handle](const auto& h) { return h.first == handle; });
+  std::erase_if(forward_hooks_, [handle](const auto& h) { return h.first == handle; });
+}
+
 Tensor Module::forward(const Tensor&) {
   throw NotImplementedError(
       detail::str(type_name_, ": forward(Tensor) is not defined for this module"));

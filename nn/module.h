@@ -41,7 +41,18 @@ class Module {
   // Single-input forward, which Sequential chains. Modules with other signatures (losses)
   // define their own and leave this one to raise NotImplementedError.
   virtual Tensor forward(const Tensor& input);
-  Tensor operator()(const Tensor& input) { return forward(input); }
+  // forward with the hooks around it, as PyTorch's __call__: the forward pre-hooks, forward,
+  // then the forward hooks, each in the order registered; a forward hook may replace the
+  // output. Containers and models call their children through it (Sequential, ResNet's stages,
+  // GPT's blocks), so that a wrapper can see a child's call: FullyShardedDataParallel gathers a
+  // unit's parameters in its pre-hook and frees them in its hook.
+  Tensor operator()(const Tensor& input);
+  using ForwardPreHook = std::function<void(Module& module, const Tensor& input)>;
+  using ForwardHook =
+      std::function<Tensor(Module& module, const Tensor& input, const Tensor& output)>;
+  int register_forward_pre_hook(ForwardPreHook hook);  // returns a handle for remove_hook
+  int register_forward_hook(ForwardHook hook);
+  void remove_hook(int handle);
 
   // --- what the module holds ---
   std::vector<Tensor> parameters(bool recurse = true) const;
@@ -111,6 +122,9 @@ class Module {
 
   std::string type_name_;
   bool training_ = true;
+  std::vector<std::pair<int, ForwardPreHook>> forward_pre_hooks_;
+  std::vector<std::pair<int, ForwardHook>> forward_hooks_;
+  int next_hook_ = 0;
   NamedTensors parameters_, buffers_;
   NamedModules children_;
 };

@@ -100,7 +100,7 @@ Tensor ResNet::forward(const Tensor& x) {
   const Tensor stem = options.fuse_bn_relu ? bn1->forward_relu(conv1->forward(x))
                                            : relu->forward(bn1->forward(conv1->forward(x)));
   Tensor y = maxpool->forward(stem);
-  y = layer4->forward(layer3->forward(layer2->forward(layer1->forward(y))));
+  y = (*layer4)((*layer3)((*layer2)((*layer1)(y))));  // through the hooks (Module::operator())
   return fc->forward(avgpool->forward(y).flatten(1));
 }
 

@@ -51,8 +51,8 @@ Storage allocate_storage(size_t nbytes, Device device) {
     });
   }
   const CudaBackend* loaded = cuda_backend_if_available();
-  LOOM_CHECK(loaded != nullptr, DeviceError, "allocate: ", device, " is not available: ",
-             cuda_backend_unavailable_reason());
+  LOOM_CHECK(loaded != nullptr, DeviceError, "allocate: ", device,
+             " is not available: ", cuda_backend_unavailable_reason());
   const CudaBackend& backend = *loaded;
   const int visible = backend.device_count();
   LOOM_CHECK(device.index >= 0 && device.index < visible, DeviceError, "allocate: ", device,
@@ -64,6 +64,24 @@ Storage allocate_storage(size_t nbytes, Device device) {
                                          if (p) backend.deallocate(p, device.index);
                                          accounting().add(device, -accounted);
                                        });
+}
+
+void release_storage(StorageImpl& storage) {
+  LOOM_CHECK(static_cast<bool>(storage.deleter) || storage.data == nullptr, ValueError,
+             "release_storage: the memory is not loom's (from_blob)");
+  if (storage.data == nullptr) return;
+  storage.deleter(storage.data);  // also takes the bytes out of the accounting
+  storage.data = nullptr;
+  storage.deleter = nullptr;
+}
+
+void restore_storage(StorageImpl& storage) {
+  if (storage.data != nullptr || storage.nbytes == 0) return;
+  Storage fresh = allocate_storage(storage.nbytes, storage.device);
+  storage.data = fresh->data;
+  storage.deleter = std::move(fresh->deleter);
+  fresh->data = nullptr;
+  fresh->deleter = nullptr;
 }
 
 MemoryStats memory_stats(Device device) {

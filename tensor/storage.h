@@ -35,6 +35,19 @@ using Storage = std::shared_ptr<StorageImpl>;
 // build without it.
 Storage allocate_storage(size_t nbytes, Device device);
 
+// Note [Released storage]
+// FullyShardedDataParallel frees a unit's gathered parameters between their uses while tensors
+// still point at them (the parameters themselves, and the aliases autograd saved for backward):
+// release_storage frees the memory and leaves the storage empty (data null, nbytes kept), and
+// restore_storage gives it fresh memory of the same size (its contents undefined until
+// written). Every tensor of the storage sees the change; none is bumped in version (the caller
+// writes back the same values). Reading a released storage's data raises ValueError.
+void release_storage(StorageImpl& storage);
+void restore_storage(StorageImpl& storage);
+inline bool is_released(const StorageImpl& storage) {
+  return storage.data == nullptr && storage.nbytes > 0;
+}
+
 // Bytes currently held by loom's tensors on a device, and the most ever held since the last
 // reset; estimates of memory use are checked against these.
 // cached_bytes is what the allocator keeps for reuse beyond what tensors hold: freed large CPU

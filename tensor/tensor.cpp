@@ -312,7 +312,12 @@ bool Tensor::is_contiguous(MemoryFormat format) const {
 }
 
 void* Tensor::data() const {
-  return static_cast<char*>(storage()->data) + offset() * static_cast<int64_t>(itemsize());
+  const Storage& s = storage();
+  LOOM_CHECK(!is_released(*s), ValueError, "tensor of shape ", sizes(),
+             ": its memory is released (Note [Released storage]): a FullyShardedDataParallel "
+             "unit's parameters exist only around its forward and backward; read them inside "
+             "summon_full_params()");
+  return static_cast<char*>(s->data) + offset() * static_cast<int64_t>(itemsize());
 }
 
 template <typename T>
@@ -479,6 +484,5 @@ std::string tensor_repr(const Tensor& t, const std::string& grad_note) {
 }
 
 }  // namespace detail
-
 
 }  // namespace loom

@@ -8,10 +8,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "dist/ddp.h"
+#include "dist/fsdp.h"
 #include "dist/multiprocess.h"
 #include "loom.h"
 #include "nn/gpt.h"
@@ -74,19 +76,29 @@ std::vector<bool> matrices(const std::vector<Tensor>& params) {
 
 struct RunResult {
   NamedTensors params;
-  CollectiveCounters per_step;  // the collectives of the last step
-  int64_t state_bytes = 0;      // the (inner) optimizer's state
-  int64_t total_numel = 0;      // the model's parameters, Psi
-  bool grads_left = false;      // some model parameter has a .grad after the last backward
-  bool buffers_left = false;    // some bucket buffer survived the last backward
+  CollectiveCounters per_step;       // the collectives of the last step
+  int64_t state_bytes = 0;           // the (inner) optimizer's state
+  int64_t total_numel = 0;           // the model's parameters, Psi
+  bool grads_left = false;           // some model parameter has a .grad after the last backward
+  bool buffers_left = false;         // some bucket buffer survived the last backward
+  std::vector<int64_t> unit_numels;  // FSDP's units, the root last
 };
 
 // Five steps of DDP (stage 0) or ZeRO-`stage`. The GPT trains with AdamW (decay on matrices)
 // and gradient clipping; ResNet-18 with SGD momentum, weight decay and a GradScaler.
-RunResult train(test::Rank& r, std::shared_ptr<ProcessGroup> group, Model kind, int stage) {
+RunResult train(test::Rank& r, std::shared_ptr<ProcessGroup> group, Model kind, int stage,
+                bool recompute = false) {
   nn::ModulePtr model = make_model(kind);
-  auto ddp = std::make_shared<DistributedDataParallel>(model, group);
-  const std::vector<Tensor> params = ddp->reducer().params();
+  if (recompute) std::dynamic_pointer_cast<nn::GPT>(model)->set_gradient_checkpointing(true);
+  std::shared_ptr<DistributedDataParallel> ddp;
+  std::vector<Tensor> params;
+  if (stage == 3) {
+    for (const Tensor& p : model->parameters())
+      if (p.requires_grad()) params.push_back(p);
+  } else {
+    ddp = std::make_shared<DistributedDataParallel>(model, group);
+    params = ddp->reducer().params();
+  }
   auto make = [&](std::vector<Tensor> ps, const std::vector<bool>& decay) {
     std::unique_ptr<optim::Optimizer> opt;
     if (kind == Model::kGPT)
@@ -97,32 +109,40 @@ RunResult train(test::Rank& r, std::shared_ptr<ProcessGroup> group, Model kind, 
           ps, optim::SGDOptions{.lr = 0.01, .momentum = 0.9, .weight_decay = 1e-3});
     return opt;
   };
+  auto make_over_pieces = [&](std::vector<Tensor> pieces, const std::vector<size_t>& owner) {
+    std::vector<bool> decay;
+    for (size_t i : owner) decay.push_back(params[i].dim() >= 2);
+    return make(std::move(pieces), decay);
+  };
   std::unique_ptr<optim::Optimizer> optimizer;
   ZeroRedundancyOptimizer* zero = nullptr;
+  std::shared_ptr<FullyShardedDataParallel> fsdp;
   if (stage == 0) {
     optimizer = make(params, matrices(params));
+  } else if (stage == 3) {
+    fsdp = std::make_shared<FullyShardedDataParallel>(model, group);
+    std::vector<size_t> owner;
+    for (const ShardPiece& piece : fsdp->pieces()) owner.push_back(piece.param);
+    optimizer = make_over_pieces(fsdp->optimizer_params(), owner);
   } else {
-    auto z = std::make_unique<ZeroRedundancyOptimizer>(
-        *ddp,
-        [&](std::vector<Tensor> pieces, const std::vector<size_t>& owner) {
-          std::vector<bool> decay;
-          for (size_t i : owner) decay.push_back(params[i].dim() >= 2);
-          return make(std::move(pieces), decay);
-        },
-        ZeroOptions{.stage = stage});
+    auto z = std::make_unique<ZeroRedundancyOptimizer>(*ddp, make_over_pieces,
+                                                       ZeroOptions{.stage = stage});
     zero = z.get();
     optimizer = std::move(z);
   }
+  nn::Module& net = fsdp ? static_cast<nn::Module&>(*fsdp) : *ddp;
   optim::GradScaler scaler({.init_scale = 1024.0, .enabled = kind == Model::kResNet});
   scaler.set_found_inf_agreement(found_inf_agreement(group));
   RunResult result;
   for (int step = 0; step < 5; ++step) {
     group->reset_counters();
     optimizer->zero_grad();
-    scaler.scale(loss_of(kind, *ddp, batch(kind, step, r.rank, r.world_size))).backward();
+    scaler.scale(loss_of(kind, net, batch(kind, step, r.rank, r.world_size))).backward();
     if (kind == Model::kGPT) {
       if (zero)
         zero->clip_grad_norm_(0.5);
+      else if (fsdp)
+        fsdp->clip_grad_norm_(0.5);
       else
         optim::clip_grad_norm_(params, 0.5);
     }
@@ -131,14 +151,20 @@ RunResult train(test::Rank& r, std::shared_ptr<ProcessGroup> group, Model kind, 
     if (step == 4) {
       result.per_step = group->counters();
       for (const Tensor& p : params) result.grads_left = result.grads_left || p.grad().defined();
-      for (const Bucket& b : ddp->reducer().buckets())
-        result.buffers_left = result.buffers_left || b.buffer.defined();
+      if (ddp)
+        for (const Bucket& b : ddp->reducer().buckets())
+          result.buffers_left = result.buffers_left || b.buffer.defined();
     }
   }
-  for (const auto& [name, p] : model->named_parameters())
-    result.params.emplace_back(name, p.clone());
+  {
+    std::unique_ptr<FullyShardedDataParallel::FullParams> gathered;
+    if (fsdp) gathered = fsdp->summon_full_params();
+    for (const auto& [name, p] : model->named_parameters())
+      result.params.emplace_back(name, p.clone());
+  }
   result.state_bytes = zero ? zero->inner().state_bytes() : optimizer->state_bytes();
   for (const Tensor& p : params) result.total_numel += p.numel();
+  if (fsdp) result.unit_numels = fsdp->unit_numels();
   return result;
 }
 
@@ -160,15 +186,36 @@ void check_stage_against_ddp(test::Rank& r, Model kind, int stage) {
   // aside: under N elements a bucket).
   const int64_t ddp_bytes = bus(ddp.per_step, "allreduce");
   const int64_t zero_bytes = bus(zero.per_step, "reduce_scatter") + bus(zero.per_step, "allgather");
+  // Stage 3 all-gathers each unit twice and the root once (Note [FSDP units], step 4).
+  if (stage == 3) {
+    int64_t units = 0, all = 0;
+    for (size_t u = 0; u < zero.unit_numels.size(); ++u) {
+      all += zero.unit_numels[u] * 8;
+      if (u + 1 < zero.unit_numels.size()) units += zero.unit_numels[u] * 8;
+    }
+    const int64_t root = all - units;
+    EXPECT_EQ(bus(zero.per_step, "allgather"),
+              bus_bytes("allgather", 2 * units + root, r.world_size));
+    EXPECT_EQ(bus(zero.per_step, "reduce_scatter"), bus_bytes("reduce_scatter", all, r.world_size));
+    EXPECT_NEAR(static_cast<double>(zero_bytes) / ddp_bytes,
+                (1.5 * all - 0.5 * root) / static_cast<double>(all), 0.01);
+    if (r.rank == 0)
+      std::printf(
+          "ZeRO-3 at %d ranks: %.3f x DDP's bytes a step (the root, %.1f%% of the "
+          "parameters, gathered once)\n",
+          r.world_size, static_cast<double>(zero_bytes) / ddp_bytes, 100.0 * root / all);
+  }
   // Beside them one allreduce of a number: the clipping's float64 norm (GPT), the GradScaler's
   // float32 found-inf flag (ResNet).
   EXPECT_EQ(bus(zero.per_step, "allreduce"),
             bus_bytes("allreduce", kind == Model::kGPT ? 8 : 4, r.world_size))
       << format_counters(zero.per_step);
-  EXPECT_NEAR(static_cast<double>(zero_bytes) / ddp_bytes, 1.0, 0.01)
-      << "DDP:\n"
-      << format_counters(ddp.per_step) << "ZeRO-" << stage << ":\n"
-      << format_counters(zero.per_step);
+  if (stage != 3) {
+    EXPECT_NEAR(static_cast<double>(zero_bytes) / ddp_bytes, 1.0, 0.01)
+        << "DDP:\n"
+        << format_counters(ddp.per_step) << "ZeRO-" << stage << ":\n"
+        << format_counters(zero.per_step);
+  }
 
   // Optimizer state: 1/N of DDP's (AdamW: m and v; SGD: the momentum), padding aside.
   EXPECT_NEAR(static_cast<double>(zero.state_bytes) / ddp.state_bytes, 1.0 / r.world_size, 0.01);
@@ -198,6 +245,90 @@ TEST(Zero, StagesOneAndTwoEndWithDDPsWeightsOnTwoAndFourRanksResNet18) {
       test::run_ranks(
           world, [stage](test::Rank& r) { check_stage_against_ddp(r, Model::kResNet, stage); },
           std::chrono::seconds(120));
+}
+
+TEST(Zero, StageThreeFSDPEndsWithDDPsWeightsOnTwoAndFourRanksGPT) {
+  for (int world : {2, 4})
+    test::run_ranks(
+        world, [](test::Rank& r) { check_stage_against_ddp(r, Model::kGPT, 3); },
+        std::chrono::seconds(60));
+}
+
+TEST(Zero, StageThreeFSDPEndsWithDDPsWeightsOnTwoAndFourRanksResNet18) {
+  for (int world : {2, 4})
+    test::run_ranks(
+        world, [](test::Rank& r) { check_stage_against_ddp(r, Model::kResNet, 3); },
+        std::chrono::seconds(120));
+}
+
+// Note [FSDP units], step 5: with every block recomputed in backward the weights are the same to
+// the bit and no unit is gathered a third time.
+TEST(Zero, StageThreeWithActivationCheckpointingChangesNoBitAndGathersNoMore) {
+  test::run_ranks(2, [](test::Rank& r) {
+    auto group = test::gloo_group(r);
+    const RunResult plain = train(r, group, Model::kGPT, 3);
+    const RunResult recomputed = train(r, group, Model::kGPT, 3, /*recompute=*/true);
+    for (size_t i = 0; i < plain.params.size(); ++i)
+      EXPECT_TRUE(test::tensors_close(recomputed.params[i].second, plain.params[i].second, 0, 0))
+          << plain.params[i].first;
+    EXPECT_EQ(recomputed.per_step.at("allgather").calls, plain.per_step.at("allgather").calls);
+    EXPECT_EQ(bus(recomputed.per_step, "allgather"), bus(plain.per_step, "allgather"));
+  });
+}
+
+// The units' parameters exist only around their use: released after forward (all but the
+// root) and after backward and step (all), readable inside summon_full_params, and an attempt to
+// read them outside raises instead of crashing.
+TEST(Zero, StageThreeReleasesEachUnitsParametersBetweenUses) {
+  test::run_ranks(2, [](test::Rank& r) {
+    auto group = test::gloo_group(r);
+    nn::ModulePtr model = make_model(Model::kGPT);
+    auto gpt = std::dynamic_pointer_cast<nn::GPT>(model);
+    FullyShardedDataParallel fsdp(model, group);
+    EXPECT_EQ(fsdp.num_units(), 3u);  // two blocks and the root
+    EXPECT_NE(fsdp.plan().find("transformer.h.1"), std::string::npos) << fsdp.plan();
+    Tensor block_weight = gpt->transformer->h[0]->attn->c_attn->weight;
+    const Tensor embedding = gpt->transformer->wte->weight;
+    EXPECT_TRUE(is_released(*block_weight.storage()));
+    EXPECT_LOOM_ERROR(block_weight.clone(), ValueError, {"released", "summon_full_params"});
+    Tensor loss = loss_of(Model::kGPT, fsdp, batch(Model::kGPT, 0, r.rank, r.world_size));
+    EXPECT_TRUE(is_released(*block_weight.storage())) << "a block stays gathered after forward";
+    EXPECT_FALSE(is_released(*embedding.storage())) << "the root is kept for backward";
+    loss.backward();
+    EXPECT_TRUE(is_released(*block_weight.storage()));
+    EXPECT_TRUE(is_released(*embedding.storage()));
+    EXPECT_FALSE(block_weight.grad().defined());
+    // The shards hold 1/N of the parameters and of their gradients: 2 x 8 bytes x Psi / N.
+    int64_t psi = 0;
+    for (const Tensor& p : fsdp.params()) psi += p.numel();
+    EXPECT_NEAR(static_cast<double>(fsdp.shard_bytes()), 16.0 * psi / 2, 16.0 * 3 * 2);
+    {
+      auto full = fsdp.summon_full_params();
+      EXPECT_FALSE(is_released(*block_weight.storage()));
+      NoGradGuard no_grad;
+      block_weight.fill_(0.25);  // written back into the shards
+    }
+    auto again = fsdp.summon_full_params();
+    EXPECT_EQ(max(block_weight).item<double>(), 0.25);
+    EXPECT_EQ(min(block_weight).item<double>(), 0.25);
+  });
+}
+
+TEST(Zero, StageThreeRefusesAPolicyThatPicksNothingOrNests) {
+  test::run_ranks(2, [](test::Rank& r) {
+    auto group = test::gloo_group(r);
+    EXPECT_LOOM_ERROR(FullyShardedDataParallel(
+                          make_model(Model::kGPT), group,
+                          {.units = [](const std::string&, const nn::Module&) { return false; }}),
+                      ValueError, {"picked no module", "GPT2LMHeadModel", "FSDPOptions::units"});
+    EXPECT_LOOM_ERROR(FullyShardedDataParallel(make_model(Model::kGPT), group,
+                                               {.units =
+                                                    [](const std::string& name, const nn::Module&) {
+                                                      return name == "transformer.h" ||
+                                                             name == "transformer.h.0";
+                                                    }}),
+                      ValueError, {"transformer.h.0", "inside the unit transformer.h", "nest"});
+  });
 }
 
 TEST(Zero, ThePiecesCoverEveryParameterOnceAcrossTheRanks) {

@@ -1,0 +1,157 @@
+// dist/fsdp.h — FullyShardedDataParallel: ZeRO stage 3 (Note [ZeRO stages], zero.h), the
+// parameters sharded too. Each unit of the model (a Transformer block, a ResNet stage) keeps
+// one flat shard of its parameters per rank; its full parameters exist only around its forward
+// and its backward.
+//
+// Note [FSDP units]
+// 1. Units. A policy picks modules (by default GPT-2's blocks and ResNet's stages); each becomes
+//    a unit holding the parameters under it, and the root unit holds the rest (embeddings, the
+//    last norm, the stem, the head). A unit's parameters are laid end to end in one flat buffer,
+//    padded to a multiple of N; each parameter is a view of it. Rank r keeps piece r, its shard
+//    (float32, the master copy the optimizer updates), and the flat buffer's memory is released
+//    (Note [Released storage], tensor/storage.h): the parameters still point at it.
+// 2. Forward. Before a unit's forward (a forward pre-hook, Module::operator()) its flat buffer is
+//    restored and all-gathered from every rank's shard; the next unit's all-gather is started at
+//    once (prefetch), so that it travels while this unit computes. After its forward the
+//    memory is released again, although autograd saved aliases of the weights: they point at the
+//    storage, which backward refills. The root is gathered for the whole forward and backward.
+// 3. Backward. An identity node on each unit's output runs when its output's gradient arrives,
+//    before any of the unit's backward: it all-gathers the unit again (waiting for the prefetch
+//    started by the unit after it) and starts the previous unit's all-gather. Each parameter's
+//    gradient goes into the unit's flat gradient buffer as it arrives; when the last has
+//    arrived the buffer is reduce-scattered into this rank's gradient shard (asynchronously,
+//    while backward goes on) and the unit's parameters are released. At the end of backward
+//    the shards are divided by N and the flat gradient buffers freed.
+// 4. Traffic: an all-gather of each unit in forward and again in backward, a reduce-scatter in
+//    backward: 3 (N-1)/N Psi bytes a rank, the paper's 1.5 times DDP's 2 (N-1)/N Psi; the root,
+//    gathered once (as PyTorch's FSDP does: it is needed at both ends of backward), saves one
+//    of its all-gathers.
+// 5. A checkpointed unit (GPT::set_gradient_checkpointing) runs its forward again in backward:
+//    that forward keeps its gather for the backward that follows at once.
+// The optimizer takes this rank's pieces (ShardPiece, as ZeroRedundancyOptimizer's: one per
+// parameter and unit), so per-parameter options carry over; any elementwise optimizer works.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/process_group.h"
+#include "dist/zero.h"
+#include "nn/module.h"
+
+namespace loom::dist {
+
+// Whether a module (named as in named_modules) is a unit of its own.
+using UnitPolicy = std::function<bool(const std::string& name, const nn::Module& module)>;
+// GPT-2's blocks ("GPT2Block") and the four stages of a ResNet ("layer1" .. "layer4").
+bool transformer_block_or_resnet_stage(const std::string& name, const nn::Module& module);
+
+struct FSDPOptions {
+  UnitPolicy units = transformer_block_or_resnet_stage;
+  bool prefetch = true;  // Note [FSDP units], steps 2 and 3
+};
+
+// What the last backward did, as ReducerTimeline: per unit, when its reduce-scatter was
+// launched and when it completed (seconds after the first pre-backward), and the gathers.
+struct FSDPTimeline {
+  struct Event {
+    std::string what;  // "allgather layer1", "reduce_scatter layer1"
+    double launched = 0, completed = 0;
+  };
+  double backward_seconds = 0;
+  std::vector<Event> events;
+};
+
+class FullyShardedDataParallel : public nn::Module {
+ public:
+  // Broadcasts rank 0's parameters and buffers (after checking the replicas agree, as DDP),
+  // then shards every parameter that requires grad. ValueError when the policy picks nothing
+  // that holds parameters, or picks a module inside another unit.
+  FullyShardedDataParallel(nn::ModulePtr module, std::shared_ptr<ProcessGroup> group,
+                           FSDPOptions options = {});
+  ~FullyShardedDataParallel() override;
+
+  Tensor forward(const Tensor& input) override;
+  nn::Module& module() { return *module_; }
+  ProcessGroup& group() { return *group_; }
+
+  // This rank's pieces of the parameters, for the optimizer (leaves of 1-D float tensors whose
+  // gradients are views of the averaged gradient shards), and whose each is.
+  const std::vector<Tensor>& optimizer_params() const { return piece_tensors_; }
+  const std::vector<ShardPiece>& pieces() const { return pieces_; }  // bucket = unit
+  // The sharded parameters (those that require grad), in the module's order, and their names.
+  const std::vector<Tensor>& params() const { return params_; }
+  const std::vector<std::string>& names() const { return names_; }
+  // clip_grad_norm_ over the whole model (the squares summed over ranks), as ZeRO's.
+  double clip_grad_norm_(double max_norm);
+
+  // While the guard lives every unit is gathered: the parameters can be read (to save or check
+  // them) and written back (written values reach the shards when the guard ends).
+  class FullParams {
+   public:
+    explicit FullParams(FullyShardedDataParallel& fsdp);
+    ~FullParams();
+    FullParams(const FullParams&) = delete;
+    FullParams& operator=(const FullParams&) = delete;
+
+   private:
+    FullyShardedDataParallel& fsdp_;
+  };
+  [[nodiscard]] std::unique_ptr<FullParams> summon_full_params() {
+    return std::make_unique<FullParams>(*this);
+  }
+
+  // The units as a table: name, parameters, elements (padded), this rank's shard.
+  std::string plan() const;
+  const FSDPTimeline& timeline() const { return timeline_; }
+  size_t num_units() const { return units_.size(); }
+  // Bytes this rank keeps between steps: the parameter shards and the gradient shards.
+  int64_t shard_bytes() const;
+  // Each unit's elements (padded), the root last.
+  std::vector<int64_t> unit_numels() const;
+
+ private:
+  struct Unit {
+    std::string name;              // "" for the root
+    nn::Module* module = nullptr;  // null for the root
+    std::vector<size_t> params;    // indices into params_
+    std::vector<int64_t> offsets;  // of each in the flat buffer
+    int64_t numel = 0;             // padded to a multiple of N
+    Tensor full;                   // the flat parameters, released when not gathered
+    Tensor shard, shard_grad;      // this rank's piece: the master copy and its gradient
+    Tensor grad_full;              // during backward, until reduce-scattered
+    std::shared_ptr<Work> gather, reduce;
+    bool gathered = false;
+    size_t pending = 0;  // parameters whose gradient has not arrived in this backward
+    std::vector<int> hook_handles;
+  };
+
+  void gather(size_t u, bool wait);
+  void release(size_t u);
+  void pre_backward(size_t u);
+  void on_gradient(size_t i);
+  void reduce_unit(size_t u);
+  void finalize();
+  Tensor attach_pre_backward(const Tensor& output, size_t u);
+  void write_back_shards();   // FullParams: the gathered parameters into the shards
+  void attach_shard_grads();  // each piece's .grad: its run of its unit's gradient shard
+
+  nn::ModulePtr module_;
+  std::shared_ptr<ProcessGroup> group_;
+  FSDPOptions options_;
+  std::vector<Tensor> params_;
+  std::vector<std::string> names_;
+  std::vector<std::pair<size_t, size_t>> where_;  // param -> (unit, position)
+  std::vector<Unit> units_;                       // the root last
+  std::vector<Tensor> piece_tensors_;
+  std::vector<ShardPiece> pieces_;
+  std::vector<int> param_hooks_;
+
+  bool expecting_backward_ = false, callback_queued_ = false;
+  double backward_start_ = 0;
+  FSDPTimeline timeline_;
+};
+
+}  // namespace loom::dist
