@@ -195,14 +195,14 @@ std::string ZeroRedundancyOptimizer::plan() const {
 void ZeroRedundancyOptimizer::save_state(NamedTensors&, optim::Metadata&,
                                          const std::string&) const {
   throw NotImplementedError(
-      "ZeroRedundancyOptimizer: its optimizer state is sharded across the ranks and has no "
-      "checkpoint form yet; checkpoint the model's weights (every rank holds all of them)");
+      "ZeroRedundancyOptimizer: its optimizer state is sharded across the ranks: save it with "
+      "save_sharded_checkpoint (dist/sharded_checkpoint.h), which every rank calls");
 }
 
 void ZeroRedundancyOptimizer::load_state(const SafetensorsFile&, const std::string&) {
   throw NotImplementedError(
-      "ZeroRedundancyOptimizer: its optimizer state is sharded across the ranks and has no "
-      "checkpoint form yet");
+      "ZeroRedundancyOptimizer: its optimizer state is sharded across the ranks: load it with "
+      "load_sharded_checkpoint (dist/sharded_checkpoint.h), which every rank calls");
 }
 
 }  // namespace loom::dist

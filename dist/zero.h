@@ -84,6 +84,7 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   double clip_grad_norm_(double max_norm);
 
   int stage() const { return options_.stage; }
+  Reducer& reducer() { return reducer_; }
   optim::Optimizer& inner() { return *inner_; }
   const optim::Optimizer& inner() const { return *inner_; }
   const std::vector<ShardPiece>& pieces() const { return pieces_; }
@@ -94,7 +95,8 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
 
   double momentum() const override { return inner_->momentum(); }
   void set_momentum(double momentum) override { inner_->set_momentum(momentum); }
-  // Sharded optimizer state is not in checkpoints yet: NotImplementedError naming what to use.
+  // A rank's own state alone cannot make a checkpoint: NotImplementedError pointing to
+  // save_sharded_checkpoint (dist/sharded_checkpoint.h), which every rank calls.
   void save_state(NamedTensors& tensors, optim::Metadata& meta,
                   const std::string& prefix) const override;
   void load_state(const SafetensorsFile& file, const std::string& prefix) override;

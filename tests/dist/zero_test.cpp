@@ -9,12 +9,14 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "dist/ddp.h"
 #include "dist/fsdp.h"
 #include "dist/multiprocess.h"
+#include "dist/sharded_checkpoint.h"
 #include "loom.h"
 #include "nn/gpt.h"
 #include "nn/resnet.h"
@@ -22,6 +24,7 @@
 #include "optim/clip.h"
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
+#include "scratch_dir.h"
 #include "test_util.h"
 
 namespace loom::dist {
@@ -86,8 +89,14 @@ struct RunResult {
 
 // Five steps of DDP (stage 0) or ZeRO-`stage`. The GPT trains with AdamW (decay on matrices)
 // and gradient clipping; ResNet-18 with SGD momentum, weight decay and a GradScaler.
+// Which steps a run takes, and the sharded checkpoint it starts from or ends with.
+struct Phase {
+  int first_step = 0, last_step = 5;
+  std::string load_from, save_to;
+};
+
 RunResult train(test::Rank& r, std::shared_ptr<ProcessGroup> group, Model kind, int stage,
-                bool recompute = false) {
+                bool recompute = false, const Phase& phase = {}) {
   nn::ModulePtr model = make_model(kind);
   if (recompute) std::dynamic_pointer_cast<nn::GPT>(model)->set_gradient_checkpointing(true);
   std::shared_ptr<DistributedDataParallel> ddp;
@@ -131,10 +140,15 @@ RunResult train(test::Rank& r, std::shared_ptr<ProcessGroup> group, Model kind, 
     optimizer = std::move(z);
   }
   nn::Module& net = fsdp ? static_cast<nn::Module&>(*fsdp) : *ddp;
+  auto sharded = [&] { return zero ? sharded_state(*zero) : sharded_state(*fsdp, *optimizer); };
+  if (!phase.load_from.empty()) {
+    const auto meta = load_sharded_checkpoint(phase.load_from, sharded());
+    EXPECT_EQ(meta.at("step"), std::to_string(phase.first_step));
+  }
   optim::GradScaler scaler({.init_scale = 1024.0, .enabled = kind == Model::kResNet});
   scaler.set_found_inf_agreement(found_inf_agreement(group));
   RunResult result;
-  for (int step = 0; step < 5; ++step) {
+  for (int step = phase.first_step; step < phase.last_step; ++step) {
     group->reset_counters();
     optimizer->zero_grad();
     scaler.scale(loss_of(kind, net, batch(kind, step, r.rank, r.world_size))).backward();
@@ -148,7 +162,7 @@ RunResult train(test::Rank& r, std::shared_ptr<ProcessGroup> group, Model kind, 
     }
     scaler.step(*optimizer);
     scaler.update();
-    if (step == 4) {
+    if (step == phase.last_step - 1) {
       result.per_step = group->counters();
       for (const Tensor& p : params) result.grads_left = result.grads_left || p.grad().defined();
       if (ddp)
@@ -156,6 +170,8 @@ RunResult train(test::Rank& r, std::shared_ptr<ProcessGroup> group, Model kind, 
           result.buffers_left = result.buffers_left || b.buffer.defined();
     }
   }
+  if (!phase.save_to.empty())
+    save_sharded_checkpoint(phase.save_to, sharded(), {{"step", std::to_string(phase.last_step)}});
   {
     std::unique_ptr<FullyShardedDataParallel::FullParams> gathered;
     if (fsdp) gathered = fsdp->summon_full_params();
@@ -328,6 +344,82 @@ TEST(Zero, StageThreeRefusesAPolicyThatPicksNothingOrNests) {
                                                              name == "transformer.h.0";
                                                     }}),
                       ValueError, {"transformer.h.0", "inside the unit transformer.h", "nest"});
+  });
+}
+
+void expect_same_weights(const RunResult& a, const RunResult& b, double rtol,
+                         const std::string& what) {
+  ASSERT_EQ(a.params.size(), b.params.size());
+  for (size_t i = 0; i < a.params.size(); ++i)
+    EXPECT_TRUE(test::tensors_close(b.params[i].second, a.params[i].second, rtol, 1e-12))
+        << a.params[i].first << " " << what;
+}
+
+// Note [Sharded checkpoints]: two steps, a save, a new model and optimizer that load it and take
+// three more: DDP's five steps, for each stage and both models.
+TEST(Zero, ASaveAndALoadInTheMiddleChangeNothingInEachStage) {
+  test::ScratchDir dir;
+  for (Model kind : {Model::kGPT, Model::kResNet})
+    for (int stage : {1, 2, 3}) {
+      const std::string folder =
+          dir.file(detail::str("stage", stage, kind == Model::kGPT ? "gpt" : "resnet"));
+      test::run_ranks(
+          2,
+          [&](test::Rank& r) {
+            auto group = test::gloo_group(r);
+            const RunResult ddp = train(r, group, kind, 0);
+            train(r, group, kind, stage, false,
+                  {.first_step = 0, .last_step = 2, .load_from = "", .save_to = folder});
+            const RunResult resumed =
+                train(r, group, kind, stage, false,
+                      {.first_step = 2, .last_step = 5, .load_from = folder, .save_to = ""});
+            expect_same_weights(ddp, resumed, 1e-10, detail::str("stage ", stage));
+          },
+          std::chrono::seconds(120));
+    }
+}
+
+// Resharding: ZeRO-3 on four ranks saves after two steps; two ranks load it and take three more,
+// ending with DDP's weights on two ranks (the same global batches).
+TEST(Zero, StageThreeResumesFromAFourRankCheckpointOnTwoRanks) {
+  test::ScratchDir dir;
+  const std::string folder = dir.file("four");
+  test::run_ranks(4, [&](test::Rank& r) {
+    train(r, test::gloo_group(r), Model::kGPT, 3, false,
+          {.first_step = 0, .last_step = 2, .load_from = "", .save_to = folder});
+  });
+  EXPECT_TRUE(std::filesystem::exists(folder + "/shard-3-of-4.safetensors"));
+  test::run_ranks(2, [&](test::Rank& r) {
+    auto group = test::gloo_group(r);
+    const RunResult ddp = train(r, group, Model::kGPT, 0);
+    const RunResult resumed =
+        train(r, group, Model::kGPT, 3, false,
+              {.first_step = 2, .last_step = 5, .load_from = folder, .save_to = ""});
+    expect_same_weights(ddp, resumed, 1e-10, "resharded 4 -> 2");
+  });
+}
+
+TEST(Zero, AShardedCheckpointWithAShardMissingOrOfAnotherModelIsRefused) {
+  test::ScratchDir dir;
+  const std::string folder = dir.file("ckpt");
+  test::run_ranks(2, [&](test::Rank& r) {
+    train(r, test::gloo_group(r), Model::kGPT, 3, false,
+          {.first_step = 0, .last_step = 1, .load_from = "", .save_to = folder});
+  });
+  std::filesystem::remove(folder + "/shard-1-of-2.safetensors");
+  test::run_ranks(2, [&](test::Rank& r) {
+    auto group = test::gloo_group(r);
+    FullyShardedDataParallel fsdp(make_model(Model::kGPT), group);
+    optim::SGD sgd(fsdp.optimizer_params(), {.lr = 0.1});
+    EXPECT_LOOM_ERROR(load_sharded_checkpoint(folder, sharded_state(fsdp, sgd)), IOError,
+                      {"shard 1 of 2 is missing", "shard-1-of-2.safetensors"});
+    EXPECT_LOOM_ERROR(load_sharded_checkpoint(folder + "/nothing", sharded_state(fsdp, sgd)),
+                      IOError, {"index.json", "not a sharded checkpoint"});
+    // Another model: a ResNet's parameters against the GPT's checkpoint.
+    FullyShardedDataParallel other(make_model(Model::kResNet), group);
+    optim::SGD other_sgd(other.optimizer_params(), {.lr = 0.1});
+    EXPECT_LOOM_ERROR(load_sharded_checkpoint(folder, sharded_state(other, other_sgd)), ValueError,
+                      {"another model"});
   });
 }
 
