@@ -59,7 +59,7 @@ cap() {  # cap N: N seconds, or what is left of the budget less 20 s for the tab
 build_status="not started" summary="" failed="" skipped=""
 declare -A loom_ips torch_ips any_ips ops_ips
 loom_fp16="" torch_fp16="" loom_fp16_ips="" torch_fp16_ips="" any_fp16_ips="" ops_fp16_ips=""
-busbw=""
+busbw="" zero_rows=""
 gpt_loom_tps="" gpt_torch_tps="" gpt_loom_mfu=""
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }'; }
@@ -88,6 +88,7 @@ print_table() {
     echo "| same, PyTorch (F.scaled_dot_product_attention) tokens/s | ${gpt_torch_tps:-n/a} |"
     echo "| same, loom / PyTorch | $(ratio "${gpt_loom_tps:-0}" "${gpt_torch_tps:-0}") |"
     echo "| allreduce busbw | ${busbw:-n/a} |"
+    echo "| ZeRO-1/2/3 end with DDP's weights on the GPU (tests/dist/zero_cuda_test.cpp) | ${zero_rows:-n/a} |"
     echo
     echo "($((SECONDS - start)) s in all)"
   } | tee "$out/gpu_check.md"
@@ -137,6 +138,9 @@ grep -q "^status_cuda_tests=124" "$out/cuda_tests.log" && summary="cuda tests TI
 bad='\((Failed|Timeout|SEGFAULT|Subprocess aborted|Subprocess killed|ILLEGAL|BUS_ERROR|OTHER_FAULT|INTERRUPT|NUMERICAL|Not Run)\)'
 failed="$(grep -cE "$bad" "$out/cuda_tests.log")"
 skipped="$(grep -c "(Skipped)" "$out/cuda_tests.log")"
+# The ZeRO row: each ZeroOnGpus test and how it ended ("gloo ...: Passed; nccl ...: ***Skipped").
+zero_rows="$(grep -E "Test +#[0-9]+: ZeroOnGpus\." "$out/cuda_tests.log" |
+  sed -E 's/.*ZeroOnGpus\.([A-Za-z]+)[ .]*/\1: /; s/ +[0-9.]+ sec.*//' | tr '\n' ';' | sed 's/;$//')"
 say "tests: ${summary:-no summary}; $failed failed, $skipped skipped"
 grep -E "$bad" "$out/cuda_tests.log" | head -20 | tee -a "$log"
 
