@@ -121,6 +121,15 @@ void ProcessGroup::reset_counters() {
   counters_.clear();
 }
 
+void accumulate(CollectiveCounters& total, const CollectiveCounters& more) {
+  for (const auto& [op, stats] : more) {
+    CollectiveStats& into = total[op];
+    into.calls += stats.calls;
+    into.payload_bytes += stats.payload_bytes;
+    into.bus_bytes += stats.bus_bytes;
+  }
+}
+
 std::string format_counters(const CollectiveCounters& counters) {
   std::ostringstream out;
   char line[128];

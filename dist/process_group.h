@@ -68,6 +68,8 @@ struct CollectiveStats {
 using CollectiveCounters = std::map<std::string, CollectiveStats>;  // by op name
 // The counters as a table (op, calls, payload, bus bytes), with a total row.
 std::string format_counters(const CollectiveCounters& counters);
+// Adds `more` into `total`, op by op (a run's counters over its steps).
+void accumulate(CollectiveCounters& total, const CollectiveCounters& more);
 // The bus bytes (Note [Bytes moved]) of one call of `op` with `payload` bytes in a group of `size`.
 int64_t bus_bytes(const std::string& op, int64_t payload, int size);
 

@@ -78,6 +78,10 @@ int main(int argc, char** argv) {
   app.add_option("--resume", o.resume,
                  "continue from (or sample from) a checkpoint: gpt_train's last.safetensors, or a "
                  "GPT-2 model.safetensors (with config.json beside it)");
+  app.add_option("--zero", o.zero,
+                 "shard across the ranks (Note [ZeRO stages]): 0 DDP, 1 the optimizer state, 2 and "
+                 "the gradients, 3 and the parameters (FSDP)")
+      ->check(CLI::Range(0, 3));
   app.add_flag("--checkpoint-activations", o.checkpoint_activations,
                "keep only each block's input in forward and recompute the block in backward "
                "(the same gradients, less memory, about a third more compute)");

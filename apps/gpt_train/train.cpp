@@ -42,9 +42,11 @@
 #include "data/sha256.h"
 #include "data/text.h"
 #include "dist/ddp.h"
+#include "dist/fsdp.h"
 #include "dist/job.h"
 #include "dist/metrics.h"
 #include "dist/report.h"
+#include "dist/zero.h"
 #include "loom.h"
 #include "nn/gpt.h"
 #include "optim/checkpoint.h"
@@ -245,6 +247,8 @@ double evaluate(nn::GPT& model, const data::TextWindows& windows, const Options&
   return total[1] > 0 ? total[0] / total[1] : 0.0;
 }
 
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n') + 1); }
+
 // The job's peak FLOP/s for MFU (Note [MFU]).
 double job_peak_flops(const Options& o, const dist::Job& job) {
   if (job.device.is_cuda())
@@ -275,6 +279,7 @@ void export_model(const Options& o, const nn::GPT& model, const Tokenizer& token
                   int64_t step) {
   if (o.checkpoint_dir.empty()) return;
   const fs::path dir = o.checkpoint_dir;
+  fs::create_directories(dir);  // under ZeRO no last.safetensors made it
   nn::save_gpt((dir / "model.safetensors").string(), model, tokenizer.info(),
                {{"loom.step", std::to_string(step)}});
   if (model.config.bias) nn::write_hf_config((dir / "config.json").string(), model.config);
@@ -309,6 +314,12 @@ double run(const Options& o) {
       o.resume.empty() ? std::nullopt : std::optional<Source>(inspect(o.resume));
   const bool sampling = !o.sample.empty();
   LOOM_CHECK(!sampling || source, ValueError, "--sample needs --resume CHECKPOINT");
+  LOOM_CHECK(o.zero >= 0 && o.zero <= 3, ValueError, "--zero ", o.zero,
+             ": the ZeRO stages are 0 (DDP), 1, 2 and 3");
+  LOOM_CHECK(o.zero == 0 || o.resume.empty(), ValueError, "--zero ", o.zero,
+             ": gpt_train does not resume sharded training yet (--checkpoint-dir writes the "
+             "whole model, model.safetensors, not the sharded optimizer state); run without "
+             "--resume (dist/sharded_checkpoint.h has sharded checkpoints for programs)");
   const std::string corpus = sampling ? std::string() : data::read_corpus(o.data);
   const Tokenizer tokenizer = make_tokenizer(o, source, corpus);
   const nn::GPTConfig config = model_config(o, source, tokenizer.vocab_size());
@@ -322,10 +333,36 @@ double run(const Options& o) {
   model->to(job.device);
   model->set_gradient_checkpointing(o.checkpoint_activations);
   const std::vector<Tensor> params = model->parameters();
-  // SGD's weight decay (L2) applies to every parameter; Adam's and AdamW's to the matrices.
-  const auto optimizer =
-      dist::make_optimizer(o.train, params, o.train.lr,
-                           o.train.optimizer == "sgd" ? std::vector<bool>() : decay_mask(params));
+  LOOM_CHECK(o.zero == 0 || job.parallel(), ValueError, "--zero ", o.zero,
+             " shards across ranks: give --nproc N or --gpus N with N > 1");
+  // SGD's weight decay (L2) applies to every parameter; Adam's and AdamW's to the matrices
+  // (under ZeRO to the pieces of the matrices: Note [ZeRO stages]).
+  const bool sgd = o.train.optimizer == "sgd";
+  auto over_pieces = [&](std::vector<Tensor> pieces, const std::vector<size_t>& owner) {
+    std::vector<bool> decay;
+    for (size_t i : owner) decay.push_back(params[i].dim() >= 2);
+    return dist::make_optimizer(o.train, std::move(pieces), o.train.lr,
+                                sgd ? std::vector<bool>() : decay);
+  };
+  std::shared_ptr<dist::DistributedDataParallel> ddp;
+  std::shared_ptr<dist::FullyShardedDataParallel> fsdp;
+  dist::ZeroRedundancyOptimizer* zero = nullptr;
+  std::unique_ptr<optim::Optimizer> optimizer;
+  if (o.zero == 1 || o.zero == 2) {
+    ddp = std::make_shared<dist::DistributedDataParallel>(model, job.group);
+    auto z = std::make_unique<dist::ZeroRedundancyOptimizer>(*ddp, over_pieces,
+                                                             dist::ZeroOptions{.stage = o.zero});
+    zero = z.get();
+    optimizer = std::move(z);
+  } else if (o.zero == 3) {
+    fsdp = std::make_shared<dist::FullyShardedDataParallel>(model, job.group);
+    std::vector<size_t> owner;
+    for (const dist::ShardPiece& piece : fsdp->pieces()) owner.push_back(piece.param);
+    optimizer = over_pieces(fsdp->optimizer_params(), owner);
+  } else {
+    optimizer = dist::make_optimizer(o.train, params, o.train.lr,
+                                     sgd ? std::vector<bool>() : decay_mask(params));
+  }
   const auto schedule = make_schedule(o, *optimizer);
   optim::GradScaler scaler({.enabled = o.amp == "fp16"});
   optim::GradScaler* saved_scaler = scaler.is_enabled() ? &scaler : nullptr;
@@ -376,13 +413,16 @@ double run(const Options& o) {
     return val;
   }
 
-  std::shared_ptr<dist::DistributedDataParallel> ddp;
   if (job.parallel()) {
-    ddp = std::make_shared<dist::DistributedDataParallel>(model, job.group);
+    if (!ddp && !fsdp) ddp = std::make_shared<dist::DistributedDataParallel>(model, job.group);
     if (scaler.is_enabled())
       scaler.set_found_inf_agreement(dist::found_inf_agreement(job.group, job.device));
   }
-  nn::Module& net = ddp ? static_cast<nn::Module&>(*ddp) : *model;
+  nn::Module& net = fsdp  ? static_cast<nn::Module&>(*fsdp)
+                    : ddp ? static_cast<nn::Module&>(*ddp)
+                          : *model;
+  if (zero) out.say("%s", first_line(zero->plan()).c_str());
+  if (fsdp) out.say("%s", first_line(fsdp->plan()).c_str());
   out.say(
       "batch %lld x %lld tokens, %lld micro-batches a step, world %d: %lld tokens per step; "
       "%s; warm-up %lld, cosine to %g at %lld; %d threads%s%s%s\n",
@@ -409,6 +449,8 @@ double run(const Options& o) {
     double train_loss = interval.steps ? interval.loss / interval.steps : 0.0;
     dist::LogRecord record;
     record.add("step", progress.step).add("lr", optimizer->lr());
+    // FSDP: every unit gathered while the whole model evaluates and is exported.
+    const auto gathered = eval && fsdp ? fsdp->summon_full_params() : nullptr;
     if (eval) {
       val_loss = evaluate(*model, *text->validation, o, job);
       train_loss = evaluate(*model, *text->train_eval, o, job);
@@ -431,13 +473,17 @@ double run(const Options& o) {
     out.scalar("train/lr", optimizer->lr(), progress.step);
     out.flush();
     if (eval) {
-      checkpoints.save_last(progress);
+      // Under ZeRO no rank holds the whole optimizer state: only the model is written.
+      if (o.zero == 0) checkpoints.save_last(progress);
       if (job.leader()) export_model(o, *model, tokenizer, progress.step);
     }
     interval.reset();
   };
 
+  dist::CollectiveCounters moved;  // by the training steps (Note [Bytes moved])
+  int64_t steps_taken = 0;
   while (progress.step < o.iters && (o.train.max_steps < 0 || progress.step < o.train.max_steps)) {
+    if (job.parallel()) job.group->reset_counters();
     optimizer->zero_grad();
     checkpoints.changed();
     Tensor loss;
@@ -458,11 +504,18 @@ double run(const Options& o) {
     }
     if (o.train.grad_clip > 0) {
       scaler.unscale_(*optimizer);
-      optim::clip_grad_norm_(params, o.train.grad_clip);
+      if (zero)
+        zero->clip_grad_norm_(o.train.grad_clip);
+      else if (fsdp)
+        fsdp->clip_grad_norm_(o.train.grad_clip);
+      else
+        optim::clip_grad_norm_(params, o.train.grad_clip);
     }
     scaler.step(*optimizer);
     scaler.update();
     schedule->step();
+    if (job.parallel()) dist::accumulate(moved, job.group->counters());
+    ++steps_taken;
     ++progress.step;
     ++interval.steps;
     if (progress.step % o.log_every == 0 || progress.step % o.eval_every == 0 ||
@@ -470,6 +523,17 @@ double run(const Options& o) {
       report(progress.step == o.iters);
   }
   if (interval.steps > 0) report(true);
+  if (job.parallel() && steps_taken > 0) {
+    int64_t bus = 0;
+    for (const auto& [op, stats] : moved) bus += stats.bus_bytes;
+    out.say(
+        "collectives of rank %d over %lld training steps (%s; bus bytes: Note [Bytes moved]), "
+        "%.3f MiB a step:\n%s",
+        job.rank, static_cast<long long>(steps_taken),
+        o.zero > 0 ? detail::str("ZeRO-", o.zero).c_str() : "DDP",
+        bus / 1048576.0 / static_cast<double>(steps_taken), dist::format_counters(moved).c_str());
+  }
+  const auto gathered = fsdp ? fsdp->summon_full_params() : nullptr;
   if (o.sample_after && job.leader()) {
     out.say("sample (temperature %g, top-k %lld):\n%s\n", o.temperature,
             static_cast<long long>(o.top_k), sample(*model, tokenizer, o, "").c_str());

@@ -1,7 +1,8 @@
 // tests/dist/gpt_train_app_test.cpp — gpt_train end to end on a small text: world-size
 // invariance (1 rank at batch 8 and 2 ranks at batch 4 see the same windows and end with the
-// same weights), resuming (2 + 2 steps equal 4), a checkpoint that transformers' layout names and
-// that samples, and every bad input exiting with status 2 and writing nothing.
+// same weights), the ZeRO stages ending with DDP's weights, resuming (2 + 2 steps equal 4), a
+// checkpoint that transformers' layout names and that samples, and every bad input exiting with
+// status 2 and writing nothing.
 
 #include <sys/wait.h>
 
@@ -86,6 +87,36 @@ TEST_F(GptTrainApp, CheckpointActivationsChangesNoBitOnTwoRanks) {
   expect_same_weights(path("plain/model.safetensors"), path("recomputed/model.safetensors"), 0, 0);
 }
 
+// Note [ZeRO stages]: each stage ends with DDP's weights (the apps' bound, 1e-5), with AdamW
+// and clipping, and with SGD over two micro-batches (each reduce-scattered: the sums are
+// rounded in another order); the run summary prints the bytes each collective moved.
+TEST_F(GptTrainApp, EachZeroStageEndsWithDDPsWeightsOnTwoRanks) {
+  std::string out;
+  const std::string common = data() + kModel + "--layers 2 --iters 3 --eval-every 3 " +
+                             "--batch-size 4 --nproc 2 --grad-clip 1 ";
+  const std::string sgd = "--optimizer sgd --lr 0.05 --accumulate 2 ";
+  ASSERT_EQ(run(common + "--checkpoint-dir " + path("adamw-0"), &out), 0) << out;
+  EXPECT_NE(out.find("allreduce"), std::string::npos) << out;
+  ASSERT_EQ(run(common + sgd + "--checkpoint-dir " + path("sgd-0"), &out), 0) << out;
+  for (const std::string stage : {"1", "2", "3"}) {
+    SCOPED_TRACE("--zero " + stage);
+    ASSERT_EQ(run(common + "--zero " + stage + " --checkpoint-dir " + path("adamw-" + stage), &out),
+              0)
+        << out;
+    EXPECT_NE(out.find("(ZeRO-" + stage + "; bus bytes"), std::string::npos) << out;
+    EXPECT_NE(out.find("reduce_scatter"), std::string::npos) << out;
+    EXPECT_NE(out.find("allgather"), std::string::npos) << out;
+    expect_same_weights(path("adamw-" + stage + "/model.safetensors"),
+                        path("adamw-0/model.safetensors"), 1e-5, 1e-7);
+    ASSERT_EQ(
+        run(common + sgd + "--zero " + stage + " --checkpoint-dir " + path("sgd-" + stage), &out),
+        0)
+        << out;
+    expect_same_weights(path("sgd-" + stage + "/model.safetensors"),
+                        path("sgd-0/model.safetensors"), 1e-5, 1e-7);
+  }
+}
+
 TEST_F(GptTrainApp, ResumingContinuesWhereTheRunStopped) {
   std::string out;
   ASSERT_EQ(
@@ -167,6 +198,9 @@ TEST_F(GptTrainApp, BadInputExitsWithTwoAndWritesNothing) {
       {data() + kModel + "--tokenizer gpt2 --bpe-dir " + kBpeDir + " --resume " + checkpoint,
        "trained on bytes"},
       {data() + kModel + "--layers 0", "--layers"},
+      {data() + kModel + "--zero 4", "--zero"},
+      {data() + kModel + "--zero 2", "--nproc N"},
+      {data() + kModel + "--zero 3 --nproc 2 --resume " + checkpoint, "does not resume sharded"},
   };
   fs::create_directories(path("empty_dir"));
   fs::create_directories(path("no_bpe"));
