@@ -150,7 +150,8 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::ModulePtr module,
     units_[u].hook_handles.push_back(
         m.register_forward_hook([this, u](nn::Module&, const Tensor&, const Tensor& output) {
           Tensor out = attach_pre_backward(output, u);
-          if (!autograd::backward_running()) release(u);  // step 5: a recomputation keeps it
+          // Step 5: a recomputation keeps it; so does a forward inside summon_full_params.
+          if (!autograd::backward_running() && summoned_ == 0) release(u);
           return out;
         }));
   }
@@ -159,14 +160,29 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::ModulePtr module,
         params_[i].register_post_accumulate_grad_hook([this, i](Tensor&) { on_gradient(i); }));
 }
 
+namespace {
+
+// Destructors wait for the collectives still writing into memory they free. One that fails (a
+// peer gone) writes no more, and the job is already ending with an error of its own: the
+// failure is printed, not thrown (a destructor that throws ends the process).
+void settle(const std::shared_ptr<Work>& work, const char* where) noexcept {
+  if (!work) return;
+  try {
+    work->wait();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", where, e.what());
+  }
+}
+
+}  // namespace
+
 FullyShardedDataParallel::~FullyShardedDataParallel() {
   for (size_t i = 0; i < params_.size(); ++i)
     params_[i].remove_post_accumulate_grad_hook(param_hooks_[i]);
   for (Unit& unit : units_) {
     for (int h : unit.hook_handles) unit.module->remove_hook(h);
-    // Leave no collective writing into memory about to go.
-    if (unit.gather) unit.gather->wait();
-    if (unit.reduce) unit.reduce->wait();
+    settle(unit.gather, "~FullyShardedDataParallel");
+    settle(unit.reduce, "~FullyShardedDataParallel");
   }
 }
 
@@ -224,7 +240,7 @@ Tensor FullyShardedDataParallel::forward(const Tensor& input) {
   gather(root, /*wait=*/true);
   Tensor output = (*module_)(input);
   if (training_step && output.requires_grad()) return attach_pre_backward(output, root);
-  release(root);
+  if (summoned_ == 0) release(root);
   return output;
 }
 
@@ -233,6 +249,8 @@ Tensor FullyShardedDataParallel::forward(const Tensor& input) {
 void FullyShardedDataParallel::pre_backward(size_t u) {
   if (!callback_queued_) {
     callback_queued_ = true;
+    // Gradients accumulate into the shards unless the optimizer dropped them (zero_grad).
+    accumulating_ = !piece_tensors_.empty() && piece_tensors_.front().grad().defined();
     backward_start_ = steady_seconds();
     timeline_.events.clear();
     autograd::queue_callback([this] { finalize(); });
@@ -267,7 +285,10 @@ void FullyShardedDataParallel::reduce_unit(size_t u) {
     unit.grad_full = zeros({unit.numel}, unit.shard.dtype(), unit.shard.device());
   timeline_.events.push_back({"reduce_scatter " + (unit.name.empty() ? "(root)" : unit.name),
                               steady_seconds() - backward_start_, 0});
-  unit.reduce = group_->reduce_scatter_tensor(unit.shard_grad, unit.grad_full, ReduceOp::Sum);
+  unit.reduced = accumulating_ ? empty(unit.shard_grad.sizes(), unit.shard_grad.dtype(),
+                                       unit.shard_grad.device())
+                               : unit.shard_grad;
+  unit.reduce = group_->reduce_scatter_tensor(unit.reduced, unit.grad_full, ReduceOp::Sum);
   // Every backward op that reads this unit's weights has run: they can go.
   if (u + 1 < units_.size()) release(u);
 }
@@ -288,7 +309,9 @@ void FullyShardedDataParallel::finalize() {
     unit.reduce->wait();
     const double done = unit.reduce->finished_at();
     unit.reduce.reset();
-    k::mul_scalar_(unit.shard_grad, average);
+    k::mul_scalar_(unit.reduced, average);
+    if (!unit.reduced.is_same(unit.shard_grad)) k::add_(unit.shard_grad, unit.reduced);
+    unit.reduced = Tensor();
     unit.grad_full = Tensor();
     while (event < timeline_.events.size() && !timeline_.events[event].what.starts_with("reduce"))
       ++event;
@@ -332,11 +355,18 @@ double FullyShardedDataParallel::clip_grad_norm_(double max_norm) {
 FullyShardedDataParallel::FullParams::FullParams(FullyShardedDataParallel& fsdp) : fsdp_(fsdp) {
   for (size_t u = 0; u < fsdp_.units_.size(); ++u) fsdp_.gather(u, /*wait=*/false);
   for (size_t u = 0; u < fsdp_.units_.size(); ++u) fsdp_.gather(u, /*wait=*/true);
+  ++fsdp_.summoned_;
 }
 
 FullyShardedDataParallel::FullParams::~FullParams() {
-  fsdp_.write_back_shards();
-  for (size_t u = 0; u < fsdp_.units_.size(); ++u) fsdp_.release(u);
+  // The constructor waited for every gather: no collective is left to fail here.
+  if (--fsdp_.summoned_ > 0) return;  // an outer guard still needs them
+  try {
+    fsdp_.write_back_shards();
+    for (size_t u = 0; u < fsdp_.units_.size(); ++u) fsdp_.release(u);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "~FullParams: %s\n", e.what());
+  }
 }
 
 void FullyShardedDataParallel::write_back_shards() {

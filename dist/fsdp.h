@@ -21,7 +21,9 @@
 //    gradient goes into the unit's flat gradient buffer as it arrives; when the last has
 //    arrived the buffer is reduce-scattered into this rank's gradient shard (asynchronously,
 //    while backward goes on) and the unit's parameters are released. At the end of backward
-//    the shards are divided by N and the flat gradient buffers freed.
+//    the shards are divided by N and the flat gradient buffers freed. Backward passes add into
+//    the shards (gradient accumulation over micro-batches, each reduce-scattered) until the
+//    optimizer's zero_grad drops the pieces' gradients.
 // 4. Traffic: an all-gather of each unit in forward and again in backward, a reduce-scatter in
 //    backward: 3 (N-1)/N Psi bytes a rank, the paper's 1.5 times DDP's 2 (N-1)/N Psi; the root,
 //    gathered once (as PyTorch's FSDP does: it is needed at both ends of backward), saves one
@@ -88,7 +90,8 @@ class FullyShardedDataParallel : public nn::Module {
   double clip_grad_norm_(double max_norm);
 
   // While the guard lives every unit is gathered: the parameters can be read (to save or check
-  // them) and written back (written values reach the shards when the guard ends).
+  // them, or to evaluate the model: a forward then releases nothing) and written back (written
+  // values reach the shards when the last guard ends).
   class FullParams {
    public:
     explicit FullParams(FullyShardedDataParallel& fsdp);
@@ -122,6 +125,7 @@ class FullyShardedDataParallel : public nn::Module {
     Tensor full;                   // the flat parameters, released when not gathered
     Tensor shard, shard_grad;      // this rank's piece: the master copy and its gradient
     Tensor grad_full;              // during backward, until reduce-scattered
+    Tensor reduced;  // its reduce-scatter's output: shard_grad, or a buffer to add into it
     std::shared_ptr<Work> gather, reduce;
     bool gathered = false;
     size_t pending = 0;  // parameters whose gradient has not arrived in this backward
@@ -149,7 +153,8 @@ class FullyShardedDataParallel : public nn::Module {
   std::vector<ShardPiece> pieces_;
   std::vector<int> param_hooks_;
 
-  bool expecting_backward_ = false, callback_queued_ = false;
+  bool expecting_backward_ = false, callback_queued_ = false, accumulating_ = false;
+  int summoned_ = 0;  // FullParams guards alive
   double backward_start_ = 0;
   FSDPTimeline timeline_;
 };
