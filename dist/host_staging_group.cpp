@@ -20,7 +20,8 @@ namespace {
 // test, or a machine without NCCL), the group loom hands out stages them: the device tensors
 // are copied to host tensors (a synchronous copy, which also waits for the kernels that wrote
 // them), the collective runs on those, and wait() copies the results back into the device
-// tensors. CPU tensors pass straight through. It is slower than nccl by two copies through
+// tensors (as the transports write theirs: the tensors' versions unchanged). CPU tensors pass
+// straight through. It is slower than nccl by two copies through
 // PCIe per collective, and wait() is where the copy back happens: a caller that only polls
 // is_completed() sees the host result, not yet the device one.
 class HostStagingGroup : public ProcessGroup {
@@ -79,7 +80,7 @@ class HostStagingGroup : public ProcessGroup {
     void wait(Milliseconds timeout) override {
       inner_->wait(timeout);
       std::lock_guard<std::mutex> lock(mutex_);
-      for (auto& [device, host] : back_) kernels::copy_(device, host);
+      for (auto& [device, host] : back_) copy_back(device, host);
       back_.clear();
     }
     double started_at() const override { return inner_->started_at(); }
@@ -91,6 +92,14 @@ class HostStagingGroup : public ProcessGroup {
     std::vector<std::pair<Tensor, Tensor>> back_;  // (device tensor, its host copy)
   };
 
+  // The result lands as a transport writes its output, without a version bump (gloo and nccl
+  // write memory, not tensors): FSDP gathers a unit again into the storage whose aliases
+  // autograd saved (Note [Released storage]), and ZeRO bumps its parameters itself.
+  static void copy_back(const Tensor& device, const Tensor& host) {
+    const uint64_t version = device.version();
+    kernels::copy_(device, host);
+    device.storage()->version.store(version);
+  }
   static bool any_cuda(const std::vector<Tensor>& ts) {
     return std::any_of(ts.begin(), ts.end(),
                        [](const Tensor& t) { return t.defined() && t.is_cuda(); });

@@ -33,8 +33,7 @@ struct Result {
 
 // Four steps of DDP (stage 0) or ZeRO-`stage` on `device`; rank r takes its half of each
 // step's batch of 8 sequences.
-Result train(test::Rank& r, const std::shared_ptr<ProcessGroup>& group, Device device,
-             int stage) {
+Result train(test::Rank& r, const std::shared_ptr<ProcessGroup>& group, Device device, int stage) {
   manual_seed(7);
   nn::GPTConfig c;
   c.vocab_size = kVocab;
@@ -72,8 +71,8 @@ Result train(test::Rank& r, const std::shared_ptr<ProcessGroup>& group, Device d
       for (const Tensor& p : params) decay.push_back(p.dim() >= 2);
       optimizer = adamw(params, decay);
     } else {
-      auto z = std::make_unique<ZeroRedundancyOptimizer>(*ddp, over_pieces,
-                                                         ZeroOptions{.stage = stage});
+      auto z =
+          std::make_unique<ZeroRedundancyOptimizer>(*ddp, over_pieces, ZeroOptions{.stage = stage});
       zero = z.get();
       optimizer = std::move(z);
     }
@@ -136,10 +135,9 @@ void check_stages(const std::string& backend) {
                 << backend << " stage " << stage << " " << ddp.params[i].first;
           // Stages 1 and 2 move DDP's bytes, stage 3 about 1.5 times them (the root is gathered
           // once: less); AdamW's state is halved.
-          const double ratio =
-              static_cast<double>(bus(zero.last_step, "reduce_scatter") +
-                                  bus(zero.last_step, "allgather")) /
-              static_cast<double>(bus(ddp.last_step, "allreduce"));
+          const double ratio = static_cast<double>(bus(zero.last_step, "reduce_scatter") +
+                                                   bus(zero.last_step, "allgather")) /
+                               static_cast<double>(bus(ddp.last_step, "allreduce"));
           if (stage < 3)
             EXPECT_NEAR(ratio, 1.0, 0.01) << backend << " stage " << stage;
           else
