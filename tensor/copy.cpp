@@ -49,6 +49,13 @@ void copy_(const Tensor& dst, const Tensor& src) {
     return cpu::copy_(dst, src);
   }
   if (dst.device() == src.device()) return cuda_backend().copy_(dst, src);  // bumps the version
+  // Between devices an empty tensor moves nothing. The paths below could not take it anyway:
+  // they wait for a dense layout, and is_contiguous() is false for a fresh [3, 0] (strides
+  // [1, 1]), so they would call themselves for ever.
+  if (dst.numel() == 0) {
+    dst.bump_version();
+    return;
+  }
   if (dst.is_cuda() && src.is_cuda()) return copy_(dst, to_device(src, kCPU));
   const MemoryFormat format = suggest_memory_format(dst);
   if (dst.is_cuda()) {  // host to device

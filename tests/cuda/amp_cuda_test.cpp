@@ -47,8 +47,13 @@ TEST_P(AmpCuda, ProductsAndTheirBackwardMatchTheCpu) {
   const double tol = tolerance(low);
   EXPECT_TRUE(cuda_matches_cpu(yg, yc, tol, tol));
   EXPECT_TRUE(cuda_matches_cpu(zg, zc, tol, tol));
-  add(sum(mul(yc, yc)), sum(zc)).backward();
-  add(sum(mul(yg, yg)), sum(zg)).backward();
+  // Reductions refuse 16-bit tensors outside a region (docs/decisions.md): the loss widens first.
+  const auto loss = [](const Tensor& y, const Tensor& z) {
+    const Tensor y32 = y.to(kFloat32);
+    return add(sum(mul(y32, y32)), sum(z.to(kFloat32)));
+  };
+  loss(yc, zc).backward();
+  loss(yg, zg).backward();
   for (size_t i = 0; i < cpu.size(); ++i) {
     ASSERT_TRUE(gpu[i].grad().defined()) << i;
     EXPECT_EQ(gpu[i].grad().dtype(), kFloat32) << i;
@@ -59,6 +64,14 @@ TEST_P(AmpCuda, ProductsAndTheirBackwardMatchTheCpu) {
 // One autocast step of a small ResNet on cuda:0 against the CPU, with the batch contiguous and
 // channels-last (cuDNN then runs NHWC, and batch norm, ReLU and the residual adds keep the
 // format: Note [Memory formats]).
+//
+// At initialisation, with batch norm in training mode, this network's gradients are
+// ill-conditioned: on the CPU, float32 inputs perturbed by 5e-4 (one float16 rounding) move some
+// of them by 19% of their size, and autocast moves them from float32's by up to 15% (float16)
+// and 64% (bfloat16). The GPU rounds where the CPU does not (batch norm, ReLU and the adds stay
+// 16-bit there; the CPU widens them), so its gradients may differ from the CPU's by as much: each
+// is held to twice the CPU's own autocast error plus 10% of its size. A gradient unrelated to the
+// CPU's (about 1.4 times its size away) fails that in float16; in bfloat16 the bound is looser.
 TEST_P(AmpCuda, AResNetStepMatchesTheCpu) {
   LOOM_SKIP_WITHOUT_GPU();
   const DType low = GetParam();
@@ -67,6 +80,8 @@ TEST_P(AmpCuda, AResNetStepMatchesTheCpu) {
   manual_seed(2);
   auto on_gpu = nn::resnet18({.width = 8, .in_channels = 3, .num_classes = 10});
   on_gpu->to(kCuda0);
+  manual_seed(2);
+  auto in_float32 = nn::resnet18({.width = 8, .in_channels = 3, .num_classes = 10});
   const Tensor x = randn({4, 3, 32, 32});
   const Tensor y = tensor<int64_t>({1, 5, 9, 0}, {4});
   auto loss_of = [&](nn::Module& model, Device device, MemoryFormat format) {
@@ -75,7 +90,12 @@ TEST_P(AmpCuda, AResNetStepMatchesTheCpu) {
   };
   const Tensor lc = loss_of(*on_cpu, kCPU, MemoryFormat::kContiguous);
   lc.backward();
-  const NamedTensors pc = on_cpu->named_parameters(), pg = on_gpu->named_parameters();
+  cross_entropy(in_float32->forward(x), y).backward();
+  const NamedTensors pc = on_cpu->named_parameters(), pg = on_gpu->named_parameters(),
+                     p32 = in_float32->named_parameters();
+  const auto distance = [](const Tensor& a, const Tensor& b) {
+    return std::sqrt(sum(pow(sub(a, b), 2.0)).item());
+  };
   for (const MemoryFormat format : {MemoryFormat::kContiguous, MemoryFormat::kChannelsLast}) {
     SCOPED_TRACE(detail::str("batch ", format));
     on_gpu->zero_grad();
@@ -85,10 +105,11 @@ TEST_P(AmpCuda, AResNetStepMatchesTheCpu) {
     lg.backward();
     for (size_t i = 0; i < pc.size(); ++i) {
       EXPECT_EQ(pg[i].second.grad().dtype(), kFloat32) << pg[i].first;
-      const double norm = std::sqrt(sum(mul(pc[i].second.grad(), pc[i].second.grad())).item());
-      const double diff =
-          std::sqrt(sum(pow(sub(pg[i].second.grad().to(kCPU), pc[i].second.grad()), 2.0)).item());
-      EXPECT_LE(diff, 0.1 * norm + 1e-4) << pg[i].first;  // relative to the gradient's size
+      const Tensor& cpu_grad = pc[i].second.grad();
+      const double norm = std::sqrt(sum(mul(cpu_grad, cpu_grad)).item());
+      const double cpu_error = distance(cpu_grad, p32[i].second.grad());
+      const double diff = distance(pg[i].second.grad().to(kCPU), cpu_grad);
+      EXPECT_LE(diff, 2 * cpu_error + 0.1 * norm + 1e-4) << pg[i].first;
     }
   }
   // The activations stay channels-last from the stem to the last stage.

@@ -432,10 +432,11 @@ TEST(CudaElementwise, ErrorsNameTheOpAndShapes) {
   EXPECT_LOOM_ERROR(k::mul_(b, a), ShapeError, {"mul_", "[4]", "[2, 3]"});
   EXPECT_LOOM_ERROR(a + zeros({2, 3}), DeviceError, {"add", "cuda:0", "cpu"});
   EXPECT_LOOM_ERROR(exp(zeros({3}, kInt64, kCuda0)), DTypeError, {"exp", "int64"});
-  EXPECT_LOOM_ERROR(k::addcmul_(zeros({3}, kFloat16, kCuda0), a, a), DTypeError,
+  // Operands that broadcast to self, so that only the dtype is wrong (shapes are checked first).
+  EXPECT_LOOM_ERROR(k::addcmul_(zeros({2, 3}, kFloat16, kCuda0), a, a), DTypeError,
                     {"addcmul_", "float16"});
   EXPECT_LOOM_ERROR(where(a, a, a), DTypeError, {"where", "bool"});
-  EXPECT_LOOM_ERROR(k::div_(zeros({3}, kInt32, kCuda0), a), DTypeError, {"div_", "int32"});
+  EXPECT_LOOM_ERROR(k::div_(zeros({2, 3}, kInt32, kCuda0), a), DTypeError, {"div_", "int32"});
   EXPECT_LOOM_ERROR(clamp(a, 1.0, 0.0), ValueError, {"clamp"});
   EXPECT_LOOM_ERROR(k::relu_backward(a, a.to(kFloat64)), DTypeError, {"relu_backward"});
   // The CUDA addcmul_ checks that its tensors broadcast to self (a wrong shape must not read
