@@ -1,40 +1,69 @@
 // dist/memory_report.h — where a rank's device memory went after a training step, from loom's own
 // count of the bytes its tensors hold and of the allocator's cache (memory_stats in
-// tensor/storage.h), split into the model's fixed cost and what the step held at its peak.
+// tensor/storage.h), split into the model's fixed cost and what the step held at its peak, with
+// the ZeRO paper's figure for each model state beside what was measured.
 //
 // Note [The memory report]
 // --print-memory prints, after the first training step the optimizer takes (with --amp fp16 a
 // step skipped for an overflow does not count), where this rank's device memory went:
-//   weights           the parameters;
-//   gradients         their .grad tensors: under DDP the bucket buffers, which hold them;
-//   optimizer state   the optimizer's buffers (SGD's momentum: as large as the weights);
+//   weights           the parameters: under ZeRO-3 this rank's shards (the gathered units come
+//                     and go within the step, so they count in the step peak);
+//   gradients         what holds them between backward and the step: DDP's bucket buffers (and
+//                     ZeRO-1's), ZeRO-2's and ZeRO-3's gradient shards;
+//   optimizer state   the optimizer's buffers (SGD's momentum: as large as the weights; Adam's
+//                     two moments), under ZeRO those of this rank's pieces;
 //   buffers           the modules' buffers (batch norm's running statistics);
 //   other held        whatever else outlives the step: the batch and the running totals, and
 //                     on the CPU the dataset (CIFAR-10 and Fashion-MNIST are held as tensors)
 //                     and the batches the loader has ready;
 //   step peak         the most the step held at once, beyond what outlives it: the activations
-//                     autograd saved for backward, and the temporaries alive with them. It
-//                     grows with the batch; the lines above do not;
+//                     autograd saved for backward, the temporaries alive with them, ZeRO-2's
+//                     bucket buffers while they fill and ZeRO-3's gathered units. It grows with
+//                     the batch; the lines above do not;
 //   cached            freed blocks the allocator keeps for reuse (on a GPU the caching
 //                     allocator's, which nvidia-smi counts as used; on the CPU large blocks).
-// The first four are the model's fixed cost (with momentum SGD, three times the weights; with
-// Adam, four); mixed precision shrinks the activations, not them.
+// Beside weights, gradients and optimizer state stands the figure of Note [Model-state
+// arithmetic] (dist/memory_plan.h) for the strategy, the parameters and the world size: the
+// measured bytes exceed it only by the shards' padding (under N elements a bucket or unit).
 #pragma once
 
 #include <optional>
 #include <string>
 
 #include "dist/ddp.h"
+#include "dist/fsdp.h"
+#include "dist/zero.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
 #include "tensor/storage.h"
 
 namespace loom::dist {
 
-// The report as text, from `stats` taken after the step (its peak reset before it); `ddp` is
-// null without data parallelism.
+// What wraps the model for data parallelism: nothing, DDP, DDP with ZeroRedundancyOptimizer
+// (stages 1 and 2), or FullyShardedDataParallel (stage 3).
+struct DataParallelism {
+  DistributedDataParallel* ddp = nullptr;
+  ZeroRedundancyOptimizer* zero = nullptr;
+  FullyShardedDataParallel* fsdp = nullptr;
+  int stage() const { return fsdp ? 3 : zero ? zero->stage() : 0; }
+  int world() const;  // 1 without data parallelism
+};
+
+// The model states this rank holds, measured in bytes (Note [The memory report]).
+struct ModelStates {
+  int64_t weights = 0, gradients = 0, optimizer_state = 0, buffers = 0;
+  int64_t parameters = 0;             // Psi: the model's trainable elements
+  std::string gradients_where;        // "in 3 DDP buckets", "ZeRO-2 shards", ...
+  std::string optimizer_name;         // the optimizer that keeps the state (ZeRO's inner one)
+  int bytes_per_weight = 4;           // w of Note [Model-state arithmetic]
+  int state_bytes_per_parameter = 0;  // its K for that optimizer (-1: one it does not know)
+};
+ModelStates measure_model_states(const nn::Module& model, const optim::Optimizer& optimizer,
+                                 const DataParallelism& parallel);
+
+// The report as text, from `stats` taken after the step (its peak reset before it).
 std::string memory_report(const nn::Module& model, const optim::Optimizer& optimizer,
-                          DistributedDataParallel* ddp, Device device, const MemoryStats& stats);
+                          const DataParallelism& parallel, Device device, const MemoryStats& stats);
 
 // The report of the first step the optimizer took: before_step resets the device's peak while
 // a report is still due; after_step gives the report once, for the first step that stepped.
@@ -44,7 +73,7 @@ class FirstStepMemoryReport {
   void before_step(Device device) const;
   std::optional<std::string> after_step(bool stepped, const nn::Module& model,
                                         const optim::Optimizer& optimizer,
-                                        DistributedDataParallel* ddp, Device device);
+                                        const DataParallelism& parallel, Device device);
 
  private:
   bool due_;
