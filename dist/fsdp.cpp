@@ -230,6 +230,8 @@ Tensor FullyShardedDataParallel::attach_pre_backward(const Tensor& output, size_
 Tensor FullyShardedDataParallel::forward(const Tensor& input) {
   const size_t root = units_.size() - 1;
   const bool training_step = autograd::grad_enabled();
+  if (options_.broadcast_buffers && group_->size() > 1 && is_training())
+    broadcast_coalesced(*group_, module_->buffers(), 0);
   if (training_step) {
     expecting_backward_ = true;
     callback_queued_ = false;
@@ -379,11 +381,17 @@ void FullyShardedDataParallel::write_back_shards() {
   }
 }
 
-int64_t FullyShardedDataParallel::shard_bytes() const {
+int64_t FullyShardedDataParallel::parameter_shard_bytes() const {
   int64_t bytes = 0;
   for (const Unit& unit : units_)
-    if (unit.shard.defined())
-      bytes += static_cast<int64_t>(unit.shard.nbytes() + unit.shard_grad.nbytes());
+    if (unit.shard.defined()) bytes += static_cast<int64_t>(unit.shard.nbytes());
+  return bytes;
+}
+
+int64_t FullyShardedDataParallel::gradient_shard_bytes() const {
+  int64_t bytes = 0;
+  for (const Unit& unit : units_)
+    if (unit.shard_grad.defined()) bytes += static_cast<int64_t>(unit.shard_grad.nbytes());
   return bytes;
 }
 

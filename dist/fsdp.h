@@ -53,6 +53,9 @@ bool transformer_block_or_resnet_stage(const std::string& name, const nn::Module
 struct FSDPOptions {
   UnitPolicy units = transformer_block_or_resnet_stage;
   bool prefetch = true;  // Note [FSDP units], steps 2 and 3
+  // Rank 0's buffers (batch norm's running statistics) before each training forward, as
+  // DDPOptions::broadcast_buffers: every rank then evaluates as DDP's would.
+  bool broadcast_buffers = true;
 };
 
 // What the last backward did, as ReducerTimeline: per unit, when its reduce-scatter was
@@ -110,8 +113,11 @@ class FullyShardedDataParallel : public nn::Module {
   std::string plan() const;
   const FSDPTimeline& timeline() const { return timeline_; }
   size_t num_units() const { return units_.size(); }
-  // Bytes this rank keeps between steps: the parameter shards and the gradient shards.
-  int64_t shard_bytes() const;
+  // Bytes this rank keeps between steps: the parameter shards and the gradient shards, and
+  // each alone.
+  int64_t shard_bytes() const { return parameter_shard_bytes() + gradient_shard_bytes(); }
+  int64_t parameter_shard_bytes() const;
+  int64_t gradient_shard_bytes() const;
   // Each unit's elements (padded), the root last.
   std::vector<int64_t> unit_numels() const;
 
