@@ -75,6 +75,10 @@ int main(int argc, char** argv) {
   app.add_option("--max-restarts", o.max_restarts,
                  "with --nproc: restart the workers from the last checkpoint after a failure")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--zero", o.zero,
+                 "shard across the ranks (Note [ZeRO stages]): 0 DDP, 1 the optimizer state, 2 and "
+                 "the gradients, 3 and the parameters (FSDP, a unit per ResNet stage)")
+      ->check(CLI::Range(0, 3));
   app.add_flag("--print-buckets", o.print_buckets, "print the DDP bucket plan");
   app.add_flag("--print-memory", o.print_memory,
                "after the first step, print where the device's memory went: weights, gradients, "

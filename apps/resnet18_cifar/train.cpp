@@ -55,7 +55,9 @@
 #include "data/loader.h"
 #include "data/synthetic.h"
 #include "dist/ddp.h"
+#include "dist/fsdp.h"
 #include "dist/job.h"
+#include "dist/memory_plan.h"
 #include "dist/memory_report.h"
 #include "dist/metrics.h"
 #include "dist/report.h"
@@ -63,6 +65,7 @@
 #include "dist/sync_batchnorm.h"
 #include "dist/trace.h"
 #include "dist/train_options.h"
+#include "dist/zero.h"
 #include "loom.h"
 #include "optim/checkpoint_manager.h"
 #include "optim/clip.h"
@@ -263,6 +266,52 @@ std::shared_ptr<dist::DistributedDataParallel> wrap_for_the_job(const Options& o
     scaler.set_found_inf_agreement(dist::found_inf_agreement(job.group, job.device));
   return ddp;
 }
+
+// Note [resnet18_cifar under ZeRO]
+// --zero 1 and 2 wrap the model in DDP and the optimizer in ZeroRedundancyOptimizer (its
+// pieces of each bucket); --zero 3 wraps the model in FullyShardedDataParallel, a unit per
+// stage (layer1 .. layer4; the stem, the last norm and the classifier in the root). The
+// optimizer updates this rank's pieces only, so clipping sums the squares over the ranks and
+// the loss scaler agrees on overflows across them. Training checkpoints hold the whole
+// optimizer state, which no rank has under ZeRO: --checkpoint-dir, --resume and --eval-only are
+// refused (dist/sharded_checkpoint.h writes and reshards sharded ones for programs).
+struct Sharded {
+  std::shared_ptr<dist::DistributedDataParallel> ddp;
+  std::shared_ptr<dist::FullyShardedDataParallel> fsdp;
+  dist::ZeroRedundancyOptimizer* zero = nullptr;  // owned by `optimizer`
+  std::unique_ptr<optim::Optimizer> optimizer;    // null without ZeRO
+};
+Sharded shard_for_the_job(const Options& o, const dist::Job& job, const nn::ModulePtr& model,
+                          double lr) {
+  Sharded s;
+  if (o.zero == 0) return s;
+  LOOM_CHECK(job.parallel(), ValueError, "--zero ", o.zero,
+             " shards across ranks: give --nproc N or --gpus N with N > 1");
+  LOOM_CHECK(o.checkpoint_dir.empty() && o.resume.empty() && !o.eval_only, ValueError, "--zero ",
+             o.zero,
+             ": resnet18_cifar's checkpoints hold the whole optimizer state, which no rank has "
+             "under ZeRO; run without --checkpoint-dir, --resume and --eval-only (Note "
+             "[resnet18_cifar under ZeRO])");
+  if (o.sync_bn) dist::convert_sync_batchnorm(*model, job.group);
+  if (o.zero == 3) {
+    s.fsdp = std::make_shared<dist::FullyShardedDataParallel>(model, job.group);
+    s.optimizer = dist::make_optimizer(o.train, s.fsdp->optimizer_params(), lr);
+    return s;
+  }
+  s.ddp = std::make_shared<dist::DistributedDataParallel>(
+      model, job.group, dist::DDPOptions{.comm_dtype = flag_dtype(o.comm_dtype)});
+  auto zero = std::make_unique<dist::ZeroRedundancyOptimizer>(
+      *s.ddp,
+      [&](std::vector<Tensor> pieces, const std::vector<size_t>&) {
+        return dist::make_optimizer(o.train, std::move(pieces), lr);
+      },
+      dist::ZeroOptions{.stage = o.zero});
+  s.zero = zero.get();
+  s.optimizer = std::move(zero);
+  return s;
+}
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n') + 1); }
 
 // The lines that say how this run trains.
 void describe(const dist::Reporter& out, const Options& o, const dist::Job& job, double lr,
@@ -489,7 +538,11 @@ double run(const Options& o) {
   const int64_t steps_per_epoch = dist::optimizer_steps(batches_per_epoch, o.train.accumulate);
 
   const double lr = o.train.lr * (o.scale_lr ? job.world : 1);
-  const auto optimizer = dist::make_optimizer(o.train, model->parameters(), lr);
+  // Under ZeRO the optimizer takes this rank's pieces: the sharding wrapper comes first.
+  Sharded sharded = shard_for_the_job(o, job, model, lr);
+  const std::unique_ptr<optim::Optimizer> optimizer =
+      sharded.optimizer ? std::move(sharded.optimizer)
+                        : dist::make_optimizer(o.train, model->parameters(), lr);
   const auto schedule =
       make_schedule(o, *optimizer, lr, std::max<int64_t>(1, steps_per_epoch * o.epochs));
   // fp16 only: bf16 has float32's exponent range (Note [resnet18_cifar in mixed precision]).
@@ -508,10 +561,24 @@ double run(const Options& o) {
   if (o.eval_only)
     return evaluate_only(o, *model, *loaders.test, upload, job, format, progress, out);
 
-  // The network the training steps run through: the model, or DDP around it.
-  const auto ddp = wrap_for_the_job(o, job, model, scaler);
-  nn::Module& net = ddp ? static_cast<nn::Module&>(*ddp) : *model;
+  // The network the training steps run through: the model, or DDP or FSDP around it.
+  const auto ddp = o.zero > 0 ? sharded.ddp : wrap_for_the_job(o, job, model, scaler);
+  const auto fsdp = sharded.fsdp;
+  if (o.zero > 0 && scaler.is_enabled())
+    scaler.set_found_inf_agreement(dist::found_inf_agreement(job.group, job.device));
+  const dist::DataParallelism parallel{.ddp = ddp.get(), .zero = sharded.zero, .fsdp = fsdp.get()};
+  nn::Module& net = fsdp  ? static_cast<nn::Module&>(*fsdp)
+                    : ddp ? static_cast<nn::Module&>(*ddp)
+                          : *model;
   describe(out, o, job, lr, ddp.get(), scaler, steps_per_epoch);
+  if (sharded.zero) out.say("%s", first_line(sharded.zero->plan()).c_str());
+  if (fsdp) out.say("%s", first_line(fsdp->plan()).c_str());
+  // FSDP: every unit gathered while the whole model is evaluated.
+  auto evaluate_model = [&] {
+    const auto gathered = fsdp ? fsdp->summon_full_params() : nullptr;
+    return evaluate(*model, *loaders.test, upload, job, o.amp, format);
+  };
+  dist::CollectiveCounters moved;  // by the training steps (Note [Bytes moved])
 
   dist::StepTimeline timeline(job.rank, /*record=*/!o.trace.empty());
   dist::FirstStepMemoryReport memory(o.print_memory);
@@ -528,6 +595,7 @@ double run(const Options& o) {
     // One optimizer step per `micro` micro-batches (Note [Gradient accumulation]).
     while (const int64_t micro = step_size(o.train, progress, batches_per_epoch)) {
       memory.before_step(job.device);
+      if (job.parallel()) job.group->reset_counters();
       const double step_start = dist::steady_seconds();
       // The step, as in PyTorch: zero the gradients; forward, loss, backward per micro-batch; step.
       optimizer->zero_grad();
@@ -557,7 +625,12 @@ double run(const Options& o) {
       }
       if (o.train.grad_clip > 0) {
         scaler.unscale_(*optimizer);  // clip the true gradients, not the loss-scaled ones
-        optim::clip_grad_norm_(optimizer->params(), o.train.grad_clip);
+        if (sharded.zero)
+          sharded.zero->clip_grad_norm_(o.train.grad_clip);  // over every rank's pieces
+        else if (fsdp)
+          fsdp->clip_grad_norm_(o.train.grad_clip);
+        else
+          optim::clip_grad_norm_(optimizer->params(), o.train.grad_clip);
       }
       const bool stepped = scaler.step(*optimizer);  // skipped when an fp16 gradient overflowed
       if (!stepped) ++meter.skipped;
@@ -565,8 +638,9 @@ double run(const Options& o) {
       schedule->step();
       timeline.mark("optimizer");
       timeline.end_step(ddp ? &ddp->reducer() : nullptr);
+      if (job.parallel()) dist::accumulate(moved, job.group->counters());
 
-      if (auto report = memory.after_step(stepped, *model, *optimizer, ddp.get(), job.device))
+      if (auto report = memory.after_step(stepped, *model, *optimizer, parallel, job.device))
         out.say("%s", report->c_str());
       meter.speed.add_step(dist::steady_seconds() - step_start, images);
       ++progress.step;
@@ -579,15 +653,20 @@ double run(const Options& o) {
     wait_for_device(job, meter.speed);
     stopped = progress.batch < batches_per_epoch;  // by --max-steps
     if (!stopped) progress.epoch = epoch + 1, progress.batch = 0;
-    test = evaluate(*model, *loaders.test, upload, job, o.amp, format);
+    test = evaluate_model();
     report_epoch(out, o, job, scaler,
                  summarise(job, epoch, meter, *test, *loaders.train, timeline, ddp != nullptr,
                            progress.step, !stopped));
     if (!stopped) checkpoints.save_epoch(progress);
   }
-  if (!test) test = evaluate(*model, *loaders.test, upload, job, o.amp, format);  // no epoch left
+  if (!test) test = evaluate_model();  // no epoch left
   checkpoints.save_last(progress);
   report_run(out, o, job, timeline);
+  if (job.parallel() && progress.step > resumed.progress.step)
+    out.say(
+        "collectives of rank %d over %lld training steps (%s; bus bytes: Note [Bytes moved]):\n%s",
+        job.rank, static_cast<long long>(progress.step - resumed.progress.step),
+        dist::strategy_name(o.zero).c_str(), dist::format_counters(moved).c_str());
   out.say("test accuracy %.2f%%\n", 100 * test->accuracy());
   return test->accuracy();
 }

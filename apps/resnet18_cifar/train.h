@@ -42,11 +42,12 @@ struct Options {
   int gpus = 0;   // GPU worker processes (--gpus): rank r trains on cuda:(local rank % GPUs)
   std::string backend = "gloo";  // nccl by default with --gpus
   bool sync_bn = false;          // batch statistics over all ranks
-  bool scale_lr = false;         // lr x world size (the linear scaling rule)
-  int max_restarts = 0;          // restart the workers from the last checkpoint after a failure
-  bool print_buckets = false;    // print DDP's bucket plan
-  bool print_memory = false;     // print where memory went after the first step
-  std::string trace;             // write a Chrome trace of every rank's steps here
+  int zero = 0;  // ZeRO stage: 0 DDP, 1 and 2 ZeroRedundancyOptimizer, 3 FullyShardedDataParallel
+  bool scale_lr = false;       // lr x world size (the linear scaling rule)
+  int max_restarts = 0;        // restart the workers from the last checkpoint after a failure
+  bool print_buckets = false;  // print DDP's bucket plan
+  bool print_memory = false;   // print where memory went after the first step
+  std::string trace;           // write a Chrome trace of every rank's steps here
   // Mixed precision (Note [resnet18_cifar in mixed precision] in train.cpp).
   std::string amp = "off";          // off | fp16 | bf16
   std::string comm_dtype = "fp32";  // the dtype DDP's gradients travel in: fp32 | fp16 | bf16

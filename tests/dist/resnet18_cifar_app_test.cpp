@@ -125,8 +125,8 @@ TEST_F(AppDist, OneProcessAndTwoWithSyncBnEndWithTheSameWeights) {
   EXPECT_EQ(log.find("memory after the first step"), log.rfind("memory after the first step"));
   std::smatch weights, gradients;
   ASSERT_TRUE(std::regex_search(log, weights, std::regex("\n  weights +([0-9.]+)"))) << log;
-  ASSERT_TRUE(std::regex_search(log, gradients,
-                                std::regex("\n  gradients +([0-9.]+) +\\(in [0-9]+ DDP buckets")))
+  ASSERT_TRUE(std::regex_search(
+      log, gradients, std::regex("\n  gradients +([0-9.]+) +[0-9.]+ +\\(in [0-9]+ DDP buckets")))
       << log;
   EXPECT_EQ(weights[1], gradients[1]);
 
@@ -141,6 +141,82 @@ TEST_F(AppDist, OneProcessAndTwoWithSyncBnEndWithTheSameWeights) {
     ++compared;
   }
   EXPECT_GT(compared, 60);
+}
+
+// The numbers of a memory report's line ("  gradients   0.17   0.09  (ZeRO-2 shards)"): what was
+// measured and the formula's figure, in MiB.
+std::pair<double, double> memory_line(const std::string& log, const std::string& kind) {
+  std::smatch m;
+  if (!std::regex_search(log, m, std::regex("\n  " + kind + " +([0-9.]+) +([0-9.]+)")))
+    return {-1, -1};
+  return {std::stod(m[1]), std::stod(m[2])};
+}
+
+// Note [resnet18_cifar under ZeRO]: each stage trains as DDP does (the same losses and accuracy
+// to the printed digit, fp16 with a loss scaler, clipping and SyncBatchNorm), the memory report
+// shows the stage's model states beside the formula's, and the run ends with the bytes moved.
+TEST_F(AppDist, EachZeroStageTrainsAsDdpDoesAndReportsItsModelStates) {
+  // Width 16: 0.7 M parameters, so that the printed MiB resolve 1% of each model state.
+  const std::string args =
+      "--dataset synthetic --synthetic-size 256 --width 16 --workers 1 --epochs 1 --max-steps 3 "
+      "--batch-size 16 --nproc 2 --threads 1 --amp fp16 --grad-clip 1 --sync-bn --optimizer adamw "
+      "--lr 1e-3 --print-memory ";
+  std::string ddp_epoch;
+  double ddp_state = 0;
+  for (const std::string stage : {"0", "1", "2", "3"}) {
+    SCOPED_TRACE("--zero " + stage);
+    const std::string log_file = path("zero" + stage + ".log");
+    const pid_t pid = spawn(args + "--zero " + stage, log_file);
+    ASSERT_EQ(wait_for(pid, std::chrono::seconds(120)), 0) << read(log_file);
+    const std::string log = read(log_file);
+    std::smatch epoch;
+    ASSERT_TRUE(std::regex_search(log, epoch,
+                                  std::regex("train loss [0-9.]+ +acc [0-9.]+% +test "
+                                             "loss [0-9.]+ +acc [0-9.]+%")))
+        << log;
+    // Measured against the formula: within 1% (the padding is a few elements).
+    for (const char* kind : {"weights", "gradients", "optimizer state"}) {
+      const auto [measured, formula] = memory_line(log, kind);
+      EXPECT_GT(measured, 0) << kind << "\n" << log;
+      EXPECT_NEAR(measured, formula, 0.01 * formula + 0.006) << kind << "\n" << log;
+    }
+    const double state = memory_line(log, "optimizer state").first;
+    const double weights = memory_line(log, "weights").first;
+    const double gradients = memory_line(log, "gradients").first;
+    if (stage == "0") {
+      ddp_epoch = epoch[0];
+      ddp_state = state;
+      EXPECT_NEAR(state, 2 * weights, 0.011) << log;  // AdamW: m and v
+      EXPECT_NE(log.find("collectives of rank 0 over 3 training steps (DDP"), std::string::npos);
+      continue;
+    }
+    EXPECT_EQ(epoch[0], ddp_epoch) << log;
+    EXPECT_NEAR(state, ddp_state / 2, 0.011) << log;
+    EXPECT_NEAR(gradients, stage == "1" ? weights : state / 2, 0.011) << log;
+    EXPECT_NE(log.find("collectives of rank 0 over 3 training steps (ZeRO-" + stage),
+              std::string::npos)
+        << log;
+    EXPECT_NE(log.find("reduce_scatter"), std::string::npos) << log;
+  }
+}
+
+TEST_F(AppDist, ZeroRefusesWhatItCannotDo) {
+  struct Bad {
+    std::string args, fragment;
+  };
+  const Bad cases[] = {
+      {"--zero 4 --nproc 2", "--zero"},
+      {"--zero 2", "give --nproc N"},
+      {"--zero 3 --nproc 2 --checkpoint-dir " + path("c"), "no rank has under ZeRO"},
+  };
+  for (const Bad& c : cases) {
+    SCOPED_TRACE(c.args);
+    const pid_t pid =
+        spawn(kRun + "--epochs 1 --max-steps 1 --threads 1 " + c.args, path("bad.log"));
+    EXPECT_EQ(wait_for(pid, std::chrono::seconds(60)), 2);
+    EXPECT_NE(read(path("bad.log")).find(c.fragment), std::string::npos) << read(path("bad.log"));
+    EXPECT_FALSE(fs::exists(path("c")));
+  }
 }
 
 // max |a - b| / max |a| over the elements of two tensors of one shape.
