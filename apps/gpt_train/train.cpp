@@ -44,6 +44,7 @@
 #include "dist/ddp.h"
 #include "dist/fsdp.h"
 #include "dist/job.h"
+#include "dist/memory_report.h"
 #include "dist/metrics.h"
 #include "dist/report.h"
 #include "dist/zero.h"
@@ -482,8 +483,11 @@ double run(const Options& o) {
 
   dist::CollectiveCounters moved;  // by the training steps (Note [Bytes moved])
   int64_t steps_taken = 0;
+  dist::FirstStepMemoryReport memory(o.print_memory);
+  const dist::DataParallelism parallel{.ddp = ddp.get(), .zero = zero, .fsdp = fsdp.get()};
   while (progress.step < o.iters && (o.train.max_steps < 0 || progress.step < o.train.max_steps)) {
     if (job.parallel()) job.group->reset_counters();
+    memory.before_step(job.device);
     optimizer->zero_grad();
     checkpoints.changed();
     Tensor loss;
@@ -511,8 +515,10 @@ double run(const Options& o) {
       else
         optim::clip_grad_norm_(params, o.train.grad_clip);
     }
-    scaler.step(*optimizer);
+    const bool stepped = scaler.step(*optimizer);
     scaler.update();
+    if (auto report = memory.after_step(stepped, *model, *optimizer, parallel, job.device))
+      out.say("%s", report->c_str());
     schedule->step();
     if (job.parallel()) dist::accumulate(moved, job.group->counters());
     ++steps_taken;

@@ -100,12 +100,17 @@ TEST_F(GptTrainApp, EachZeroStageEndsWithDDPsWeightsOnTwoRanks) {
   ASSERT_EQ(run(common + sgd + "--checkpoint-dir " + path("sgd-0"), &out), 0) << out;
   for (const std::string stage : {"1", "2", "3"}) {
     SCOPED_TRACE("--zero " + stage);
-    ASSERT_EQ(run(common + "--zero " + stage + " --checkpoint-dir " + path("adamw-" + stage), &out),
+    ASSERT_EQ(run(common + "--zero " + stage + " --print-memory --checkpoint-dir " +
+                      path("adamw-" + stage),
+                  &out),
               0)
         << out;
     EXPECT_NE(out.find("(ZeRO-" + stage + "; bus bytes"), std::string::npos) << out;
     EXPECT_NE(out.find("reduce_scatter"), std::string::npos) << out;
     EXPECT_NE(out.find("allgather"), std::string::npos) << out;
+    EXPECT_NE(out.find("memory after the first step on cpu, ZeRO-" + stage + " over 2 rank(s)"),
+              std::string::npos)
+        << out;
     expect_same_weights(path("adamw-" + stage + "/model.safetensors"),
                         path("adamw-0/model.safetensors"), 1e-5, 1e-7);
     ASSERT_EQ(
