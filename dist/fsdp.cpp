@@ -160,6 +160,17 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::ModulePtr module,
         params_[i].register_post_accumulate_grad_hook([this, i](Tensor&) { on_gradient(i); }));
 }
 
+double FSDPTimeline::overlap() const {
+  double total = 0, hidden = 0;
+  for (const Event& e : events) {
+    if (!e.what.starts_with("reduce_scatter")) continue;
+    const double span = std::max(0.0, e.completed - e.launched);
+    total += span;
+    hidden += std::clamp(backward_seconds - e.launched, 0.0, span);
+  }
+  return total > 0 ? hidden / total : 0.0;
+}
+
 namespace {
 
 // Destructors wait for the collectives still writing into memory they free. One that fails (a

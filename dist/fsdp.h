@@ -67,6 +67,9 @@ struct FSDPTimeline {
   };
   double backward_seconds = 0;
   std::vector<Event> events;
+  // The share of the reduce-scatters' time that passed while backward still computed, as
+  // ReducerTimeline::overlap.
+  double overlap() const;
 };
 
 class FullyShardedDataParallel : public nn::Module {
