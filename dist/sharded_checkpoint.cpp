@@ -3,6 +3,7 @@
 // from the pieces of any number of ranks.
 #include "dist/sharded_checkpoint.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,7 @@
 #include "autograd/graph.h"
 #include "tensor/atomic_file.h"
 #include "tensor/copy.h"
+#include "tensor/random.h"
 #include "tensor/safetensors.h"
 #include "tensor/view.h"
 
@@ -268,6 +270,108 @@ std::map<std::string, std::string> load_sharded_checkpoint(const std::string& di
   for (const auto& [key, value] : shards[0].metadata)
     if (key.starts_with(kUser)) user[key.substr(std::string(kUser).size())] = value;
   return user;
+}
+
+namespace {
+
+// Every metadata key of a training checkpoint that is not the caller's `info`.
+constexpr const char* kTrainingKeys[] = {"loom.checkpoint", "loom.epoch",     "loom.step",
+                                         "loom.batch",      "generator.seed", "generator.offset"};
+
+int64_t metadata_int(const std::map<std::string, std::string>& meta, const std::string& key,
+                     const std::string& dir) {
+  const auto found = meta.find(key);
+  LOOM_CHECK(found != meta.end(), ValueError, "load_sharded_training_checkpoint: ", dir,
+             " has no '", key, "': not a sharded training checkpoint");
+  try {
+    size_t used = 0;
+    const int64_t value = std::stoll(found->second, &used);
+    if (used == found->second.size()) return value;
+  } catch (const std::exception&) {
+  }
+  throw ValueError(detail::str("load_sharded_training_checkpoint: ", dir, ": '", key,
+                               "' is not an integer: '", found->second, "'"));
+}
+
+}  // namespace
+
+void save_sharded_training_checkpoint(const std::string& dir, const ShardedState& state,
+                                      const optim::LRSchedule* schedule,
+                                      const optim::TrainingProgress& progress,
+                                      const optim::Metadata& info,
+                                      const optim::GradScaler* scaler) {
+  const Generator::State g = default_generator().state();
+  std::map<std::string, std::string> meta(info.begin(), info.end());
+  meta["loom.checkpoint"] = "sharded";
+  meta["loom.epoch"] = std::to_string(progress.epoch);
+  meta["loom.step"] = std::to_string(progress.step);
+  meta["loom.batch"] = std::to_string(progress.batch);
+  meta["generator.seed"] = std::to_string(g.seed);
+  meta["generator.offset"] = std::to_string(g.offset);
+  NamedTensors tensors;  // schedules and scalers keep scalars: metadata only
+  if (schedule) schedule->save_state(tensors, meta, "schedule.");
+  if (scaler) scaler->save_state(tensors, meta, "scaler.");
+  LOOM_ASSERT(tensors.empty(), "a schedule or scaler saved tensors");
+  save_sharded_checkpoint(dir, state, meta);
+}
+
+optim::TrainingProgress load_sharded_training_checkpoint(const std::string& dir,
+                                                         const ShardedState& state,
+                                                         optim::LRSchedule* schedule,
+                                                         bool restore_generator,
+                                                         optim::GradScaler* scaler) {
+  // Everything read and checked before the shards change the model.
+  const std::map<std::string, std::string> meta = read_sharded_checkpoint_metadata(dir);
+  for (const char* key : kTrainingKeys)
+    LOOM_CHECK(meta.count(key), ValueError, "load_sharded_training_checkpoint: ", dir, " has no '",
+               key, "': a sharded checkpoint, but not a training one");
+  optim::TrainingProgress progress{.epoch = metadata_int(meta, "loom.epoch", dir),
+                                   .step = metadata_int(meta, "loom.step", dir),
+                                   .batch = metadata_int(meta, "loom.batch", dir)};
+  const Generator::State generator{
+      static_cast<uint64_t>(metadata_int(meta, "generator.seed", dir)),
+      static_cast<uint64_t>(metadata_int(meta, "generator.offset", dir))};
+  SafetensorsFile scalars;
+  scalars.metadata = meta;
+  if (scaler) {
+    const bool saved = std::any_of(meta.begin(), meta.end(),
+                                   [](const auto& kv) { return kv.first.starts_with("scaler."); });
+    LOOM_CHECK(saved, ValueError, "load_sharded_training_checkpoint: ", dir,
+               " was saved without a loss scaler");
+  }
+  load_sharded_checkpoint(dir, state);
+  if (schedule) schedule->load_state(scalars, "schedule.");
+  if (restore_generator) default_generator().set_state(generator);
+  if (scaler) scaler->load_state(scalars, "scaler.");
+  return progress;
+}
+
+std::map<std::string, std::string> read_sharded_checkpoint_metadata(const std::string& dir) {
+  const std::string index_path = (fs::path(dir) / "index.json").string();
+  std::ifstream in(index_path);
+  LOOM_CHECK(in.good(), IOError, "read_sharded_checkpoint_metadata: ", index_path,
+             " does not exist: not a sharded checkpoint, or its save was interrupted");
+  nlohmann::json index;
+  try {
+    in >> index;
+  } catch (const std::exception& e) {
+    throw IOError(detail::str("read_sharded_checkpoint_metadata: ", index_path, ": ", e.what()));
+  }
+  LOOM_CHECK(index.value("format", "") == kFormat && index.contains("world_size"), IOError,
+             "read_sharded_checkpoint_metadata: ", index_path,
+             " is not a loom sharded checkpoint's index");
+  const std::string shard0 =
+      (fs::path(dir) / shard_name(0, index.at("world_size").get<int>())).string();
+  LOOM_CHECK(fs::exists(shard0), IOError,
+             "read_sharded_checkpoint_metadata: shard 0 is missing: ", shard0);
+  std::map<std::string, std::string> user;
+  for (const auto& [key, value] : optim::read_checkpoint_metadata(shard0))
+    if (key.starts_with(kUser)) user[key.substr(std::string(kUser).size())] = value;
+  return user;
+}
+
+bool is_sharded_checkpoint(const std::string& path) {
+  return fs::is_directory(path) && fs::exists(fs::path(path) / "index.json");
 }
 
 }  // namespace loom::dist

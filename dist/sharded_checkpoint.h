@@ -26,7 +26,10 @@
 
 #include "dist/fsdp.h"
 #include "dist/zero.h"
+#include "optim/checkpoint.h"
+#include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
+#include "optim/schedule.h"
 
 namespace loom::dist {
 
@@ -52,5 +55,28 @@ void save_sharded_checkpoint(const std::string& dir, const ShardedState& state,
 // folder without index.json, a missing or foreign shard, another model.
 std::map<std::string, std::string> load_sharded_checkpoint(const std::string& dir,
                                                            const ShardedState& state);
+
+// Training checkpoints in that form, what save_checkpoint's one file holds beside the model and
+// optimizer (Note [Checkpoint layout]) carried in every shard's metadata: the progress
+// (loom.epoch, loom.step, loom.batch), the default generator, the schedule's and the scaler's
+// scalars, and `info`; loom.checkpoint = "sharded". Every rank calls them. The load restores
+// what the pointers designate (each may be null) and returns the progress; a checkpoint saved
+// without a scaler refuses one, as load_checkpoint does.
+void save_sharded_training_checkpoint(const std::string& dir, const ShardedState& state,
+                                      const optim::LRSchedule* schedule,
+                                      const optim::TrainingProgress& progress,
+                                      const optim::Metadata& info = {},
+                                      const optim::GradScaler* scaler = nullptr);
+optim::TrainingProgress load_sharded_training_checkpoint(const std::string& dir,
+                                                         const ShardedState& state,
+                                                         optim::LRSchedule* schedule,
+                                                         bool restore_generator = true,
+                                                         optim::GradScaler* scaler = nullptr);
+// The caller's metadata of a sharded checkpoint folder (shard 0's), read without its tensors'
+// values checked against a model: to rebuild the model it describes before loading. IOError for
+// a folder that is not a complete sharded checkpoint.
+std::map<std::string, std::string> read_sharded_checkpoint_metadata(const std::string& dir);
+// Whether `path` is a folder holding a sharded checkpoint's index.
+bool is_sharded_checkpoint(const std::string& path);
 
 }  // namespace loom::dist

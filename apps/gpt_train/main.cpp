@@ -74,10 +74,12 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--seed", o.seed, "seed of initialisation and of the windows");
   app.add_option("--checkpoint-dir", o.checkpoint_dir,
-                 "write last.safetensors, model.safetensors and config.json at each evaluation");
+                 "write last.safetensors (under --zero: last.sharded/, a shard per rank), "
+                 "model.safetensors and config.json at each evaluation");
   app.add_option("--resume", o.resume,
-                 "continue from (or sample from) a checkpoint: gpt_train's last.safetensors, or a "
-                 "GPT-2 model.safetensors (with config.json beside it)");
+                 "continue from (or sample from) a checkpoint: gpt_train's last.safetensors (or "
+                 "last.sharded/ with --zero, on any number of ranks), or a GPT-2 "
+                 "model.safetensors (with config.json beside it)");
   app.add_option("--zero", o.zero,
                  "shard across the ranks (Note [ZeRO stages]): 0 DDP, 1 the optimizer state, 2 and "
                  "the gradients, 3 and the parameters (FSDP)")

@@ -47,6 +47,7 @@
 #include "dist/memory_report.h"
 #include "dist/metrics.h"
 #include "dist/report.h"
+#include "dist/sharded_checkpoint.h"
 #include "dist/zero.h"
 #include "loom.h"
 #include "nn/gpt.h"
@@ -112,13 +113,21 @@ class Tokenizer {
 struct Source {
   std::string path;
   bool training_checkpoint = false;  // gpt_train's last.safetensors (loom.checkpoint metadata)
+  bool sharded = false;              // or a --zero run's last.sharded folder
   std::optional<nn::GPTConfig> config;
   nn::GPTTokenizerInfo tokenizer;
 };
 
 Source inspect(const std::string& path) {
-  LOOM_CHECK(fs::is_regular_file(path), IOError, "--resume: no file '", path, "'");
   Source s{.path = path, .training_checkpoint = false, .config = std::nullopt, .tokenizer = {}};
+  if (dist::is_sharded_checkpoint(path)) {  // Note [Sharded checkpoints]
+    const auto meta = dist::read_sharded_checkpoint_metadata(path);
+    s.training_checkpoint = s.sharded = true;
+    std::tie(s.config, s.tokenizer) = nn::read_gpt_metadata(meta, "'" + path + "'");
+    LOOM_CHECK(s.config.has_value(), ValueError, "'", path, "' records no GPT configuration");
+    return s;
+  }
+  LOOM_CHECK(fs::is_regular_file(path), IOError, "--resume: no file '", path, "'");
   const optim::Metadata meta = optim::read_checkpoint_metadata(path);
   s.training_checkpoint = meta.count("loom.checkpoint") > 0;
   std::tie(s.config, s.tokenizer) = nn::read_gpt_metadata(meta, "'" + path + "'");
@@ -317,10 +326,17 @@ double run(const Options& o) {
   LOOM_CHECK(!sampling || source, ValueError, "--sample needs --resume CHECKPOINT");
   LOOM_CHECK(o.zero >= 0 && o.zero <= 3, ValueError, "--zero ", o.zero,
              ": the ZeRO stages are 0 (DDP), 1, 2 and 3");
-  LOOM_CHECK(o.zero == 0 || o.resume.empty(), ValueError, "--zero ", o.zero,
-             ": gpt_train does not resume sharded training yet (--checkpoint-dir writes the "
-             "whole model, model.safetensors, not the sharded optimizer state); run without "
-             "--resume (dist/sharded_checkpoint.h has sharded checkpoints for programs)");
+  if (source && source->sharded) {
+    LOOM_CHECK(!sampling, ValueError, "--sample: '", o.resume,
+               "' is a sharded checkpoint; sample from the model.safetensors beside it");
+    LOOM_CHECK(o.zero > 0, ValueError, "--resume '", o.resume,
+               "' is a sharded checkpoint of a --zero run: resume it with --zero 1, 2 or 3 (on "
+               "any number of ranks)");
+  } else if (source && source->training_checkpoint && !sampling) {
+    LOOM_CHECK(o.zero == 0, ValueError, "--zero ", o.zero, ": '", o.resume,
+               "' holds the whole optimizer state of a DDP run; resume it without --zero (a "
+               "--zero run resumes from its last.sharded folder)");
+  }
   const std::string corpus = sampling ? std::string() : data::read_corpus(o.data);
   const Tokenizer tokenizer = make_tokenizer(o, source, corpus);
   const nn::GPTConfig config = model_config(o, source, tokenizer.vocab_size());
@@ -373,7 +389,12 @@ double run(const Options& o) {
       *optimizer, schedule.get(), saved_scaler, info);
 
   optim::TrainingProgress progress;
-  if (source && source->training_checkpoint) {
+  if (source && source->sharded) {
+    const dist::ShardedState state =
+        zero ? dist::sharded_state(*zero) : dist::sharded_state(*fsdp, *optimizer);
+    progress = dist::load_sharded_training_checkpoint(o.resume, state, schedule.get(),
+                                                      /*restore_generator=*/true, saved_scaler);
+  } else if (source && source->training_checkpoint) {
     progress = checkpoints
                    .resume(o.resume, *model, optimizer.get(), schedule.get(), saved_scaler,
                            /*model_only=*/sampling || o.eval_only)
@@ -474,8 +495,14 @@ double run(const Options& o) {
     out.scalar("train/lr", optimizer->lr(), progress.step);
     out.flush();
     if (eval) {
-      // Under ZeRO no rank holds the whole optimizer state: only the model is written.
-      if (o.zero == 0) checkpoints.save_last(progress);
+      // Under ZeRO each rank writes its shard (Note [Sharded checkpoints]).
+      if (o.zero == 0)
+        checkpoints.save_last(progress);
+      else if (!o.checkpoint_dir.empty())
+        dist::save_sharded_training_checkpoint(
+            (fs::path(o.checkpoint_dir) / "last.sharded").string(),
+            zero ? dist::sharded_state(*zero) : dist::sharded_state(*fsdp, *optimizer),
+            schedule.get(), progress, info, saved_scaler);
       if (job.leader()) export_model(o, *model, tokenizer, progress.step);
     }
     interval.reset();

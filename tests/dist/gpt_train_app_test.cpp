@@ -122,6 +122,46 @@ TEST_F(GptTrainApp, EachZeroStageEndsWithDDPsWeightsOnTwoRanks) {
   }
 }
 
+// Note [Sharded checkpoints]: a --zero run writes last.sharded/, a shard per rank; resuming it on
+// as many ranks changes no bit, and on another number of ranks (4 -> 2, each with twice the
+// windows) it continues DDP's run (SGD: the sums are rounded in another order).
+TEST_F(GptTrainApp, AZeroRunResumesFromItsShardsOnAnyNumberOfRanks) {
+  std::string out;
+  const std::string common = data() + kModel + "--layers 2 --eval-every 2 --grad-clip 1 ";
+  const std::string four = "--nproc 4 --batch-size 2 ", two = "--nproc 2 --batch-size 4 ";
+  ASSERT_EQ(run(common + four + "--zero 1 --iters 4 --checkpoint-dir " + path("whole"), &out), 0)
+      << out;
+  ASSERT_EQ(run(common + four + "--zero 1 --iters 2 --checkpoint-dir " + path("half"), &out), 0)
+      << out;
+  EXPECT_TRUE(fs::exists(path("half/last.sharded/shard-3-of-4.safetensors")));
+  EXPECT_FALSE(fs::exists(path("half/last.safetensors")));
+  ASSERT_EQ(run(common + four + "--zero 1 --iters 4 --checkpoint-dir " + path("half") +
+                    " --resume " + path("half/last.sharded"),
+                &out),
+            0)
+      << out;
+  expect_same_weights(path("half/model.safetensors"), path("whole/model.safetensors"), 0, 0);
+
+  const std::string sgd = "--optimizer sgd --lr 0.05 ";
+  ASSERT_EQ(run(common + sgd + four + "--iters 4 --checkpoint-dir " + path("ddp"), &out), 0) << out;
+  ASSERT_EQ(run(common + sgd + four + "--zero 3 --iters 2 --checkpoint-dir " + path("fsdp"), &out),
+            0)
+      << out;
+  ASSERT_EQ(run(common + sgd + two + "--zero 3 --iters 4 --checkpoint-dir " + path("fsdp") +
+                    " --resume " + path("fsdp/last.sharded"),
+                &out),
+            0)
+      << out;
+  EXPECT_TRUE(fs::exists(path("fsdp/last.sharded/shard-1-of-2.safetensors")));
+  expect_same_weights(path("fsdp/model.safetensors"), path("ddp/model.safetensors"), 1e-5, 1e-7);
+
+  // A sharded folder needs --zero; sampling reads the exported model instead.
+  EXPECT_EQ(run(common + sgd + four + "--iters 6 --resume " + path("fsdp/last.sharded"), &out), 2);
+  EXPECT_NE(out.find("resume it with --zero"), std::string::npos) << out;
+  EXPECT_EQ(run("--sample 'The' --resume " + path("fsdp/last.sharded"), &out), 2);
+  EXPECT_NE(out.find("model.safetensors beside it"), std::string::npos) << out;
+}
+
 TEST_F(GptTrainApp, ResumingContinuesWhereTheRunStopped) {
   std::string out;
   ASSERT_EQ(
@@ -205,7 +245,7 @@ TEST_F(GptTrainApp, BadInputExitsWithTwoAndWritesNothing) {
       {data() + kModel + "--layers 0", "--layers"},
       {data() + kModel + "--zero 4", "--zero"},
       {data() + kModel + "--zero 2", "--nproc N"},
-      {data() + kModel + "--zero 3 --nproc 2 --resume " + checkpoint, "does not resume sharded"},
+      {data() + kModel + "--zero 3 --nproc 2 --resume " + checkpoint, "resume it without --zero"},
   };
   fs::create_directories(path("empty_dir"));
   fs::create_directories(path("no_bpe"));
