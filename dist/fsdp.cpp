@@ -105,19 +105,24 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::ModulePtr module,
     const Tensor& first = params_[unit.params.front()];
     LOOM_CHECK(is_floating(first.dtype()), DTypeError, "FullyShardedDataParallel: parameter ",
                names_[unit.params.front()], " is ", first.dtype());
-    unit.full = zeros({unit.numel}, first.dtype(), first.device());
+    // The parameters' values in their own dtype first: the shard keeps them unrounded.
+    Tensor master = zeros({unit.numel}, first.dtype(), first.device());
     for (size_t pos = 0; pos < unit.params.size(); ++pos) {
-      Tensor p = params_[unit.params[pos]];
+      const Tensor& p = params_[unit.params[pos]];
       LOOM_CHECK(p.dtype() == first.dtype(), DTypeError, "FullyShardedDataParallel: unit ",
                  unit.name.empty() ? "(root)" : unit.name, " mixes ", first.dtype(), " and ",
                  p.dtype(), " parameters (", names_[unit.params[pos]], ")");
-      Tensor home = home_in(unit.full, p, unit.offsets[pos]);
-      k::copy_(home, p);
-      p.set_data(home);
+      k::copy_(home_in(master, p, unit.offsets[pos]), p);
+    }
+    const DType gathered = options_.param_dtype.value_or(first.dtype());
+    unit.full = gathered == first.dtype() ? master : k::to_dtype(master, gathered);
+    for (size_t pos = 0; pos < unit.params.size(); ++pos) {
+      Tensor p = params_[unit.params[pos]];
+      p.set_data(home_in(unit.full, p, unit.offsets[pos]));
     }
     const int64_t piece = unit.numel / world, lo = rank * piece, hi = lo + piece;
-    unit.shard = k::clone(k::narrow(unit.full, 0, lo, piece));
-    unit.shard_grad = zeros({piece}, first.dtype(), first.device());
+    unit.shard = k::clone(k::narrow(master, 0, lo, piece));
+    unit.shard_grad = zeros({piece}, master.dtype(), master.device());  // `first` is 16-bit now
     for (size_t pos = 0; pos < unit.params.size(); ++pos) {
       const size_t i = unit.params[pos];
       const int64_t begin = unit.offsets[pos], end = begin + params_[i].numel();
@@ -205,12 +210,17 @@ void FullyShardedDataParallel::gather(size_t u, bool wait) {
   if (!unit.gathered) {
     NoGradGuard no_grad;
     restore_storage(*unit.full.storage());
-    unit.gather = group_->allgather_into_tensor(unit.full, unit.shard);
+    // Note [FSDP mixed precision]: the master shard narrowed for the wire.
+    if (unit.full.dtype() != unit.shard.dtype())
+      unit.shard_low = k::to_dtype(unit.shard, unit.full.dtype());
+    unit.gather = group_->allgather_into_tensor(
+        unit.full, unit.shard_low.defined() ? unit.shard_low : unit.shard);
     unit.gathered = true;
   }
   if (wait && unit.gather) {
     unit.gather->wait();
     unit.gather.reset();
+    unit.shard_low = Tensor();
   }
 }
 
@@ -220,6 +230,7 @@ void FullyShardedDataParallel::release(size_t u) {
   if (unit.gather) {  // a prefetch nobody waited for
     unit.gather->wait();
     unit.gather.reset();
+    unit.shard_low = Tensor();
   }
   release_storage(*unit.full.storage());
   unit.gathered = false;
@@ -285,7 +296,7 @@ void FullyShardedDataParallel::on_gradient(size_t i) {
   const auto [u, pos] = where_[i];
   Unit& unit = units_[u];
   if (!unit.grad_full.defined())
-    unit.grad_full = zeros({unit.numel}, unit.shard.dtype(), unit.shard.device());
+    unit.grad_full = zeros({unit.numel}, unit.full.dtype(), unit.full.device());
   Tensor p = params_[i];
   if (Tensor g = p.grad(); g.defined()) k::copy_(home_in(unit.grad_full, p, unit.offsets[pos]), g);
   p.set_grad(Tensor());  // no full gradient stays behind
@@ -295,12 +306,14 @@ void FullyShardedDataParallel::on_gradient(size_t i) {
 void FullyShardedDataParallel::reduce_unit(size_t u) {
   Unit& unit = units_[u];
   if (!unit.grad_full.defined())
-    unit.grad_full = zeros({unit.numel}, unit.shard.dtype(), unit.shard.device());
+    unit.grad_full = zeros({unit.numel}, unit.full.dtype(), unit.full.device());
   timeline_.events.push_back({"reduce_scatter " + (unit.name.empty() ? "(root)" : unit.name),
                               steady_seconds() - backward_start_, 0});
-  unit.reduced = accumulating_ ? empty(unit.shard_grad.sizes(), unit.shard_grad.dtype(),
-                                       unit.shard_grad.device())
-                               : unit.shard_grad;
+  // Straight into the gradient shard, unless it accumulates or is wider (mixed precision).
+  const bool direct = !accumulating_ && unit.grad_full.dtype() == unit.shard_grad.dtype();
+  unit.reduced =
+      direct ? unit.shard_grad
+             : empty(unit.shard_grad.sizes(), unit.grad_full.dtype(), unit.shard_grad.device());
   unit.reduce = group_->reduce_scatter_tensor(unit.reduced, unit.grad_full, ReduceOp::Sum);
   // Every backward op that reads this unit's weights has run: they can go.
   if (u + 1 < units_.size()) release(u);
@@ -322,8 +335,15 @@ void FullyShardedDataParallel::finalize() {
     unit.reduce->wait();
     const double done = unit.reduce->finished_at();
     unit.reduce.reset();
-    k::mul_scalar_(unit.reduced, average);
-    if (!unit.reduced.is_same(unit.shard_grad)) k::add_(unit.shard_grad, unit.reduced);
+    // The average in the shard's dtype (Note [FSDP mixed precision]).
+    const Tensor reduced = k::to_dtype(unit.reduced, unit.shard_grad.dtype());
+    k::mul_scalar_(reduced, average);
+    if (!reduced.is_same(unit.shard_grad)) {
+      if (accumulating_)
+        k::add_(unit.shard_grad, reduced);
+      else
+        k::copy_(unit.shard_grad, reduced);
+    }
     unit.reduced = Tensor();
     unit.grad_full = Tensor();
     while (event < timeline_.events.size() && !timeline_.events[event].what.starts_with("reduce"))
@@ -368,7 +388,9 @@ double FullyShardedDataParallel::clip_grad_norm_(double max_norm) {
 FullyShardedDataParallel::FullParams::FullParams(FullyShardedDataParallel& fsdp) : fsdp_(fsdp) {
   for (size_t u = 0; u < fsdp_.units_.size(); ++u) fsdp_.gather(u, /*wait=*/false);
   for (size_t u = 0; u < fsdp_.units_.size(); ++u) fsdp_.gather(u, /*wait=*/true);
-  ++fsdp_.summoned_;
+  if (fsdp_.summoned_++ == 0)
+    for (Unit& unit : fsdp_.units_)
+      if (unit.full.defined()) unit.gathered_version = unit.full.version();
 }
 
 FullyShardedDataParallel::FullParams::~FullParams() {
@@ -386,7 +408,8 @@ void FullyShardedDataParallel::write_back_shards() {
   NoGradGuard no_grad;
   const int64_t rank = group_->rank();
   for (Unit& unit : units_) {
-    if (!unit.gathered) continue;
+    // An unwritten unit keeps its master shard as it is (Note [FSDP mixed precision]).
+    if (!unit.gathered || unit.full.version() == unit.gathered_version) continue;
     const int64_t piece = unit.shard.numel();
     k::copy_(unit.shard, k::narrow(unit.full, 0, rank * piece, piece));
   }
@@ -415,9 +438,13 @@ std::vector<int64_t> FullyShardedDataParallel::unit_numels() const {
 std::string FullyShardedDataParallel::plan() const {
   std::ostringstream out;
   char line[240];
+  const std::string mixed =
+      options_.param_dtype ? detail::str("; gathered and reduced in ", *options_.param_dtype,
+                                         ", master shards in ", units_.back().shard_grad.dtype())
+                           : "";
   std::snprintf(line, sizeof line,
-                "FSDP (ZeRO-3): %zu units on %d ranks; rank %d keeps piece %d of each\n",
-                units_.size(), group_->size(), group_->rank(), group_->rank());
+                "FSDP (ZeRO-3): %zu units on %d ranks; rank %d keeps piece %d of each%s\n",
+                units_.size(), group_->size(), group_->rank(), group_->rank(), mixed.c_str());
   out << line;
   for (const Unit& unit : units_) {
     if (unit.params.empty()) continue;

@@ -30,12 +30,26 @@
 //    of its all-gathers.
 // 5. A checkpointed unit (GPT::set_gradient_checkpointing) runs its forward again in backward:
 //    that forward keeps its gather for the backward that follows at once.
+//
+// Note [FSDP mixed precision]
+// With FSDPOptions::param_dtype (gpt_train and resnet18_cifar set it to bf16 or fp16 with
+// --zero 3 --amp): each unit's shard is kept in float32, the master copy, and narrowed to the
+// 16-bit dtype for its all-gather, so the gathered flat buffer, the parameters viewing it and
+// their gradients are 16-bit; the unit's gradient buffer is reduce-scattered in 16 bits and the
+// result widened into the float32 gradient shard, where the 1/N average is taken. The wire
+// carries half the bytes; the model states are the ZeRO table's 16-bit column, 16 Psi / N a
+// rank, held as a float32 shard, a float32 gradient shard and the optimizer's m and v (the
+// shard is the master copy: 4 + 4 + 8 where the table counts 2 + 2 + 12). A forward under
+// autocast then runs its float32-policy ops (norms, losses) on widened 16-bit weights. Writes
+// made inside summon_full_params reach the shard (narrowed values) only for a unit whose
+// gathered buffer was written: an untouched unit keeps its float32 master as it was.
 // The optimizer takes this rank's pieces (ShardPiece, as ZeroRedundancyOptimizer's: one per
 // parameter and unit), so per-parameter options carry over; any elementwise optimizer works.
 #pragma once
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +70,12 @@ struct FSDPOptions {
   // Rank 0's buffers (batch norm's running statistics) before each training forward, as
   // DDPOptions::broadcast_buffers: every rank then evaluates as DDP's would.
   bool broadcast_buffers = true;
+  // Mixed precision as PyTorch's FSDP MixedPrecision(param_dtype = reduce_dtype): the gathered
+  // parameters, hence the forward and backward, and the gradients' reduce-scatter in this dtype
+  // (bfloat16 or float16); the shards stay in the parameters' own dtype, the master copy the
+  // optimizer updates, with their gradients (Note [FSDP mixed precision]). Unset: the
+  // parameters' dtype throughout.
+  std::optional<DType> param_dtype = std::nullopt;
 };
 
 // What the last backward did, as ReducerTimeline: per unit, when its reduce-scatter was
@@ -126,14 +146,16 @@ class FullyShardedDataParallel : public nn::Module {
 
  private:
   struct Unit {
-    std::string name;              // "" for the root
-    nn::Module* module = nullptr;  // null for the root
-    std::vector<size_t> params;    // indices into params_
-    std::vector<int64_t> offsets;  // of each in the flat buffer
-    int64_t numel = 0;             // padded to a multiple of N
-    Tensor full;                   // the flat parameters, released when not gathered
-    Tensor shard, shard_grad;      // this rank's piece: the master copy and its gradient
-    Tensor grad_full;              // during backward, until reduce-scattered
+    std::string name;               // "" for the root
+    nn::Module* module = nullptr;   // null for the root
+    std::vector<size_t> params;     // indices into params_
+    std::vector<int64_t> offsets;   // of each in the flat buffer
+    int64_t numel = 0;              // padded to a multiple of N
+    Tensor full;                    // the flat parameters, released when not gathered
+    Tensor shard, shard_grad;       // this rank's piece: the master copy and its gradient
+    Tensor shard_low;               // mixed precision: the shard narrowed, while it is gathered
+    uint64_t gathered_version = 0;  // the flat buffer's version once summoned
+    Tensor grad_full;               // during backward, until reduce-scattered
     Tensor reduced;  // its reduce-scatter's output: shard_grad, or a buffer to add into it
     std::shared_ptr<Work> gather, reduce;
     bool gathered = false;

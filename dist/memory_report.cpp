@@ -3,10 +3,13 @@
 #include "dist/memory_report.h"
 
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <set>
+#include <sstream>
 
 #include "dist/memory_plan.h"
+#include "nn/gpt.h"
 #include "tensor/error.h"
 
 namespace loom::dist {
@@ -76,7 +79,11 @@ ModelStates measure_model_states(const nn::Module& model, const optim::Optimizer
   const optim::Optimizer& keeper = parallel.zero ? parallel.zero->inner() : optimizer;
   m.optimizer_state = keeper.state_bytes();
   m.optimizer_name = keeper.name();
-  if (!params.empty()) m.bytes_per_weight = static_cast<int>(params.front().itemsize());
+  // w: the weights' bytes as kept between steps (FSDP: its shards, the master copy).
+  if (parallel.fsdp && !parallel.fsdp->optimizer_params().empty())
+    m.bytes_per_weight = static_cast<int>(parallel.fsdp->optimizer_params().front().itemsize());
+  else if (!params.empty())
+    m.bytes_per_weight = static_cast<int>(params.front().itemsize());
   m.state_bytes_per_parameter = state_bytes_per_parameter(keeper, m.bytes_per_weight);
   return m;
 }
@@ -131,6 +138,96 @@ std::optional<std::string> FirstStepMemoryReport::after_step(bool stepped, const
   if (!due_ || !stepped) return std::nullopt;
   due_ = false;
   return memory_report(model, optimizer, parallel, device, memory_stats(device));
+}
+
+// ---------------------------------------------------------------- out of memory
+
+namespace {
+
+// "ZeRO-2 (--zero 2)": a strategy as the training programs' flag names it.
+std::string with_flag(int stage) {
+  return detail::str(strategy_name(stage), " (--zero ", stage, ")");
+}
+
+}  // namespace
+
+std::string explain_memory_use(const nn::Module& model, const optim::Optimizer& optimizer,
+                               const DataParallelism& parallel, Device device) {
+  const int64_t held = memory_stats(device).current_bytes;
+  const int64_t cap = memory_limit(device);
+  const ModelStates m = measure_model_states(model, optimizer, parallel);
+  const int64_t other = held - m.weights - m.gradients - m.optimizer_state - m.buffers;
+  std::ostringstream os;
+  os << "held on " << device << " by kind: weights " << format_bytes(m.weights) << ", gradients "
+     << format_bytes(m.gradients) << " (" << m.gradients_where << "), optimizer state "
+     << format_bytes(m.optimizer_state) << " (" << m.optimizer_name << "), buffers "
+     << format_bytes(m.buffers) << ", other (activations, the batch, temporaries) "
+     << format_bytes(other) << " (Note [The memory report])";
+  if (m.state_bytes_per_parameter < 0) {
+    os << "\nneeded: no formula for " << m.optimizer_name << "'s state";
+    return os.str();
+  }
+
+  // Note [Out of memory in training]: the strategy's model states once all exist, and advice.
+  const int stage = parallel.stage(), world = parallel.world();
+  const auto states_at = [&](int s, int n) {
+    return model_state_bytes(s, {.params = m.parameters,
+                                 .world = n,
+                                 .weight_bytes = m.bytes_per_weight,
+                                 .state_bytes = m.state_bytes_per_parameter})
+        .total();
+  };
+  const double needed = states_at(stage, world);
+  const bool over = cap > 0 && needed > static_cast<double>(cap);
+  os << "\nneeded: under " << strategy_name(stage) << " on " << world
+     << " rank(s) the model states come to " << format_bytes(static_cast<int64_t>(needed))
+     << " a rank (" << m.parameters << " parameters, " << 2 * m.bytes_per_weight
+     << " bytes each of weight and gradient and " << m.state_bytes_per_parameter << " of "
+     << m.optimizer_name << " state" << (stage > 0 ? ", sharded as the stage shards them" : "")
+     << "; Note [Model-state arithmetic])";
+  if (cap > 0) os << ", " << (over ? "over" : "within") << " the cap of " << format_bytes(cap);
+
+  const auto* gpt = dynamic_cast<const nn::GPT*>(&model);
+  const bool can_checkpoint = gpt != nullptr && !gpt->gradient_checkpointing();
+  // The fewest ranks at which ZeRO-3's model states fit the cap.
+  const int fewest =
+      cap > 0 ? static_cast<int>(std::ceil(states_at(3, 1) / static_cast<double>(cap))) : 0;
+  os << "\nadvice: ";
+  if (over) {
+    os << "the model states alone do not fit: shard them";
+    if (world > 1 && stage < 3) {
+      os << " (";
+      for (int s = std::max(stage + 1, 2); s <= 3; ++s)
+        os << (s > std::max(stage + 1, 2) ? ", " : "") << with_flag(s) << " keeps "
+           << format_bytes(static_cast<int64_t>(states_at(s, world))) << " a rank on " << world;
+      os << ")";
+    }
+    if (fewest > world || world == 1)
+      os << "; ZeRO-3 fits them from " << fewest << " ranks (--zero 3 with --nproc N or --gpus N)";
+    else if (stage == 3)
+      os << "; they should fit ZeRO-3 on " << world << " ranks: the rest is the gathered units";
+    if (can_checkpoint) os << "; --checkpoint-activations frees the activations' share";
+  } else {
+    os << "the model states fit; the rest is activations and temporaries, which grow with the "
+          "batch: a smaller --batch-size (--accumulate keeps the step's batch)";
+    if (can_checkpoint) os << ", --checkpoint-activations (each block recomputed in backward)";
+    if (stage < 3 && world > 1)
+      os << ", or " << with_flag(3) << ", whose model states take "
+         << format_bytes(static_cast<int64_t>(states_at(3, world))) << " a rank on " << world;
+  }
+  os << "; or a larger cap (--max-memory, " << kMaxMemoryVariable << ")";
+  return os.str();
+}
+
+TrainingMemoryExplainer::TrainingMemoryExplainer(const nn::Module& model,
+                                                 const optim::Optimizer& optimizer,
+                                                 const DataParallelism& parallel)
+    : previous_(set_out_of_memory_explainer([&model, &optimizer, parallel](Device device) {
+        return explain_memory_use(model, optimizer, parallel, device);
+      })) {}
+
+TrainingMemoryExplainer::~TrainingMemoryExplainer() {
+  set_out_of_memory_explainer(std::move(previous_));
 }
 
 }  // namespace loom::dist

@@ -345,6 +345,7 @@ double run(const Options& o) {
     text.emplace(make_text(o, tokenizer, corpus, config.block_size, config.vocab_size));
 
   const dist::Job job = dist::join_job({.gpus = o.gpus, .backend = o.backend});
+  dist::apply_max_memory(o.train, job.device);  // --max-memory
   dist::Reporter out(job, /*progress_bar=*/false);
   auto model = std::make_shared<nn::GPT>(config);
   model->to(job.device);
@@ -372,7 +373,10 @@ double run(const Options& o) {
     zero = z.get();
     optimizer = std::move(z);
   } else if (o.zero == 3) {
-    fsdp = std::make_shared<dist::FullyShardedDataParallel>(model, job.group);
+    // Under --amp, FSDP's mixed precision (Note [FSDP mixed precision]).
+    dist::FSDPOptions fsdp_options;
+    if (o.amp != "off") fsdp_options.param_dtype = o.amp == "bf16" ? kBFloat16 : kFloat16;
+    fsdp = std::make_shared<dist::FullyShardedDataParallel>(model, job.group, fsdp_options);
     std::vector<size_t> owner;
     for (const dist::ShardPiece& piece : fsdp->pieces()) owner.push_back(piece.param);
     optimizer = over_pieces(fsdp->optimizer_params(), owner);
@@ -512,6 +516,7 @@ double run(const Options& o) {
   int64_t steps_taken = 0;
   dist::FirstStepMemoryReport memory(o.print_memory);
   const dist::DataParallelism parallel{.ddp = ddp.get(), .zero = zero, .fsdp = fsdp.get()};
+  const dist::TrainingMemoryExplainer explain_out_of_memory(*model, *optimizer, parallel);
   while (progress.step < o.iters && (o.train.max_steps < 0 || progress.step < o.train.max_steps)) {
     if (job.parallel()) job.group->reset_counters();
     memory.before_step(job.device);

@@ -294,7 +294,10 @@ Sharded shard_for_the_job(const Options& o, const dist::Job& job, const nn::Modu
              "[resnet18_cifar under ZeRO])");
   if (o.sync_bn) dist::convert_sync_batchnorm(*model, job.group);
   if (o.zero == 3) {
-    s.fsdp = std::make_shared<dist::FullyShardedDataParallel>(model, job.group);
+    // Under --amp, FSDP's mixed precision (Note [FSDP mixed precision]).
+    dist::FSDPOptions fsdp_options;
+    if (o.amp != "off") fsdp_options.param_dtype = o.amp == "bf16" ? kBFloat16 : kFloat16;
+    s.fsdp = std::make_shared<dist::FullyShardedDataParallel>(model, job.group, fsdp_options);
     s.optimizer = dist::make_optimizer(o.train, s.fsdp->optimizer_params(), lr);
     return s;
   }
@@ -529,6 +532,7 @@ double run(const Options& o) {
   if (o.threads > 0) set_num_threads(o.threads);
   manual_seed(o.seed);
   const dist::Job job = dist::join_job({.gpus = o.gpus, .backend = o.backend});
+  dist::apply_max_memory(o.train, job.device);  // --max-memory
   dist::Reporter out(job, /*progress_bar=*/isatty(STDOUT_FILENO) != 0);
 
   const Data data = load_data(o);
@@ -567,6 +571,7 @@ double run(const Options& o) {
   if (o.zero > 0 && scaler.is_enabled())
     scaler.set_found_inf_agreement(dist::found_inf_agreement(job.group, job.device));
   const dist::DataParallelism parallel{.ddp = ddp.get(), .zero = sharded.zero, .fsdp = fsdp.get()};
+  const dist::TrainingMemoryExplainer explain_out_of_memory(*model, *optimizer, parallel);
   nn::Module& net = fsdp  ? static_cast<nn::Module&>(*fsdp)
                     : ddp ? static_cast<nn::Module&>(*ddp)
                           : *model;

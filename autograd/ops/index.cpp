@@ -133,9 +133,13 @@ Tensor embedding(const Tensor& weight, const Tensor& index, int64_t padding_idx)
   LOOM_CHECK(padding_idx == -1 || (padding_idx >= 0 && padding_idx < num_weights), IndexError,
              "embedding: padding_idx ", padding_idx, " is out of range for weight=", weight.sizes(),
              " (-1 means none)");
+  // A 16-bit weight (FSDP's mixed precision) gets its row sums taken in float32, rounded once.
+  const DType dtype = weight.dtype();
   return record("embedding", out, {weight}, {index},
-                [num_weights, padding_idx](const Grads& dout, Saved& s, Grads& g) {
-                  g[0] = k::embedding_backward(dout[0], s[0], num_weights, padding_idx);
+                [num_weights, padding_idx, dtype](const Grads& dout, Saved& s, Grads& g) {
+                  g[0] = k::to_dtype(
+                      k::embedding_backward(k::widened(dout[0]), s[0], num_weights, padding_idx),
+                      dtype);
                 });
 }
 
