@@ -171,7 +171,7 @@ double FSDPTimeline::overlap() const {
     if (!e.what.starts_with("reduce_scatter")) continue;
     const double span = std::max(0.0, e.completed - e.launched);
     total += span;
-    hidden += std::clamp(backward_seconds - e.launched, 0.0, span);
+    hidden += std::clamp(backward_end - e.launched, 0.0, span);
   }
   return total > 0 ? hidden / total : 0.0;
 }
@@ -216,22 +216,30 @@ void FullyShardedDataParallel::gather(size_t u, bool wait) {
     unit.gather = group_->allgather_into_tensor(
         unit.full, unit.shard_low.defined() ? unit.shard_low : unit.shard);
     unit.gathered = true;
+    if (recording_) {
+      unit.gather_event = timeline_.events.size();
+      timeline_.events.push_back({"allgather " + (unit.name.empty() ? "(root)" : unit.name),
+                                  steady_seconds() - timeline_.start, 0});
+    }
   }
-  if (wait && unit.gather) {
-    unit.gather->wait();
-    unit.gather.reset();
-    unit.shard_low = Tensor();
+  if (wait && unit.gather) settle_gather(unit);
+}
+
+void FullyShardedDataParallel::settle_gather(Unit& unit) {
+  unit.gather->wait();
+  if (recording_ && unit.gather_event < timeline_.events.size()) {
+    const double done = unit.gather->finished_at();
+    timeline_.events[unit.gather_event].completed =
+        (done > 0 ? done : steady_seconds()) - timeline_.start;
   }
+  unit.gather.reset();
+  unit.shard_low = Tensor();
 }
 
 void FullyShardedDataParallel::release(size_t u) {
   Unit& unit = units_[u];
   if (!unit.gathered) return;
-  if (unit.gather) {  // a prefetch nobody waited for
-    unit.gather->wait();
-    unit.gather.reset();
-    unit.shard_low = Tensor();
-  }
+  if (unit.gather) settle_gather(unit);  // a prefetch nobody waited for
   release_storage(*unit.full.storage());
   unit.gathered = false;
 }
@@ -255,6 +263,9 @@ Tensor FullyShardedDataParallel::forward(const Tensor& input) {
   if (options_.broadcast_buffers && group_->size() > 1 && is_training())
     broadcast_coalesced(*group_, module_->buffers(), 0);
   if (training_step) {
+    timeline_ = FSDPTimeline();
+    timeline_.start = steady_seconds();
+    recording_ = true;
     expecting_backward_ = true;
     callback_queued_ = false;
     for (Unit& unit : units_) unit.pending = unit.params.size();
@@ -275,16 +286,11 @@ void FullyShardedDataParallel::pre_backward(size_t u) {
     callback_queued_ = true;
     // Gradients accumulate into the shards unless the optimizer dropped them (zero_grad).
     accumulating_ = !piece_tensors_.empty() && piece_tensors_.front().grad().defined();
-    backward_start_ = steady_seconds();
-    timeline_.events.clear();
+    timeline_.backward_start = steady_seconds() - timeline_.start;
     autograd::queue_callback([this] { finalize(); });
   }
-  const double start = steady_seconds();
   gather(u, /*wait=*/true);
   const size_t root = units_.size() - 1;
-  if (u != root)
-    timeline_.events.push_back({"allgather " + units_[u].name, start - backward_start_,
-                                steady_seconds() - backward_start_});
   // The unit before it in forward order comes next in backward.
   const size_t previous = u == root ? units_.size() - 2 : u - 1;
   if (options_.prefetch && u != 0 && previous < root) gather(previous, /*wait=*/false);
@@ -307,8 +313,9 @@ void FullyShardedDataParallel::reduce_unit(size_t u) {
   Unit& unit = units_[u];
   if (!unit.grad_full.defined())
     unit.grad_full = zeros({unit.numel}, unit.full.dtype(), unit.full.device());
+  unit.reduce_event = timeline_.events.size();
   timeline_.events.push_back({"reduce_scatter " + (unit.name.empty() ? "(root)" : unit.name),
-                              steady_seconds() - backward_start_, 0});
+                              steady_seconds() - timeline_.start, 0});
   // Straight into the gradient shard, unless it accumulates or is wider (mixed precision).
   const bool direct = !accumulating_ && unit.grad_full.dtype() == unit.shard_grad.dtype();
   unit.reduced =
@@ -329,7 +336,6 @@ void FullyShardedDataParallel::finalize() {
       reduce_unit(u);
     }
   const double average = 1.0 / group_->size();
-  size_t event = 0;
   for (Unit& unit : units_) {
     if (!unit.reduce) continue;
     unit.reduce->wait();
@@ -346,13 +352,13 @@ void FullyShardedDataParallel::finalize() {
     }
     unit.reduced = Tensor();
     unit.grad_full = Tensor();
-    while (event < timeline_.events.size() && !timeline_.events[event].what.starts_with("reduce"))
-      ++event;
-    if (event < timeline_.events.size())
-      timeline_.events[event++].completed = (done > 0 ? done : steady_seconds()) - backward_start_;
+    if (unit.reduce_event < timeline_.events.size())
+      timeline_.events[unit.reduce_event].completed =
+          (done > 0 ? done : steady_seconds()) - timeline_.start;
   }
-  timeline_.backward_seconds = steady_seconds() - backward_start_;
+  timeline_.backward_end = steady_seconds() - timeline_.start;
   for (size_t u = 0; u < units_.size(); ++u) release(u);
+  recording_ = false;
   attach_shard_grads();  // the optimizer's zero_grad may have dropped them
 }
 

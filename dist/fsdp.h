@@ -78,15 +78,19 @@ struct FSDPOptions {
   std::optional<DType> param_dtype = std::nullopt;
 };
 
-// What the last backward did, as ReducerTimeline: per unit, when its reduce-scatter was
-// launched and when it completed (seconds after the first pre-backward), and the gathers.
+// What the last training step's collectives did, for reports and traces: each unit's all-gathers
+// (forward, prefetches included, and backward) and reduce-scatter, from launch to completion, in
+// seconds after the step's forward began (steady clock `start`), and when backward began and
+// ended.
 struct FSDPTimeline {
   struct Event {
     std::string what;  // "allgather layer1", "reduce_scatter layer1"
     double launched = 0, completed = 0;
   };
-  double backward_seconds = 0;
+  double start = 0;  // steady-clock seconds at the training forward
+  double backward_start = 0, backward_end = 0;
   std::vector<Event> events;
+  double backward_seconds() const { return backward_end - backward_start; }
   // The share of the reduce-scatters' time that passed while backward still computed, as
   // ReducerTimeline::overlap.
   double overlap() const;
@@ -158,12 +162,14 @@ class FullyShardedDataParallel : public nn::Module {
     Tensor grad_full;               // during backward, until reduce-scattered
     Tensor reduced;  // its reduce-scatter's output: shard_grad, or a buffer to add into it
     std::shared_ptr<Work> gather, reduce;
+    size_t gather_event = 0, reduce_event = 0;  // their places in the timeline
     bool gathered = false;
     size_t pending = 0;  // parameters whose gradient has not arrived in this backward
     std::vector<int> hook_handles;
   };
 
   void gather(size_t u, bool wait);
+  void settle_gather(Unit& unit);  // waits for its gather, timed in the timeline
   void release(size_t u);
   void pre_backward(size_t u);
   void on_gradient(size_t i);
@@ -185,8 +191,8 @@ class FullyShardedDataParallel : public nn::Module {
   std::vector<int> param_hooks_;
 
   bool expecting_backward_ = false, callback_queued_ = false, accumulating_ = false;
-  int summoned_ = 0;  // FullParams guards alive
-  double backward_start_ = 0;
+  int summoned_ = 0;        // FullParams guards alive
+  bool recording_ = false;  // a training step's collectives go into timeline_
   FSDPTimeline timeline_;
 };
 

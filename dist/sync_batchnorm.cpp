@@ -54,12 +54,19 @@ class ProcessGroupBatchNormSync : public nn::BatchNormSync {
     const Tensor x = autocast::sync_batch_norm_input(input);
     LOOM_CHECK(x.dim() == 4 && x.size(1) == bn.num_features, ShapeError, op, ": expected x [N, ",
                bn.num_features, ", H, W]; got x=", x.sizes());
-    // The parameters and running statistics must be in batch norm's dtype for x (16-bit ones
-    // are refused: the plain batch norm widens them in an autocast region, SyncBatchNorm does
-    // not).
+    // The parameters and running statistics must be in batch norm's dtype for x. In an autocast
+    // region 16-bit weight and bias (FSDP's mixed precision, Note [FSDP mixed precision]) are
+    // widened as the plain batch norm widens them, through a cast whose backward narrows their
+    // gradients; other dtypes are refused.
     const DType pd = k::batch_norm_param_dtype(x.dtype());
+    const auto widened = [&](const Tensor& t) {
+      return t.defined() && autocast::is_enabled() && is_16bit_float(t.dtype()) && t.dtype() != pd
+                 ? t.to(pd)
+                 : t;
+    };
+    const Tensor weight = widened(bn.weight), bias = widened(bn.bias);
     for (const auto& [name, t] :
-         {std::pair{"weight", bn.weight}, std::pair{"bias", bn.bias},
+         {std::pair{"weight", weight}, std::pair{"bias", bias},
           std::pair{"running_mean", bn.running_mean}, std::pair{"running_var", bn.running_var}})
       LOOM_CHECK(!t.defined() || t.dtype() == pd, DTypeError, op, ": expected ", name, " in ", pd,
                  " for x of dtype ", x.dtype(), "; got ", t.dtype(), " (x=", x.sizes(), ")");
@@ -114,7 +121,7 @@ class ProcessGroupBatchNormSync : public nn::BatchNormSync {
       update(bn.running_var, k::mul(var, k::div(total, k::add_scalar(total, -1.0))));
     }
 
-    Tensor y = k::batch_norm_elemt(x, mean, invstd, bn.weight, bn.bias);
+    Tensor y = k::batch_norm_elemt(x, mean, invstd, weight, bias);
     std::shared_ptr<ProcessGroup> group = group_;
     // d SyncBatchNorm: dx = weight invstd (dy - sum(dy)/N - x_hat sum(dy x_hat)/N), with the
     // sums over every rank (one allreduce); dweight = sum(dy x_hat), dbias = sum(dy) locally.
@@ -122,8 +129,8 @@ class ProcessGroupBatchNormSync : public nn::BatchNormSync {
     // the global sums are divided by N on the device and given to backward_elemt as the sums
     // over a count of 1: N stays on the device.
     return autograd::record(
-        "sync_batch_norm", y, {x, bn.weight, bn.bias},
-        /*save=*/{x, bn.weight, stats.mean, stats.invstd, total},
+        "sync_batch_norm", y, {x, weight, bias},
+        /*save=*/{x, weight, stats.mean, stats.invstd, total},
         [group, c, pd](const Grads& dout, Saved& s, Grads& g) {
           const Tensor& dy = dout[0];
           auto [sum_dy, sum_dy_xhat] = k::batch_norm_backward_reduce(dy, s[0], s[2], s[3]);

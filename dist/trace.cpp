@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dist/ddp.h"
+#include "dist/fsdp.h"
 #include "tensor/atomic_file.h"
 #include "tensor/error.h"
 
@@ -72,6 +73,16 @@ void StepTimeline::end_step(const Reducer* reducer) {
       trace_.add("allreduce bucket " + std::to_string(b), "communication",
                  tl.start + tl.launched[b], tl.start + tl.completed[b], 1);
   const double overlap = tl.overlap();
+  overlap_ += overlap, epoch_overlap_ += overlap;
+  ++steps_, ++epoch_steps_;
+}
+
+void StepTimeline::end_step(const FSDPTimeline& fsdp) {
+  if (record_)
+    for (const FSDPTimeline::Event& e : fsdp.events)
+      if (e.completed > 0)
+        trace_.add(e.what, "communication", fsdp.start + e.launched, fsdp.start + e.completed, 1);
+  const double overlap = fsdp.overlap();
   overlap_ += overlap, epoch_overlap_ += overlap;
   ++steps_, ++epoch_steps_;
 }

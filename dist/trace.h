@@ -1,6 +1,7 @@
 // dist/trace.h — a timeline of what each rank did, in the Chrome trace format (open the file in
 // chrome://tracing or ui.perfetto.dev): one row per rank and thread, one box per phase of a
-// step (data, forward, backward, optimizer) and per bucket allreduce from launch to completion.
+// step (data, forward, backward, optimizer) and per bucket allreduce (or, under FSDP, per unit
+// all-gather and reduce-scatter) from launch to completion.
 // Times are the steady clock's, shared by the processes of one machine. StepTimeline is what a
 // training loop calls: it marks the phases as they end, adds each bucket's allreduce from the
 // reducer's timeline, and keeps the reducer's overlap (how much communication backward hid).
@@ -14,7 +15,8 @@
 
 namespace loom::dist {
 class Reducer;
-}
+struct FSDPTimeline;
+}  // namespace loom::dist
 
 namespace loom::dist {
 
@@ -58,6 +60,9 @@ class StepTimeline {
   void mark(const std::string& name, const std::string& category = "compute");
   // The step's buckets and overlap; `reducer` null without data parallelism.
   void end_step(const Reducer* reducer);
+  // FSDP's step: each unit's all-gathers and reduce-scatter on row 1, and the reduce-scatters'
+  // overlap (Note [FSDP units]).
+  void end_step(const FSDPTimeline& fsdp);
 
   void begin_epoch() { epoch_overlap_ = 0, epoch_steps_ = 0; }
   // The mean share of the allreduce time hidden behind backward, over the steps of this epoch

@@ -473,10 +473,9 @@ void wait_for_device(const dist::Job& job, dist::Throughput& speed) {
 void report_run(const dist::Reporter& out, const Options& o, const dist::Job& job,
                 const dist::StepTimeline& timeline) {
   if (timeline.overlap_steps() > 0)
-    out.say(
-        "communication hidden behind backward: %.0f%% of the allreduce time (mean over %lld "
-        "steps)\n",
-        100 * timeline.mean_overlap(), static_cast<long long>(timeline.overlap_steps()));
+    out.say("communication hidden behind backward: %.0f%% of the %s time (mean over %lld steps)\n",
+            100 * timeline.mean_overlap(), o.zero > 0 ? "reduce-scatter" : "allreduce",
+            static_cast<long long>(timeline.overlap_steps()));
   if (!o.trace.empty()) {
     timeline.trace().write(o.trace, job.store.get(), job.world);
     out.say("trace of %zu events per rank written to %s\n", timeline.trace().size(),
@@ -642,7 +641,10 @@ double run(const Options& o) {
       scaler.update();
       schedule->step();
       timeline.mark("optimizer");
-      timeline.end_step(ddp ? &ddp->reducer() : nullptr);
+      if (fsdp)
+        timeline.end_step(fsdp->timeline());  // each unit's gathers and reduce-scatter
+      else
+        timeline.end_step(ddp ? &ddp->reducer() : nullptr);
       if (job.parallel()) dist::accumulate(moved, job.group->counters());
 
       if (auto report = memory.after_step(stepped, *model, *optimizer, parallel, job.device))
@@ -660,7 +662,7 @@ double run(const Options& o) {
     if (!stopped) progress.epoch = epoch + 1, progress.batch = 0;
     test = evaluate_model();
     report_epoch(out, o, job, scaler,
-                 summarise(job, epoch, meter, *test, *loaders.train, timeline, ddp != nullptr,
+                 summarise(job, epoch, meter, *test, *loaders.train, timeline, job.parallel(),
                            progress.step, !stopped));
     if (!stopped) checkpoints.save_epoch(progress);
   }

@@ -153,7 +153,8 @@ std::pair<double, double> memory_line(const std::string& log, const std::string&
 }
 
 // Note [resnet18_cifar under ZeRO]: each stage trains as DDP does (the same losses and accuracy
-// to the printed digit, fp16 with a loss scaler, clipping and SyncBatchNorm), the memory report
+// to the printed digit, fp16 with a loss scaler, clipping and SyncBatchNorm; ZeRO-3's 16-bit
+// gathered weights within 1%), the memory report
 // shows the stage's model states beside the formula's, and the run ends with the bytes moved.
 TEST_F(AppDist, EachZeroStageTrainsAsDdpDoesAndReportsItsModelStates) {
   // Width 16: 0.7 M parameters, so that the printed MiB resolve 1% of each model state.
@@ -166,7 +167,8 @@ TEST_F(AppDist, EachZeroStageTrainsAsDdpDoesAndReportsItsModelStates) {
   for (const std::string stage : {"0", "1", "2", "3"}) {
     SCOPED_TRACE("--zero " + stage);
     const std::string log_file = path("zero" + stage + ".log");
-    const pid_t pid = spawn(args + "--zero " + stage, log_file);
+    const std::string trace = path("trace" + stage + ".json");
+    const pid_t pid = spawn(args + "--zero " + stage + " --trace " + trace, log_file);
     ASSERT_EQ(wait_for(pid, std::chrono::seconds(120)), 0) << read(log_file);
     const std::string log = read(log_file);
     std::smatch epoch;
@@ -190,13 +192,31 @@ TEST_F(AppDist, EachZeroStageTrainsAsDdpDoesAndReportsItsModelStates) {
       EXPECT_NE(log.find("collectives of rank 0 over 3 training steps (DDP"), std::string::npos);
       continue;
     }
-    EXPECT_EQ(epoch[0], ddp_epoch) << log;
+    if (stage != "3") {
+      EXPECT_EQ(epoch[0], ddp_epoch) << log;
+    } else {
+      // FSDP under --amp gathers 16-bit weights (Note [FSDP mixed precision]): close, not equal.
+      std::smatch a, b;
+      const std::regex losses("train loss ([0-9.]+) .*test loss ([0-9.]+)");
+      const std::string mine = epoch[0];
+      ASSERT_TRUE(std::regex_search(mine, a, losses) && std::regex_search(ddp_epoch, b, losses));
+      for (int i = 1; i <= 2; ++i)
+        EXPECT_NEAR(std::stod(a[i]), std::stod(b[i]), 0.01 * std::stod(b[i])) << mine;
+    }
     EXPECT_NEAR(state, ddp_state / 2, 0.011) << log;
     EXPECT_NEAR(gradients, stage == "1" ? weights : state / 2, 0.011) << log;
     EXPECT_NE(log.find("collectives of rank 0 over 3 training steps (ZeRO-" + stage),
               std::string::npos)
         << log;
     EXPECT_NE(log.find("reduce_scatter"), std::string::npos) << log;
+    // FSDP's trace: each stage's all-gathers and reduce-scatter against the compute, both ranks.
+    if (stage == "3") {
+      const std::string events = read(trace);
+      for (const char* what : {"\"allgather layer1\"", "\"reduce_scatter layer4\"",
+                               "\"allgather (root)\"", "\"backward\""})
+        EXPECT_NE(events.find(what), std::string::npos) << what;
+      EXPECT_NE(log.find("of the reduce-scatter time"), std::string::npos) << log;
+    }
   }
 }
 
