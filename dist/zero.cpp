@@ -51,6 +51,10 @@ ZeroRedundancyOptimizer::Sharding ZeroRedundancyOptimizer::shard_model(Distribut
       const int64_t from = std::max(begin, lo), to = std::min(end, hi);
       if (from >= to) continue;
       Tensor run = k::narrow(flat, 0, from, to - from);
+      if (is_16bit_float(run.dtype())) {  // Note [ZeRO with a 16-bit model]
+        s.runs.push_back(run);
+        run = k::to_dtype(run, kFloat32);
+      }
       run.requires_grad_(true);
       s.piece_tensors.push_back(run);
       s.pieces.push_back({.param = i,
@@ -74,6 +78,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(DistributedDataParallel& ddp, F
       reducer_(ddp.reducer()),
       options_(options),
       flat_params_(std::move(sharding.flat_params)),
+      runs_(std::move(sharding.runs)),
       pieces_(std::move(sharding.pieces)) {
   LOOM_CHECK(static_cast<bool>(make), ValueError,
              "ZeroRedundancyOptimizer: the optimizer factory is empty");
@@ -86,8 +91,9 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(DistributedDataParallel& ddp, F
              " tensors; it must hold the ", params().size(), " pieces it was given");
   set_lr(inner_->lr());
   // The pieces' gradients are views of the reducer's shards for good, so that whatever reads
-  // params()' gradients between backward and step (GradScaler::unscale_) sees them.
-  attach_shard_grads();
+  // params()' gradients between backward and step (GradScaler::unscale_) sees them. Masters get
+  // theirs after a backward (Note [ZeRO with a 16-bit model]).
+  if (!has_master_copy()) attach_shard_grads();
 }
 
 void ZeroRedundancyOptimizer::attach_shard_grads() {
@@ -96,8 +102,15 @@ void ZeroRedundancyOptimizer::attach_shard_grads() {
   for (size_t k = 0; k < pieces_.size(); ++k) {
     const ShardPiece& piece = pieces_[k];
     Tensor run = runs[k];
-    run.set_grad(
-        k::narrow(reducer_.buckets()[piece.bucket].shard, 0, piece.shard_offset, piece.numel));
+    const Tensor shard_run =
+        k::narrow(reducer_.buckets()[piece.bucket].shard, 0, piece.shard_offset, piece.numel);
+    // A master's gradient: the run widened, once per backward (clipping scales it in place).
+    if (has_master_copy()) {
+      if (!run.grad().defined() && shard_run.defined())
+        run.set_grad(k::to_dtype(shard_run, kFloat32));
+      continue;
+    }
+    run.set_grad(shard_run);
   }
 }
 
@@ -107,6 +120,13 @@ void ZeroRedundancyOptimizer::step() {
   attach_shard_grads();  // in case something dropped them
   inner_->set_lr(lr());
   inner_->step();
+  // Note [ZeRO with a 16-bit model]: the masters rounded into the pieces; their gradients,
+  // widened copies, go (the next backward's are widened anew).
+  for (size_t k = 0; k < runs_.size(); ++k) {
+    k::copy_(runs_[k], params()[k]);
+    Tensor master = params()[k];
+    master.set_grad(Tensor());
+  }
   // Step 3: every rank's pieces to every rank, in place; all launched, then waited for.
   ProcessGroup& group = reducer_.group();
   std::vector<std::shared_ptr<Work>> works;
@@ -121,6 +141,8 @@ void ZeroRedundancyOptimizer::step() {
 
 void ZeroRedundancyOptimizer::zero_grad(bool set_to_none) {
   NoGradGuard no_grad;
+  if (has_master_copy())  // widened copies of the last backward's: dropped either way
+    for (Tensor master : params()) master.set_grad(Tensor());
   for (Tensor p : reducer_.params()) {
     const Tensor g = p.grad();
     if (!g.defined()) continue;
@@ -154,6 +176,13 @@ double ZeroRedundancyOptimizer::clip_grad_norm_(double max_norm) {
   return total;
 }
 
+int64_t ZeroRedundancyOptimizer::master_bytes() const {
+  int64_t bytes = 0;
+  if (has_master_copy())
+    for (const Tensor& master : params()) bytes += static_cast<int64_t>(master.nbytes());
+  return bytes;
+}
+
 int64_t ZeroRedundancyOptimizer::shard_numel() const {
   int64_t n = 0;
   for (const ShardPiece& piece : pieces_) n += piece.numel;
@@ -166,12 +195,15 @@ std::string ZeroRedundancyOptimizer::plan() const {
   int64_t total = 0;
   for (const Tensor& flat : flat_params_) total += flat.numel();
   char line[240];
-  std::snprintf(line, sizeof line,
-                "ZeRO-%d: %zu buckets, %lld elements with padding; rank %d of %d updates %lld "
-                "of them in %zu pieces, with %s\n",
-                options_.stage, flat_params_.size(), static_cast<long long>(total), group.rank(),
-                group.size(), static_cast<long long>(shard_numel()), pieces_.size(),
-                inner_->name().c_str());
+  std::snprintf(
+      line, sizeof line,
+      "ZeRO-%d: %zu buckets, %lld elements with padding; rank %d of %d updates %lld "
+      "of them in %zu pieces, with %s%s\n",
+      options_.stage, flat_params_.size(), static_cast<long long>(total), group.rank(),
+      group.size(), static_cast<long long>(shard_numel()), pieces_.size(), inner_->name().c_str(),
+      has_master_copy()
+          ? detail::str(" over float32 masters of ", runs_.front().dtype(), " pieces").c_str()
+          : "");
   out << line;
   const std::vector<std::string>& names = reducer_.names();
   for (size_t b = 0; b < flat_params_.size(); ++b) {

@@ -35,6 +35,17 @@
 // (an allreduce and a broadcast a step, 1.5 times DDP's bytes), the pieces cut across
 // parameters, as DeepSpeed's and FSDP's flat partitions do: they balance exactly (up to N - 1
 // elements of padding a bucket).
+//
+// Note [ZeRO with a 16-bit model]
+// A model whose parameters are bfloat16 or float16 (gpt_train and resnet18_cifar convert it so
+// with --zero 1 or 2 --amp bf16) keeps 16-bit flat buffers and buckets: its gradients are
+// reduce-scattered in 16 bits. Each piece then gets a float32 master copy, and the wrapped
+// optimizer updates the masters: at the step each master's gradient is its run of the shard
+// widened, and after the update the master is rounded into the 16-bit piece, which the
+// all-gather spreads. Per rank that is the ZeRO paper's 16-bit column: 2 Psi of weights, 2 Psi
+// (stage 1) or 2 Psi / N (stage 2) of gradients, 12 Psi / N of optimizer state (the masters and
+// Adam's m and v). params() are the masters, so checkpoints keep float32 weights; a GradScaler
+// would unscale the masters' gradients before the step widens them: bfloat16 needs none.
 #pragma once
 
 #include <functional>
@@ -90,6 +101,9 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   const std::vector<ShardPiece>& pieces() const { return pieces_; }
   // Elements of the parameters this rank updates (its pieces; padding excluded).
   int64_t shard_numel() const;
+  // Note [ZeRO with a 16-bit model]: whether the pieces have float32 masters, and their bytes.
+  bool has_master_copy() const { return !runs_.empty(); }
+  int64_t master_bytes() const;
   // Per bucket: elements, padding and this rank's piece; the pieces of each parameter.
   std::string plan() const;
 
@@ -108,6 +122,7 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
  private:
   struct Sharding {  // what the constructor sets up before the base class sees the pieces
     std::vector<Tensor> flat_params, piece_tensors;
+    std::vector<Tensor> runs;  // a 16-bit model's pieces, whose masters piece_tensors are
     std::vector<ShardPiece> pieces;
   };
   static Sharding shard_model(DistributedDataParallel& ddp, const ZeroOptions& options);
@@ -118,6 +133,7 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   Reducer& reducer_;
   ZeroOptions options_;
   std::vector<Tensor> flat_params_;  // per bucket: the parameters' memory
+  std::vector<Tensor> runs_;         // a 16-bit model's pieces (params() are their masters)
   std::vector<ShardPiece> pieces_;
   std::unique_ptr<optim::Optimizer> inner_;
 };

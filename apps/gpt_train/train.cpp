@@ -367,6 +367,9 @@ double run(const Options& o) {
   dist::ZeroRedundancyOptimizer* zero = nullptr;
   std::unique_ptr<optim::Optimizer> optimizer;
   if (o.zero == 1 || o.zero == 2) {
+    // Under --amp bf16 the model itself is 16-bit, with float32 masters of this rank's pieces
+    // (Note [ZeRO with a 16-bit model]).
+    if (o.amp == "bf16") model->to(kBFloat16);
     ddp = std::make_shared<dist::DistributedDataParallel>(model, job.group);
     auto z = std::make_unique<dist::ZeroRedundancyOptimizer>(*ddp, over_pieces,
                                                              dist::ZeroOptions{.stage = o.zero});

@@ -301,6 +301,9 @@ Sharded shard_for_the_job(const Options& o, const dist::Job& job, const nn::Modu
     s.optimizer = dist::make_optimizer(o.train, s.fsdp->optimizer_params(), lr);
     return s;
   }
+  // Under --amp bf16 the model itself is 16-bit, with float32 masters of this rank's pieces
+  // (Note [ZeRO with a 16-bit model]).
+  if (o.amp == "bf16") model->to(kBFloat16);
   s.ddp = std::make_shared<dist::DistributedDataParallel>(
       model, job.group, dist::DDPOptions{.comm_dtype = flag_dtype(o.comm_dtype)});
   auto zero = std::make_unique<dist::ZeroRedundancyOptimizer>(

@@ -294,25 +294,27 @@ TEST(Zero, StageThreeWithActivationCheckpointingChangesNoBitAndGathersNoMore) {
   });
 }
 
-// Note [FSDP mixed precision]: with param_dtype bfloat16 the gathered parameters are 16-bit, the
-// shards and their gradients float32; the wire carries exactly half the bytes of float32 FSDP;
-// the rank keeps 16 Psi / N bytes of model states; and the training follows DDP's under
-// autocast (float32 parameters cast as the ops run) up to bfloat16's rounding of the weights.
-TEST(Zero, StageThreeMixedPrecisionGathersAndReducesInBfloat16) {
-  test::run_ranks(2, [](test::Rank& r) {
-    auto group = test::gloo_group(r);
+// The ZeRO paper's 16-bit column: a bfloat16 model under ZeRO-1 and -2 with float32 masters of
+// its pieces (Note [ZeRO with a 16-bit model]), and FSDP with param_dtype bfloat16 (Note [FSDP
+// mixed precision]). The wire carries exactly half the bytes of the float32 stage; the rank
+// keeps the column's model states (ZeRO-1 4 Psi + 12 Psi / N, ZeRO-2 2 Psi + 14 Psi / N, ZeRO-3
+// 16 Psi / N); and the training follows DDP's under autocast (float32 parameters cast as the ops
+// run) up to bfloat16's rounding of the weights.
+void check_sixteen_bit_column(test::Rank& r, const std::shared_ptr<ProcessGroup>& group,
+                              int stage) {
+  {
     struct Run {
       std::vector<double> losses;
       CollectiveCounters last;
       NamedTensors params;
     };
-    auto run = [&](int stage, bool mixed) {
+    auto run = [&](int strategy, bool mixed) {
       nn::ModulePtr model = make_model(Model::kGPT);
       model->to(kFloat32);
       std::shared_ptr<DistributedDataParallel> ddp;
       std::shared_ptr<FullyShardedDataParallel> fsdp;
       std::unique_ptr<optim::Optimizer> optimizer;
-      if (stage == 3) {
+      if (strategy == 3) {
         FSDPOptions options;
         if (mixed) options.param_dtype = kBFloat16;
         fsdp = std::make_shared<FullyShardedDataParallel>(model, group, options);
@@ -322,9 +324,16 @@ TEST(Zero, StageThreeMixedPrecisionGathersAndReducesInBfloat16) {
           EXPECT_EQ(p.dtype(), mixed ? kBFloat16 : kFloat32);
         for (const Tensor& piece : fsdp->optimizer_params()) EXPECT_EQ(piece.dtype(), kFloat32);
       } else {
+        if (mixed) model->to(kBFloat16);
         ddp = std::make_shared<DistributedDataParallel>(model, group);
-        optimizer =
-            std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions{.lr = 1e-2});
+        auto adamw = [](std::vector<Tensor> ps, const std::vector<size_t>&) {
+          return std::make_unique<optim::AdamW>(std::move(ps), optim::AdamWOptions{.lr = 1e-2});
+        };
+        if (strategy == 0)
+          optimizer = adamw(model->parameters(), {});
+        else
+          optimizer = std::make_unique<ZeroRedundancyOptimizer>(*ddp, adamw,
+                                                                ZeroOptions{.stage = strategy});
       }
       nn::Module& net = fsdp ? static_cast<nn::Module&>(*fsdp) : *ddp;
       Run out;
@@ -345,17 +354,22 @@ TEST(Zero, StageThreeMixedPrecisionGathersAndReducesInBfloat16) {
       if (fsdp) gathered = fsdp->summon_full_params();
       for (const auto& [name, p] : model->named_parameters())
         out.params.emplace_back(name, p.to(kFloat32));
-      if (fsdp && mixed) {
-        const DataParallelism parallel{.fsdp = fsdp.get()};
+      if (mixed) {
+        auto* zero = dynamic_cast<ZeroRedundancyOptimizer*>(optimizer.get());
+        const DataParallelism parallel{.ddp = ddp.get(), .zero = zero, .fsdp = fsdp.get()};
         const ModelStates m = measure_model_states(*model, *optimizer, parallel);
-        // 16 Psi / N (Note [Model-state arithmetic]), padding aside: float32 shard, gradient
-        // shard, m and v.
-        EXPECT_NEAR(static_cast<double>(m.weights + m.gradients + m.optimizer_state),
-                    16.0 * m.parameters / r.world_size, 16.0 * 8);
+        const double psi = static_cast<double>(m.parameters), n = r.world_size;
+        const double column = strategy == 1   ? 4 * psi + 12 * psi / n
+                              : strategy == 2 ? 2 * psi + 14 * psi / n
+                                              : 16 * psi / n;
+        // Padding aside (under N elements a bucket or unit).
+        EXPECT_NEAR(static_cast<double>(m.weights + m.gradients + m.optimizer_state), column,
+                    16.0 * 8)
+            << "strategy " << strategy;
       }
       return out;
     };
-    const Run ddp = run(0, false), fsdp32 = run(3, false), fsdp16 = run(3, true);
+    const Run ddp = run(0, false), fsdp32 = run(stage, false), fsdp16 = run(stage, true);
     const int64_t wire32 = bus(fsdp32.last, "allgather") + bus(fsdp32.last, "reduce_scatter");
     const int64_t wire16 = bus(fsdp16.last, "allgather") + bus(fsdp16.last, "reduce_scatter");
     EXPECT_EQ(2 * wire16, wire32);
@@ -381,8 +395,15 @@ TEST(Zero, StageThreeMixedPrecisionGathersAndReducesInBfloat16) {
     EXPECT_GT(travelled, 0);
     EXPECT_LT(apart, 0.1 * travelled) << apart << " apart, " << travelled << " travelled";
     if (r.rank == 0)
-      std::printf("bfloat16 FSDP against DDP under autocast: %.3f of the distance travelled\n",
-                  apart / travelled);
+      std::printf("bfloat16 ZeRO-%d against DDP under autocast: %.3f of the distance travelled\n",
+                  stage, apart / travelled);
+  }
+}
+
+TEST(Zero, EachStageKeepsTheSixteenBitColumnWithABfloat16Model) {
+  test::run_ranks(2, [](test::Rank& r) {
+    auto group = test::gloo_group(r);
+    for (int stage = 1; stage <= 3; ++stage) check_sixteen_bit_column(r, group, stage);
   });
 }
 
