@@ -10,6 +10,7 @@
 #include "tensor/device.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"
+#include "tensor/memory_limit.h"
 #include "tensor/parallel.h"
 #include "tensor/random.h"
 #include "tensor/safetensors.h"

@@ -22,6 +22,7 @@
 #include "autograd/graph.h"
 #include "tensor/copy.h"
 #include "tensor/elementwise.h"
+#include "tensor/memory_limit.h"
 #include "tensor/reduce.h"
 #include "tensor/view.h"
 
@@ -233,6 +234,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
   while (!ready.empty()) {
     Node* node = ready.top();
     ready.pop();
+    const AllocationLabel label("in the backward of ", node->name().c_str());
     std::vector<Tensor> grads = std::move(buffers[node]);
     buffers.erase(node);
     grads.resize(node->outputs().size());

@@ -14,6 +14,7 @@
 #include "tensor/copy.h"
 #include "tensor/elementwise.h"
 #include "tensor/index.h"
+#include "tensor/memory_limit.h"
 #include "tensor/view.h"
 
 namespace loom::dist {
@@ -233,6 +234,7 @@ void Reducer::register_comm_hook(std::shared_ptr<CommHook> hook) {
 
 void Reducer::build_buckets(const std::vector<size_t>& order) {
   NoGradGuard no_grad;
+  const AllocationLabel label("for the gradient buckets of ", "DistributedDataParallel");
   buckets_.clear();
   where_.assign(params_.size(), {0, 0});
   views_.assign(params_.size(), Tensor());

@@ -78,13 +78,18 @@ ModelStates measure_model_states(const nn::Module& model, const optim::Optimizer
   }
   const optim::Optimizer& keeper = parallel.zero ? parallel.zero->inner() : optimizer;
   m.optimizer_state = keeper.state_bytes();
+  const bool masters = parallel.zero && parallel.zero->has_master_copy();
+  if (masters) m.optimizer_state += parallel.zero->master_bytes();
   m.optimizer_name = keeper.name();
   // w: the weights' bytes as kept between steps (FSDP: its shards, the master copy).
   if (parallel.fsdp && !parallel.fsdp->optimizer_params().empty())
     m.bytes_per_weight = static_cast<int>(parallel.fsdp->optimizer_params().front().itemsize());
   else if (!params.empty())
     m.bytes_per_weight = static_cast<int>(params.front().itemsize());
-  m.state_bytes_per_parameter = state_bytes_per_parameter(keeper, m.bytes_per_weight);
+  // K counts a float32 master copy (4 bytes) where ZeRO keeps one (Note [ZeRO with a 16-bit
+  // model]); the inner optimizer's buffers are float32 there, whatever the model's dtype.
+  m.state_bytes_per_parameter = masters ? state_bytes_per_parameter(keeper, 4) + 4
+                                        : state_bytes_per_parameter(keeper, m.bytes_per_weight);
   return m;
 }
 
@@ -179,11 +184,14 @@ std::string explain_memory_use(const nn::Module& model, const optim::Optimizer& 
   };
   const double needed = states_at(stage, world);
   const bool over = cap > 0 && needed > static_cast<double>(cap);
-  os << "\nneeded: under " << strategy_name(stage) << " on " << world
-     << " rank(s) the model states come to " << format_bytes(static_cast<int64_t>(needed))
-     << " a rank (" << m.parameters << " parameters, " << 2 * m.bytes_per_weight
-     << " bytes each of weight and gradient and " << m.state_bytes_per_parameter << " of "
-     << m.optimizer_name << " state" << (stage > 0 ? ", sharded as the stage shards them" : "")
+  const std::string where =
+      world == 1 ? std::string("in one process")
+                 : detail::str("under ", strategy_name(stage), " on ", world, " ranks");
+  os << "\nneeded: " << where << " the model states come to "
+     << format_bytes(static_cast<int64_t>(needed)) << " a rank (" << m.parameters << " parameters, "
+     << m.bytes_per_weight << " bytes of weight, " << m.bytes_per_weight << " of gradient and "
+     << m.state_bytes_per_parameter << " of " << m.optimizer_name << " state a parameter"
+     << (stage > 0 ? ", sharded as the stage shards them" : "")
      << "; Note [Model-state arithmetic])";
   if (cap > 0) os << ", " << (over ? "over" : "within") << " the cap of " << format_bytes(cap);
 

@@ -35,6 +35,7 @@
 #include "dist/zero.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
+#include "tensor/memory_limit.h"
 #include "tensor/storage.h"
 
 namespace loom::dist {
@@ -77,6 +78,41 @@ class FirstStepMemoryReport {
 
  private:
   bool due_;
+};
+
+// Note [Out of memory in training]
+// A training program registers a TrainingMemoryExplainer once its model, optimizer and
+// data-parallel wrappers exist; an OutOfMemoryError on the job's device (Note [Device memory
+// cap] in tensor/memory_limit.h) then goes on with three lines:
+//   held      loom's tensors on the device by kind, measured as the memory report measures
+//             them: weights, gradients, optimizer state, buffers, and other (the activations,
+//             the batch, temporaries, on a CPU the data set);
+//   needed    what the strategy's model states come to once all of them exist, by Note
+//             [Model-state arithmetic] (the optimizer makes its state at its first step, so an
+//             error before that finds less held than the step will need), against the cap;
+//   advice    from the stage in use. Model states over the cap: shard them, the stages past the
+//             one in use with the bytes each would keep on these ranks (DDP -> ZeRO-2 -> ZeRO-3)
+//             and the fewest ranks at which ZeRO-3's fit. Model states within it: the rest is
+//             activations, which grow with the batch: a smaller --batch-size (--accumulate keeps
+//             the step's batch), activation checkpointing (a GPT: --checkpoint-activations),
+//             ZeRO-3 to give the activations the model states' room. Then: raise the cap.
+// This is the decision tree of Note [Choosing a strategy] (dist/memory_plan.h) told from the
+// error's side, without a dry run; loomplan prints the whole plan.
+std::string explain_memory_use(const nn::Module& model, const optim::Optimizer& optimizer,
+                               const DataParallelism& parallel, Device device);
+
+// Installs explain_memory_use over `model`, `optimizer` and `parallel` as the process's
+// out-of-memory explainer for its lifetime (they must outlive it); the one it replaced after.
+class TrainingMemoryExplainer {
+ public:
+  TrainingMemoryExplainer(const nn::Module& model, const optim::Optimizer& optimizer,
+                          const DataParallelism& parallel);
+  ~TrainingMemoryExplainer();
+  TrainingMemoryExplainer(const TrainingMemoryExplainer&) = delete;
+  TrainingMemoryExplainer& operator=(const TrainingMemoryExplainer&) = delete;
+
+ private:
+  OutOfMemoryExplainer previous_;
 };
 
 }  // namespace loom::dist

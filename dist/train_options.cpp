@@ -1,4 +1,4 @@
-// dist/train_options.cpp — make_optimizer and describe_optimizer.
+// dist/train_options.cpp — make_optimizer, describe_optimizer and the device's memory cap.
 
 #include "dist/train_options.h"
 
@@ -7,6 +7,7 @@
 #include "optim/adam.h"
 #include "optim/sgd.h"
 #include "tensor/error.h"
+#include "tensor/storage.h"
 
 namespace loom::dist {
 
@@ -57,6 +58,12 @@ std::string describe_optimizer(const TrainOptions& o, double lr) {
 int64_t optimizer_steps(int64_t batches, int64_t accumulate) {
   LOOM_CHECK(accumulate >= 1, ValueError, "accumulate must be at least 1; got ", accumulate);
   return (batches + accumulate - 1) / accumulate;
+}
+
+void apply_max_memory(const TrainOptions& o, Device device) {
+  LOOM_CHECK(o.max_memory >= 0, ValueError, "--max-memory: the cap cannot be negative; got ",
+             o.max_memory, " bytes");
+  if (o.max_memory > 0) set_memory_limit(device, o.max_memory, "--max-memory");
 }
 
 }  // namespace loom::dist

@@ -1,7 +1,7 @@
 // dist/train_options.h — the training options every training program shares (resnet18_cifar,
 // gpt_train): the optimizer and its hyper-parameters, gradient accumulation, gradient clipping,
-// and the step limit; and the optimizer they describe. The command line that sets them is the
-// apps' (apps/common/train_flags.h, CLI11): the library holds no parser.
+// the step limit and the device's memory cap; and the optimizer they describe. The command line
+// that sets them is the apps' (apps/common/train_flags.h, CLI11): the library holds no parser.
 //
 // Note [Gradient accumulation]
 // With accumulate = N one optimizer step takes N micro-batches of --batch-size each: the loss of
@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "optim/optimizer.h"
+#include "tensor/device.h"
 
 namespace loom::dist {
 
@@ -32,7 +33,13 @@ struct TrainOptions {
   int64_t accumulate = 1;             // micro-batches per optimizer step (Note above)
   double grad_clip = 0;               // the gradients' total 2-norm is clipped to this; 0: off
   int64_t max_steps = -1;             // stop after this many optimizer steps in all (-1: none)
+  int64_t max_memory = 0;  // bytes each rank's device may hold (0: LOOM_MAX_MEMORY's cap, if any)
 };
+
+// Caps `device` (the job's, in each rank) at o.max_memory where it is set, as set_memory_limit
+// does under the name --max-memory (Note [Device memory cap] in tensor/memory_limit.h); leaves
+// LOOM_MAX_MEMORY's cap otherwise.
+void apply_max_memory(const TrainOptions& o, Device device);
 
 // The optimizer `o` names over `params`, at learning rate `lr` (the options' lr, possibly
 // scaled); `decay` says which parameters weight decay applies to (AdamOptions::decay; empty:

@@ -8,12 +8,15 @@
 
 #include "autograd/graph.h"
 #include "tensor/copy.h"
+#include "tensor/memory_limit.h"
 
 namespace loom::nn {
 
 namespace k = kernels;
 
 Tensor Module::operator()(const Tensor& input) {
+  // What an OutOfMemoryError says was running (Note [Allocation labels]).
+  const AllocationLabel label("in the forward of ", type_name_.c_str());
   if (forward_pre_hooks_.empty() && forward_hooks_.empty()) return forward(input);
   // Copies: a hook may register or remove hooks.
   const auto pre_hooks = forward_pre_hooks_;

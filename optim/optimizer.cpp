@@ -11,6 +11,7 @@
 #include "autograd/graph.h"
 #include "tensor/checks.h"
 #include "tensor/copy.h"
+#include "tensor/memory_limit.h"
 
 namespace loom::optim {
 
@@ -128,6 +129,7 @@ void Optimizer::finish_update(size_t i, const Tensor& target) const {
 Optimizer::ParamState& Optimizer::state_for(size_t i) {
   ParamState& state = state_[i];
   if (!state.initialized) {
+    const AllocationLabel label("for the optimizer state of ", name_.c_str());
     const Tensor& p = params_[i];
     state.buffers.clear();
     for (size_t b = 0; b < buffer_names().size(); ++b) {

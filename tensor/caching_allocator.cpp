@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "tensor/error.h"
+#include "tensor/memory_limit.h"
 
 namespace loom::cuda {
 
@@ -116,10 +117,23 @@ void* CachingAllocator::allocate(size_t nbytes, int device, StreamId stream) {
     ++s.stats.num_cache_hits;
   } else {
     const size_t seg = segment_size(size);
-    void* ptr = raw_.allocate(seg, device);
+    const int64_t cap = raw_.limit ? raw_.limit(device) : 0;
+    const auto within_cap = [&] {
+      return cap <= 0 || s.stats.reserved_bytes + static_cast<int64_t>(seg) <= cap;
+    };
+    void* ptr = within_cap() ? raw_.allocate(seg, device) : nullptr;
     if (!ptr) {  // under pressure: give the cache back to the driver and try once more
       release_free_segments(device, s);
       ++s.stats.num_pressure_releases;
+      if (!within_cap()) {
+        throw OutOfMemoryError(
+            detail::str("the caching allocator of cuda:", device, " would reserve a segment of ",
+                        format_bytes(static_cast<int64_t>(seg)), " beside the ",
+                        format_bytes(s.stats.reserved_bytes), " it holds (",
+                        format_bytes(s.stats.allocated_bytes),
+                        " of them allocated; its cache given back), over the cap of ",
+                        format_bytes(cap), " (", cap, " bytes)"));
+      }
       ptr = raw_.allocate(seg, device);
       if (!ptr) throw out_of_memory(seg);
     }

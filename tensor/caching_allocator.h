@@ -18,6 +18,11 @@
 // - Memory goes back to the driver only under pressure (a raw allocation fails: every wholly
 //   free segment of that device is released, then the allocation is retried once) or on
 //   empty_cache(). A second failure raises DeviceError naming the call, the size and the device.
+// - A device with a cap (RawAllocator::limit; Note [Device memory cap] in memory_limit.h) is
+//   treated as a device that size: a segment that would take the reserved bytes above the cap
+//   is a raw allocation that failed (the cache goes back, then the check is made again), and a
+//   second refusal raises OutOfMemoryError. The cap is asked for only when a segment is about
+//   to be reserved, never on a cache hit.
 #pragma once
 
 #include <cstddef>
@@ -53,11 +58,14 @@ struct AllocatorStats {
 
 // The raw allocation interface. `allocate` returns nullptr when the device is out of memory
 // (any other failure it raises itself); `free` must not throw. `call_name` names the raw call in
-// the out-of-memory message ("cudaMalloc").
+// the out-of-memory message ("cudaMalloc"). `limit`, where given, is the device's cap on the
+// bytes reserved (0: none); it is called with the allocator's lock held, so it must not call
+// back into the allocator.
 struct RawAllocator {
   std::function<void*(size_t nbytes, int device)> allocate;
   std::function<void(void* ptr, int device)> free;
   std::string call_name = "raw allocate";
+  std::function<int64_t(int device)> limit = {};
 };
 
 class CachingAllocator {
@@ -73,7 +81,8 @@ class CachingAllocator {
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
   // A block of at least nbytes (nbytes == 0 gives nullptr) for use on `stream` of `device`.
-  // Raises DeviceError when the device cannot provide it even after releasing the cache.
+  // Raises DeviceError when the device cannot provide it even after releasing the cache, and
+  // OutOfMemoryError when the device's cap refuses it (then nothing changed but the cache).
   void* allocate(size_t nbytes, int device, StreamId stream);
   // Returns a block to its stream's free list. Unknown pointers raise InternalError.
   void free(void* ptr);

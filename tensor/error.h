@@ -40,6 +40,9 @@ class DistError : public Error {
 class NotImplementedError : public Error {
   using Error::Error;
 };
+class OutOfMemoryError : public Error {  // a device's memory cap or its memory exhausted
+  using Error::Error;                    // (Note [Device memory cap], tensor/memory_limit.h)
+};
 class AutogradError : public Error {  // freed graph, in-place change of a saved tensor, ...
   using Error::Error;
 };

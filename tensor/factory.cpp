@@ -22,8 +22,8 @@ Tensor empty(const Shape& shape, DType dtype, Device device, MemoryFormat format
   check_shape(shape, "empty");
   auto impl = std::make_shared<TensorImpl>();
   impl->strides = format_strides(shape, format);
-  impl->storage =
-      allocate_storage(static_cast<size_t>(shape_numel(shape)) * itemsize(dtype), device);
+  impl->storage = allocate_storage(static_cast<size_t>(shape_numel(shape)) * itemsize(dtype),
+                                   device, dtype, shape);
   impl->sizes = shape;
   impl->dtype = dtype;
   return Tensor(std::move(impl));

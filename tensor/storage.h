@@ -8,8 +8,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
+#include <string>
 
 #include "tensor/device.h"
+#include "tensor/dtype.h"
 
 namespace loom {
 
@@ -32,8 +35,11 @@ struct StorageImpl {
 using Storage = std::shared_ptr<StorageImpl>;
 
 // Allocates nbytes on a device: 64-byte aligned on the CPU. Raises DeviceError for CUDA in a
-// build without it.
+// build without it, OutOfMemoryError over the device's cap (Note [Device memory cap] in
+// tensor/memory_limit.h) or when the device has no more, with nothing allocated.
 Storage allocate_storage(size_t nbytes, Device device);
+// The same for a tensor of `dtype` and `shape`, which an OutOfMemoryError then names.
+Storage allocate_storage(size_t nbytes, Device device, DType dtype, std::span<const int64_t> shape);
 
 // Note [Released storage]
 // FullyShardedDataParallel frees a unit's gathered parameters between their uses while tensors
@@ -60,5 +66,13 @@ struct MemoryStats {
 };
 MemoryStats memory_stats(Device device);
 void reset_peak_memory(Device device);
+
+// The cap on current_bytes of a device (Note [Device memory cap] in tensor/memory_limit.h): an
+// allocation that would take the count above it raises OutOfMemoryError. set_memory_limit
+// overrides LOOM_MAX_MEMORY for the device; 0 removes the cap. `source` says in the error where
+// the cap came from ("--max-memory"). ValueError for a negative size. memory_limit gives the cap
+// in force: 0 for none.
+void set_memory_limit(Device device, int64_t bytes, std::string source = "set_memory_limit");
+int64_t memory_limit(Device device);
 
 }  // namespace loom

@@ -1,13 +1,16 @@
 // apps/common/train_flags.h — the command-line flags of dist::TrainOptions, shared by the
 // training programs (resnet18_cifar, gpt_train): --optimizer, --lr, --momentum, --nesterov,
-// --beta1, --beta2, --weight-decay, --accumulate, --grad-clip, --max-steps. Header-only, on
-// CLI11, which only the apps use (docs/decisions.md). Each program puts its own defaults in `o`
-// before it adds the flags.
+// --beta1, --beta2, --weight-decay, --accumulate, --grad-clip, --max-steps, --max-memory (each
+// rank applies it to its device: dist::apply_max_memory). Header-only, on CLI11, which only the
+// apps use (docs/decisions.md). Each program puts its own defaults in `o` before it adds the
+// flags.
 #pragma once
 
 #include <CLI/CLI.hpp>
 
 #include "dist/train_options.h"
+#include "tensor/error.h"
+#include "tensor/memory_limit.h"
 
 namespace loom_apps {
 
@@ -33,6 +36,19 @@ inline void add_train_flags(CLI::App& app, loom::dist::TrainOptions& o) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--max-steps", o.max_steps, "stop after this many optimizer steps in all")
       ->check(CLI::NonNegativeNumber);
+  app.add_option_function<std::string>(
+         "--max-memory",
+         [&o](const std::string& size) {
+           try {
+             o.max_memory = loom::parse_memory_size(size, "--max-memory");
+           } catch (const loom::ValueError& e) {
+             throw CLI::ValidationError(e.what());
+           }
+         },
+         "cap the bytes loom's tensors hold on each rank's device, as a GPU's memory caps them: "
+         "2GiB, 512MiB, 1.5GB or bytes (LOOM_MAX_MEMORY caps every device); past it the run "
+         "stops with an out-of-memory error that says what held the memory and what to change")
+      ->type_name("SIZE");
 }
 
 }  // namespace loom_apps

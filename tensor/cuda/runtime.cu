@@ -1,5 +1,6 @@
 // tensor/cuda/runtime.cu — devices, streams, events, pinned memory and copies through the CUDA
-// runtime, and the caching allocator (caching_allocator.h) plugged onto cudaMalloc/cudaFree.
+// runtime, and the caching allocator (caching_allocator.h) plugged onto cudaMalloc/cudaFree and
+// the device's memory cap.
 // Every call is checked (check.h): a failure is a DeviceError naming the call, error and device.
 
 #include <cuda_runtime.h>
@@ -16,6 +17,7 @@
 #include "tensor/cuda/check.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/error.h"
+#include "tensor/storage.h"
 
 namespace loom::cuda {
 
@@ -54,7 +56,9 @@ CachingAllocator& device_allocator() {
         // next check_launch does not report it against an unrelated kernel.
         cudaGetLastError();
       },
-      "cudaMalloc"});
+      "cudaMalloc",
+      // The device's cap (Note [Device memory cap]): asked only before a cudaMalloc.
+      [](int device) { return memory_limit(Device(DeviceType::CUDA, device)); }});
   return *allocator;
 }
 
