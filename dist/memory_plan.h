@@ -15,44 +15,56 @@
 //   ZeRO-3        w Psi / N   g Psi / N    K Psi / N
 // loom's shards cut the flat buckets (stages 1 and 2) or units (stage 3) into N equal pieces,
 // each padded to a multiple of N elements: a shard is ceil(numel / N) elements, up to one
-// element a bucket more than Psi / N. Under autocast (--amp bf16 or fp16) loom keeps float32
-// parameters and casts them as the ops run: its model states are the float32 column's; FSDP's
-// gathered units (stage 3) are transient and count as activations (the step's peak), not here.
+// element a bucket more than Psi / N. Under autocast (--amp bf16 or fp16) DDP keeps float32
+// parameters and casts them as the ops run: its model states are the float32 column's; how the
+// apps lay out the ZeRO stages in 16 bits is Note [The planner's dry runs]. FSDP's gathered
+// units (stage 3) are transient and count in the step's peak (Note [The memory planner]), not
+// here.
 //
 // Note [The memory planner]
 // A rank's peak in a training step is its model states (above) plus the step's peak beyond
 // them: the figure --print-memory measures as "weights + gradients + optimizer state + step
-// peak" (Note [The memory report]), in a step after the first (the optimizer state exists).
-// The planner estimates that step peak in two parts:
+// peak" (Note [The memory report]), in a step after the first (in the first, the optimizer
+// state does not exist yet during forward and backward). The planner estimates the step peak
+// in two parts, on intervals of one step:
 //   activations  what autograd saves for backward and the temporaries alive with it, from a
 //                dry run: one forward and backward of the real model on this process's CPU,
-//                float32 or under autocast as asked, with the weights and the gradients held
-//                (as DDP's buckets hold them), at two small batches. The counters of
-//                tensor/storage.h give the peak above what was held before it, in intervals:
-//                the forward, then the time before each parameter's gradient arrives, then the
-//                rest of backward. Each interval's peak is a line through the two batches (a
-//                constant part: autocast's 16-bit copies of the weights, the embedding's
-//                gradient; a part per sample: everything else), evaluated at the per-rank batch,
-//                global batch / N. The activations are the largest interval.
-//   transient    the strategy's own buffers, placed on the same intervals from the order the
-//                gradients arrived in the dry run, as ddp.cpp, zero.cpp and fsdp.cpp make them:
-//                  DDP      none (the buckets are the gradients; gloo's allreduce keeps its
-//                           scratch outside loom's allocator);
-//                  ZeRO-1   the running reduce-scatter's two pieces (Note [Ring reduce-scatter]),
-//                           2 b / N for a bucket of b bytes, from the bucket's launch to the next;
-//                  ZeRO-2   that, and each bucket's full buffer from its first gradient until the
-//                           reduce-scatter after its own has been launched (a bucket is released
-//                           once its reduce-scatter completed, checked at each launch);
-//                  ZeRO-3   the root unit's full parameters all along; in forward the largest
-//                           unit; in backward each unit from its pre-backward gather (the unit
-//                           after it in forward order prefetches it) to its last gradient, its
-//                           flat gradient buffer from its first gradient to the end of backward,
-//                           and its reduce-scatter's two pieces.
+//                float32 or under autocast as asked, its weights in the dtype the strategy keeps
+//                them in (Note [The planner's dry runs]) and held with their gradients (as DDP's
+//                buckets hold them), at two small batches (2 and 4). The counters of
+//                tensor/storage.h give the peak above what was held before the step, interval
+//                by interval: in forward before, during and after each FSDP unit; in backward
+//                before each parameter's gradient arrives, and after the last. Each interval's
+//                peak is a line through the two batches (a constant part: autocast's 16-bit
+//                copies of the weights, a tied embedding's gradient; a part per sample:
+//                everything else), evaluated at the per-rank batch, global batch / N. The
+//                activations column is the largest interval.
+//   transient    each strategy's own buffers, placed on the same intervals (by the order the
+//                gradients arrived in the dry run) as ddp.cpp, zero.cpp and fsdp.cpp make them:
+//                  DDP      none: the buckets are the gradients, and gloo's allreduce keeps its
+//                           scratch outside loom's allocator;
+//                  ZeRO-1   the ring reduce-scatter's two pieces (Note [Ring reduce-scatter]),
+//                           2 b / N for a bucket of b bytes, from the bucket's launch to the next
+//                           launch (the ring often ends sooner: an upper bound);
+//                  ZeRO-2   that, and each bucket's full buffer from its first gradient to the
+//                           launch after its own (the reducer frees a buffer there, once its
+//                           reduce-scatter completed);
+//                  ZeRO-3   the root unit's full parameters throughout; in forward unit 0
+//                           (prefetched), then each unit and the next (prefetched) during its
+//                           forward; in backward each unit from the pre-backward of the unit
+//                           after it (which prefetches it; for a checkpointed unit that comes
+//                           after its recomputation) to its last gradient, each unit's flat
+//                           gradient buffer from its first gradient to the end of backward (4 Psi
+//                           in all by then), the reduce-scatters' pieces as in ZeRO-1, and, in
+//                           16 bits, each reduce-scatter's output until the end of backward.
 //                The step peak is the largest interval of activations + transient; the
 //                transient column is that peak less the activations.
 // Activation checkpointing (GPT only: GPT::set_gradient_checkpointing) gets its own dry run.
-// The planner leaves out what the memory report calls buffers and other held: batch norm's
-// running statistics, the data set and the loader's batches.
+// Left out, as the memory report counts them apart: batch norm's running statistics, the data
+// set and the loader's batches. On real ranks (tests/dist/memory_plan_test.cpp) the totals
+// come within a few percent of the measured peak; where the units are large beside the
+// activations, the reduce-scatters' timing moves the measured ZeRO-3 peak by some 5-10% from
+// run to run.
 //
 // Note [Choosing a strategy]
 // The seeds' decision tree, on the per-rank totals at the device's memory M:
@@ -72,6 +84,7 @@
 
 #include "nn/gpt.h"
 #include "nn/resnet.h"
+#include "tensor/dtype.h"
 
 namespace loom::dist {
 
@@ -105,8 +118,8 @@ enum class Precision { kFloat32, kBFloat16, kFloat16 };
 Precision parse_precision(const std::string& name);
 std::string precision_name(Precision precision);
 
-// "2GiB", "512MiB", "1.5GB", "1000000" (bytes): binary units KiB, MiB, GiB, TiB, decimal kB, MB,
-// GB, TB, case-insensitive. ValueError for anything else, or a size that is not positive.
+// "2GiB", "512MiB", "1.5GB", "1000000" (bytes), as parse_memory_size (tensor/memory_limit.h)
+// reads LOOM_MAX_MEMORY. ValueError for anything else, or a size that is not positive.
 int64_t parse_byte_size(const std::string& text);
 
 // The model a plan is for: ResNet-18 (the CIFAR stem, as resnet18_cifar builds it) on square
@@ -121,6 +134,9 @@ struct PlanModel {
   std::string describe() const;
   // ValueError naming the bad size.
   void validate() const;
+  // The model as the apps build it, in float32 from the default generator, with GPT's
+  // activation checkpointing on when asked (ValueError for a ResNet).
+  nn::ModulePtr build(bool checkpointing = false) const;
 };
 
 // The model a checkpoint describes: a GPT file (loom.gpt.config in its metadata, or a
@@ -137,7 +153,7 @@ struct PlanRequest {
   std::string optimizer = "adamw";  // sgd, adam, adamw
   bool momentum = true;             // SGD's
   int64_t device_memory = 0;        // bytes a rank may use
-  // The dry run's two batches; {0, 0}: ResNet {2, 4}, GPT {1, 2}.
+  // The dry run's two batches; {0, 0}: {2, 4} (at 1 some kernels take other paths).
   std::pair<int64_t, int64_t> probe_batches = {0, 0};
   // ValueError for a batch that does not split evenly over the ranks, a world below 1, memory
   // that is not positive, an unknown optimizer, probe batches that are not two distinct
@@ -163,7 +179,9 @@ ModelLayout model_layout(nn::Module& model);
 // One dry run (Note [The memory planner]): bytes above the held weights and gradients.
 struct ActivationProfile {
   int64_t batch = 0;
-  double forward = 0;            // the peak of forward and loss
+  // The forward, cut at each FSDP unit's start and end: before unit 0, during unit 0, after
+  // it, ..., after the last unit (and the loss): 2 U + 1 intervals for U units (the root apart).
+  std::vector<double> forward;
   std::vector<double> backward;  // [k]: before the k-th gradient arrives; the last: after all
   std::vector<size_t> arrivals;  // parameter indices, in the order their gradients arrived
   double peak() const;
@@ -173,19 +191,32 @@ struct ActivationProfile {
 struct DryRun {
   ModelLayout layout;
   bool checkpointing = false;
+  DType weights = kFloat32;  // the model's dtype in the run (Note [The planner's dry runs])
   ActivationProfile low, high;
   // The profile at any batch: each interval on the line through low and high (never below 0).
   ActivationProfile at(int64_t batch) const;
 };
 
-// Builds the model (from a fixed seed; the default generator's state is restored after) and
-// measures one step at `batch`: forward, loss, backward, on the CPU, under autocast for 16-bit
-// precisions. Resets the CPU's peak counter (and leaves it reset). ValueError for checkpointing
-// a ResNet.
+// Builds the model (from a fixed seed; the default generator's state is restored after) with
+// `weights` of that dtype, and measures one step at `batch`: forward, loss, backward, on the
+// CPU, under autocast for 16-bit precisions. Resets the CPU's peak counter (and leaves it
+// reset). ValueError for checkpointing a ResNet, or 16-bit weights in float32 precision.
 ActivationProfile measure_step(const PlanModel& model, Precision precision, bool checkpointing,
-                               int64_t batch);
+                               int64_t batch, DType weights = kFloat32);
 DryRun dry_run(const PlanModel& model, Precision precision, bool checkpointing,
-               std::pair<int64_t, int64_t> batches);
+               std::pair<int64_t, int64_t> batches, DType weights = kFloat32);
+
+// Note [The planner's dry runs]
+// Each strategy's row takes the dry run of the model as loom's apps lay it out for it:
+//   DDP                      float32 weights (autocast for bf16 and fp16);
+//   ZeRO-1 and ZeRO-2        the same, but under bf16 the model itself is bfloat16, with
+//                            float32 masters of each rank's pieces (Note [ZeRO with a 16-bit
+//                            model]): weights and gradients 2 bytes, K + 4 of optimizer state;
+//   ZeRO-3                   float32 shards; under bf16 and fp16 the units are gathered, and
+//                            their gradients reduced, in 16 bits (Note [FSDP mixed precision]).
+// The dry run of 16-bit weights differs in its activations too: autocast has no copies of the
+// weights to make. Which dtype a row takes, by stage and precision:
+DType plan_weights(int stage, Precision precision);
 
 // One strategy's bytes on a rank.
 struct StrategyRow {
@@ -199,8 +230,9 @@ struct StrategyRow {
   double total() const { return states.total() + activations + transient; }
 };
 
-// A strategy's row for a dry run at `world` ranks and `per_rank_batch`; K bytes of optimizer
-// state a parameter. The arithmetic of Note [The memory planner], no measurement.
+// A strategy's row for a dry run (of plan_weights' dtype) at `world` ranks and `per_rank_batch`;
+// K bytes of optimizer state a parameter (the optimizer's own: the master copy is added here).
+// The arithmetic of Note [The memory planner], no measurement.
 StrategyRow plan_strategy(const DryRun& run, int stage, int world, int64_t per_rank_batch,
                           int state_bytes, int64_t device_memory);
 
@@ -223,11 +255,12 @@ struct MemoryPlan {
   const StrategyRow& row(int stage, bool checkpointing) const;
 };
 
-// The plan: the dry runs (the model's own, and with checkpointing for a GPT), then the rows and
-// the recommendation. Errors of PlanRequest::validate.
+// The plan: the dry runs (Note [The planner's dry runs], each also with checkpointing for a
+// GPT), then the rows and the recommendation. Errors of PlanRequest::validate.
 MemoryPlan plan_memory(const PlanRequest& request);
-// The same from dry runs already made (`checkpointed` null for a ResNet): no measurement.
-MemoryPlan plan_memory(const PlanRequest& request, const DryRun& plain, const DryRun* checkpointed);
+// The same from dry runs already made: no measurement. `runs` holds one for each (weights,
+// checkpointing) the rows need (ValueError naming a missing one).
+MemoryPlan plan_memory(const PlanRequest& request, const std::vector<DryRun>& runs);
 
 // The table (MiB per kind and strategy) and the recommendation, as loomplan prints them.
 std::string format_plan(const MemoryPlan& plan);

@@ -1,10 +1,18 @@
 // apps/loomrun — starts the worker processes of a data-parallel loom program, as torchrun does
 // for Python: `loomrun --nproc-per-node 2 build/apps/resnet18_cifar --epochs 1`. The flags are
 // torchrun's; everything from the program on goes to the workers untouched. See dist/launch.h.
+// `loomrun [--nproc-per-node N] --plan FLAGS` runs loomplan (beside loomrun) with FLAGS instead,
+// for a world of N (times --nnodes) unless FLAGS give --world.
+
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -21,6 +29,35 @@ std::string without_prefix(const std::string& message) {
   return message.compare(0, prefix.size(), prefix) == 0 ? message.substr(prefix.size()) : message;
 }
 
+// `loomrun --plan ...`: replaces this process with loomplan, found beside loomrun (in the build
+// tree and in an installed bin/ alike). Returns only when that fails.
+int run_planner(std::vector<std::string> args, int world) {
+  const bool has_world = std::any_of(args.begin(), args.end(), [](const std::string& a) {
+    return a == "--world" || a == "--nproc" || a.starts_with("--world=") ||
+           a.starts_with("--nproc=");
+  });
+  if (!has_world && world > 1) {
+    args.push_back("--world");
+    args.push_back(std::to_string(world));
+  }
+  std::string planner;
+  try {
+    planner = (std::filesystem::path(loom::dist::current_executable()).parent_path() / "loomplan")
+                  .string();
+  } catch (const loom::Error& e) {
+    std::fprintf(stderr, "loomrun: --plan: %s\n", e.what());
+    return kUsageError;
+  }
+  args.insert(args.begin(), planner);
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  ::execv(planner.c_str(), argv.data());
+  std::fprintf(stderr, "loomrun: --plan: cannot run %s: %s\n", planner.c_str(),
+               std::strerror(errno));
+  return kUsageError;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -30,7 +67,9 @@ int main(int argc, char** argv) {
       "MASTER_PORT, GROUP_RANK and LOOM_RESTART_COUNT. When one fails, the others are\n"
       "stopped; with --max-restarts the group starts again (workers resume from their\n"
       "checkpoint when LOOM_RESTART_COUNT > 0).\n"
-      "Usage: loomrun [OPTIONS] PROGRAM [ARGS...]\n"};
+      "Usage: loomrun [OPTIONS] PROGRAM [ARGS...]\n"
+      "       loomrun [--nproc-per-node N] --plan LOOMPLAN-FLAGS  (the memory planner: "
+      "loomplan --help)\n"};
   loom::dist::LaunchOptions options;
   int port = options.master_port;
   double grace_s = 5;
@@ -65,6 +104,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "loomrun: no program to run (run loomrun --help)\n");
     return kUsageError;
   }
+  if (command[0] == "--plan")
+    return run_planner({command.begin() + 1, command.end()},
+                       options.nproc_per_node * options.nnodes);
   if (command[0].size() > 1 && command[0][0] == '-' && command[0] != "--") {
     std::fprintf(stderr, "loomrun: unknown option %s (run loomrun --help)\n", command[0].c_str());
     return kUsageError;
