@@ -54,10 +54,26 @@ TEST_P(AmpCuda, ProductsAndTheirBackwardMatchTheCpu) {
   };
   loss(yc, zc).backward();
   loss(yg, zg).backward();
+  // The gradients against the CPU's, bounded by the CPU's own 16-bit error (its autocast
+  // gradients against float32 ones): the first GPU run found single elements of x's gradient off
+  // by 0.04 (float16) and 0.31 (bfloat16) where dy, rounded to 16 bits on each device from
+  // forward outputs a rounding apart, cancels over the 72 terms of each sum.
+  std::vector<Tensor> wide;
+  for (const Tensor& t : cpu) wide.push_back(t.detach().requires_grad_(true));
+  {
+    const Tensor y = conv2d(wide[0], wide[1], wide[2], {2, 2}, {1, 1});
+    add(sum(mul(y, y)), sum(matmul(wide[3], wide[4]))).backward();
+  }
+  const auto distance = [](const Tensor& a, const Tensor& b) {
+    return std::sqrt(sum(pow(sub(a, b), 2.0)).item());
+  };
   for (size_t i = 0; i < cpu.size(); ++i) {
     ASSERT_TRUE(gpu[i].grad().defined()) << i;
     EXPECT_EQ(gpu[i].grad().dtype(), kFloat32) << i;
-    EXPECT_TRUE(cuda_matches_cpu(gpu[i].grad(), cpu[i].grad(), tol * 5, tol * 5)) << i;
+    const Tensor& cpu_grad = cpu[i].grad();
+    const double norm = std::sqrt(sum(mul(cpu_grad, cpu_grad)).item());
+    const double cpu_error = distance(cpu_grad, wide[i].grad());
+    EXPECT_LE(distance(gpu[i].grad().to(kCPU), cpu_grad), 2 * cpu_error + tol * norm + 1e-4) << i;
   }
 }
 
