@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/zero_memory_table.sh — the ZeRO paper's model-state table against what loom's ranks hold:
-# runs gpt_train and resnet18_cifar for one step under DDP and each ZeRO stage, at 2 and 4 ranks,
+# runs gpt_train and resnet18_cifar for two steps under DDP and each ZeRO stage, at 2 and 4 ranks,
 # in float32 and with --amp bf16, and prints rank 0's memory report (--print-memory, Note [The
 # memory report]) as one markdown table: the model states measured (weights + gradients +
 # optimizer state) beside the formula's figure for loom's layout (Note [Model-state
@@ -14,9 +14,9 @@ trap 'rm -f "$text"' EXIT
 for i in $(seq 400); do echo "The quick brown fox $i jumps over the lazy dog."; done >"$text"
 
 gpt=("$build/apps/gpt_train" --data "$text" --layers 4 --heads 4 --embd 128 --block 64
-  --batch-size 4 --iters 1 --eval-every 1 --eval-iters 1 --threads 1 --no-sample)
+  --batch-size 4 --iters 2 --eval-every 2 --eval-iters 1 --threads 1 --no-sample)
 resnet=("$build/apps/resnet18_cifar" --dataset synthetic --synthetic-size 64 --width 16
-  --batch-size 8 --epochs 1 --max-steps 1 --threads 1 --workers 1 --optimizer adamw --lr 1e-3)
+  --batch-size 8 --epochs 1 --max-steps 2 --threads 1 --workers 1 --optimizer adamw --lr 1e-3)
 
 figures() {  # figures LOG KIND -> "measured formula"
   grep -E "^  $2 +[0-9.]+ +[0-9.]+" "$1" | head -1 | sed -E "s/^  $2 +([0-9.]+) +([0-9.]+).*/\1 \2/"

@@ -111,7 +111,7 @@ std::string memory_report(const nn::Module& model, const optim::Optimizer& optim
   char text[2048];
   std::snprintf(
       text, sizeof text,
-      "memory after the first step on %s, %s over %d rank(s) (MiB; Note [The memory report]):\n"
+      "memory after the second step on %s, %s over %d rank(s) (MiB; Note [The memory report]):\n"
       "                   measured   formula\n"
       "  weights          %9.2f  %8.2f  (%lld parameters)\n"
       "  gradients        %9.2f  %8.2f  (%s)\n"
@@ -132,15 +132,15 @@ std::string memory_report(const nn::Module& model, const optim::Optimizer& optim
   return text;
 }
 
-void FirstStepMemoryReport::before_step(Device device) const {
-  if (due_) reset_peak_memory(device);
+void StepMemoryReport::before_step(Device device) const {
+  if (due_ && stepped_ >= 1) reset_peak_memory(device);
 }
 
-std::optional<std::string> FirstStepMemoryReport::after_step(bool stepped, const nn::Module& model,
-                                                             const optim::Optimizer& optimizer,
-                                                             const DataParallelism& parallel,
-                                                             Device device) {
-  if (!due_ || !stepped) return std::nullopt;
+std::optional<std::string> StepMemoryReport::after_step(bool stepped, const nn::Module& model,
+                                                        const optim::Optimizer& optimizer,
+                                                        const DataParallelism& parallel,
+                                                        Device device) {
+  if (!due_ || !stepped || ++stepped_ < 2) return std::nullopt;
   due_ = false;
   return memory_report(model, optimizer, parallel, device, memory_stats(device));
 }

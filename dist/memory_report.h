@@ -4,8 +4,11 @@
 // the ZeRO paper's figure for each model state beside what was measured.
 //
 // Note [The memory report]
-// --print-memory prints, after the first training step the optimizer takes (with --amp fp16 a
-// step skipped for an overflow does not count), where this rank's device memory went:
+// --print-memory prints, after the second training step the optimizer takes (with --amp fp16 a
+// step skipped for an overflow does not count), where this rank's device memory went. The
+// second: the optimizer makes its state inside its first step, after that step's forward and
+// backward, so only from the second on does the peak hold the state and the activations at
+// once, as every later step does (and as loomplan's totals count them):
 //   weights           the parameters: under ZeRO-3 this rank's shards (the gathered units come
 //                     and go within the step, so they count in the step peak);
 //   gradients         what holds them between backward and the step: DDP's bucket buffers (and
@@ -66,11 +69,11 @@ ModelStates measure_model_states(const nn::Module& model, const optim::Optimizer
 std::string memory_report(const nn::Module& model, const optim::Optimizer& optimizer,
                           const DataParallelism& parallel, Device device, const MemoryStats& stats);
 
-// The report of the first step the optimizer took: before_step resets the device's peak while
-// a report is still due; after_step gives the report once, for the first step that stepped.
-class FirstStepMemoryReport {
+// The report of the second step the optimizer took (Note [The memory report]): before_step
+// resets the device's peak before it; after_step gives the report once, after it.
+class StepMemoryReport {
  public:
-  explicit FirstStepMemoryReport(bool enabled) : due_(enabled) {}
+  explicit StepMemoryReport(bool enabled) : due_(enabled) {}
   void before_step(Device device) const;
   std::optional<std::string> after_step(bool stepped, const nn::Module& model,
                                         const optim::Optimizer& optimizer,
@@ -78,6 +81,7 @@ class FirstStepMemoryReport {
 
  private:
   bool due_;
+  int stepped_ = 0;  // steps the optimizer took so far
 };
 
 // Note [Out of memory in training]

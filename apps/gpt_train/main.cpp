@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
                  "the gradients, 3 and the parameters (FSDP)")
       ->check(CLI::Range(0, 3));
   app.add_flag("--print-memory", o.print_memory,
-               "after the first step, print where the device's memory went: the model states "
+               "after the second step, print where the device's memory went: the model states "
                "beside the ZeRO paper's figures, and what the step held at its peak");
   app.add_flag("--checkpoint-activations", o.checkpoint_activations,
                "keep only each block's input in forward and recompute the block in backward "

@@ -517,7 +517,7 @@ double run(const Options& o) {
 
   dist::CollectiveCounters moved;  // by the training steps (Note [Bytes moved])
   int64_t steps_taken = 0;
-  dist::FirstStepMemoryReport memory(o.print_memory);
+  dist::StepMemoryReport memory(o.print_memory);
   const dist::DataParallelism parallel{.ddp = ddp.get(), .zero = zero, .fsdp = fsdp.get()};
   const dist::TrainingMemoryExplainer explain_out_of_memory(*model, *optimizer, parallel);
   while (progress.step < o.iters && (o.train.max_steps < 0 || progress.step < o.train.max_steps)) {

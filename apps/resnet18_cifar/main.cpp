@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 3));
   app.add_flag("--print-buckets", o.print_buckets, "print the DDP bucket plan");
   app.add_flag("--print-memory", o.print_memory,
-               "after the first step, print where the device's memory went: weights, gradients, "
+               "after the second step, print where the device's memory went: weights, gradients, "
                "optimizer state, and what the step held at its peak");
   app.add_option("--trace", o.trace,
                  "write a Chrome trace (chrome://tracing, Perfetto) of every rank's steps: data, "

@@ -588,7 +588,7 @@ double run(const Options& o) {
   dist::CollectiveCounters moved;  // by the training steps (Note [Bytes moved])
 
   dist::StepTimeline timeline(job.rank, /*record=*/!o.trace.empty());
-  dist::FirstStepMemoryReport memory(o.print_memory);
+  dist::StepMemoryReport memory(o.print_memory);
   std::optional<dist::Totals> test;
   bool stopped = false;
   for (int64_t epoch = progress.epoch; epoch < o.epochs && !stopped; ++epoch) {

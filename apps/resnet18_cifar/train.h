@@ -46,7 +46,7 @@ struct Options {
   bool scale_lr = false;       // lr x world size (the linear scaling rule)
   int max_restarts = 0;        // restart the workers from the last checkpoint after a failure
   bool print_buckets = false;  // print DDP's bucket plan
-  bool print_memory = false;   // print where memory went after the first step
+  bool print_memory = false;   // print where memory went after the second step
   std::string trace;           // write a Chrome trace of every rank's steps here
   // Mixed precision (Note [resnet18_cifar in mixed precision] in train.cpp).
   std::string amp = "off";          // off | fp16 | bf16
