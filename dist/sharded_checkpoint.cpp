@@ -46,6 +46,23 @@ struct PieceRef {
   int64_t offset = 0, numel = 0;
 };
 
+// The folder's index.json, read and checked for its format (IOError naming `op` and the file).
+nlohmann::json read_index(const std::string& dir, const char* op) {
+  const std::string path = (fs::path(dir) / "index.json").string();
+  std::ifstream in(path);
+  LOOM_CHECK(in.good(), IOError, op, ": ", path,
+             " does not exist: not a sharded checkpoint, or its save was interrupted");
+  nlohmann::json index;
+  try {
+    in >> index;
+  } catch (const std::exception& e) {
+    throw IOError(detail::str(op, ": ", path, ": ", e.what()));
+  }
+  LOOM_CHECK(index.value("format", "") == kFormat && index.contains("world_size"), IOError, op,
+             ": ", path, " is not a loom sharded checkpoint's index");
+  return index;
+}
+
 PieceRef parse_piece(const std::string& text, const std::string& where) {
   std::istringstream in(text);
   PieceRef p;
@@ -123,18 +140,7 @@ void save_sharded_checkpoint(const std::string& dir, const ShardedState& state,
 std::map<std::string, std::string> load_sharded_checkpoint(const std::string& dir,
                                                            const ShardedState& state) {
   check_state("load_sharded_checkpoint", state);
-  const std::string index_path = (fs::path(dir) / "index.json").string();
-  std::ifstream in(index_path);
-  LOOM_CHECK(in.good(), IOError, "load_sharded_checkpoint: ", index_path,
-             " does not exist: not a sharded checkpoint, or its save was interrupted");
-  nlohmann::json index;
-  try {
-    in >> index;
-  } catch (const std::exception& e) {
-    throw IOError(detail::str("load_sharded_checkpoint: ", index_path, ": ", e.what()));
-  }
-  LOOM_CHECK(index.value("format", "") == kFormat, IOError, "load_sharded_checkpoint: ", index_path,
-             " is not a loom sharded checkpoint's index");
+  const nlohmann::json index = read_index(dir, "load_sharded_checkpoint");
 
   // The same model: every parameter by name, shape and dtype, in order.
   const std::vector<std::string>& names = *state.names;
@@ -347,19 +353,7 @@ optim::TrainingProgress load_sharded_training_checkpoint(const std::string& dir,
 }
 
 std::map<std::string, std::string> read_sharded_checkpoint_metadata(const std::string& dir) {
-  const std::string index_path = (fs::path(dir) / "index.json").string();
-  std::ifstream in(index_path);
-  LOOM_CHECK(in.good(), IOError, "read_sharded_checkpoint_metadata: ", index_path,
-             " does not exist: not a sharded checkpoint, or its save was interrupted");
-  nlohmann::json index;
-  try {
-    in >> index;
-  } catch (const std::exception& e) {
-    throw IOError(detail::str("read_sharded_checkpoint_metadata: ", index_path, ": ", e.what()));
-  }
-  LOOM_CHECK(index.value("format", "") == kFormat && index.contains("world_size"), IOError,
-             "read_sharded_checkpoint_metadata: ", index_path,
-             " is not a loom sharded checkpoint's index");
+  const nlohmann::json index = read_index(dir, "read_sharded_checkpoint_metadata");
   const std::string shard0 =
       (fs::path(dir) / shard_name(0, index.at("world_size").get<int>())).string();
   LOOM_CHECK(fs::exists(shard0), IOError,
