@@ -87,6 +87,10 @@ int main(int argc, char** argv) {
   app.add_flag("--print-memory", o.print_memory,
                "after the second step, print where the device's memory went: the model states "
                "beside the ZeRO paper's figures, and what the step held at its peak");
+  app.add_option("--trace", o.trace,
+                 "write a Chrome trace (chrome://tracing, Perfetto) of every rank's steps: data, "
+                 "forward, backward, optimizer, and each bucket's reduction (DDP, ZeRO-1/2) or "
+                 "each unit's all-gathers and reduce-scatter (ZeRO-3)");
   app.add_flag("--checkpoint-activations", o.checkpoint_activations,
                "keep only each block's input in forward and recompute the block in backward "
                "(the same gradients, less memory, about a third more compute)");

@@ -48,6 +48,7 @@
 #include "dist/metrics.h"
 #include "dist/report.h"
 #include "dist/sharded_checkpoint.h"
+#include "dist/trace.h"
 #include "dist/zero.h"
 #include "loom.h"
 #include "nn/gpt.h"
@@ -520,7 +521,9 @@ double run(const Options& o) {
   dist::StepMemoryReport memory(o.print_memory);
   const dist::DataParallelism parallel{.ddp = ddp.get(), .zero = zero, .fsdp = fsdp.get()};
   const dist::TrainingMemoryExplainer explain_out_of_memory(*model, *optimizer, parallel);
+  dist::StepTimeline timeline(job.rank, /*record=*/!o.trace.empty());
   while (progress.step < o.iters && (o.train.max_steps < 0 || progress.step < o.train.max_steps)) {
+    timeline.restart();
     if (job.parallel()) job.group->reset_counters();
     memory.before_step(job.device);
     optimizer->zero_grad();
@@ -530,6 +533,7 @@ double run(const Options& o) {
     for (int64_t i = 0; i < micro; ++i) {
       auto [x, y] =
           text->train->batch(progress.step * micro + i, job.rank * o.batch_size, o.batch_size);
+      timeline.mark("data", "data");
       const auto local = ddp && i + 1 < micro ? ddp->no_sync() : nullptr;
       {
         AmpRegion region(o.amp);
@@ -538,7 +542,9 @@ double run(const Options& o) {
         loss =
             cross_entropy(logits.reshape({-1, config.vocab_size}), y.to(job.device).reshape({-1}));
       }
+      timeline.mark("forward");
       scaler.scale(micro > 1 ? loss / static_cast<double>(micro) : loss).backward();
+      timeline.mark("backward");
       interval.loss += loss.item() / static_cast<double>(micro);
     }
     if (o.train.grad_clip > 0) {
@@ -552,6 +558,11 @@ double run(const Options& o) {
     }
     const bool stepped = scaler.step(*optimizer);
     scaler.update();
+    timeline.mark("optimizer");
+    if (fsdp)
+      timeline.end_step(fsdp->timeline());
+    else
+      timeline.end_step(ddp ? &ddp->reducer() : nullptr);
     if (auto report = memory.after_step(stepped, *model, *optimizer, parallel, job.device))
       out.say("%s", report->c_str());
     schedule->step();
@@ -573,6 +584,15 @@ double run(const Options& o) {
         job.rank, static_cast<long long>(steps_taken),
         o.zero > 0 ? detail::str("ZeRO-", o.zero).c_str() : "DDP",
         bus / 1048576.0 / static_cast<double>(steps_taken), dist::format_counters(moved).c_str());
+  }
+  if (timeline.overlap_steps() > 0)
+    out.say("communication hidden behind backward: %.0f%% of the %s time (mean over %lld steps)\n",
+            100 * timeline.mean_overlap(), o.zero > 0 ? "reduce-scatter" : "allreduce",
+            static_cast<long long>(timeline.overlap_steps()));
+  if (!o.trace.empty()) {
+    timeline.trace().write(o.trace, job.store.get(), job.world);
+    out.say("trace of %zu events per rank written to %s\n", timeline.trace().size(),
+            o.trace.c_str());
   }
   const auto gathered = fsdp ? fsdp->summon_full_params() : nullptr;
   if (o.sample_after && job.leader()) {

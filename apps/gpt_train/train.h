@@ -28,7 +28,8 @@ struct Options {
   int64_t eval_every = 250, eval_iters = 20, log_every = 50;
   bool checkpoint_activations = false;  // recompute each block in backward (nn::GPT)
   bool print_memory =
-      false;     // where the memory went after the second step (Note [The memory report])
+      false;          // where the memory went after the second step (Note [The memory report])
+  std::string trace;  // a Chrome trace of every rank's steps (dist/trace.h)
   int zero = 0;  // ZeRO stage: 0 DDP, 1 and 2 ZeroRedundancyOptimizer, 3 FullyShardedDataParallel
   // where and how
   int nproc = 1, gpus = 0;

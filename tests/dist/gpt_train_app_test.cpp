@@ -100,11 +100,21 @@ TEST_F(GptTrainApp, EachZeroStageEndsWithDDPsWeightsOnTwoRanks) {
   ASSERT_EQ(run(common + sgd + "--checkpoint-dir " + path("sgd-0"), &out), 0) << out;
   for (const std::string stage : {"1", "2", "3"}) {
     SCOPED_TRACE("--zero " + stage);
-    ASSERT_EQ(run(common + "--zero " + stage + " --print-memory --checkpoint-dir " +
-                      path("adamw-" + stage),
+    const std::string trace = path("trace-" + stage + ".json");
+    ASSERT_EQ(run(common + "--zero " + stage + " --print-memory --trace " + trace +
+                      " --checkpoint-dir " + path("adamw-" + stage),
                   &out),
               0)
         << out;
+    // The trace: the steps' phases and, under ZeRO-3, each block's all-gather and reduce-scatter.
+    std::ifstream in(trace);
+    std::stringstream events;
+    events << in.rdbuf();
+    EXPECT_NE(events.str().find("\"backward\""), std::string::npos);
+    if (stage == "3") {
+      EXPECT_NE(events.str().find("\"allgather transformer.h.0\""), std::string::npos);
+      EXPECT_NE(events.str().find("\"reduce_scatter transformer.h.1\""), std::string::npos);
+    }
     EXPECT_NE(out.find("(ZeRO-" + stage + "; bus bytes"), std::string::npos) << out;
     EXPECT_NE(out.find("reduce_scatter"), std::string::npos) << out;
     EXPECT_NE(out.find("allgather"), std::string::npos) << out;
