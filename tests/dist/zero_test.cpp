@@ -588,6 +588,26 @@ TEST(Zero, BadInputRaisesTypedErrorsThatSayWhatToChange) {
       EXPECT_LOOM_ERROR(zero.save_state(tensors, meta, "optimizer."), NotImplementedError,
                         {"sharded"});
     }
+    // Ranks whose models differ (rank 1's GPT is wider): every rank refuses, naming the first
+    // tensor that differs, before any collective reads the weights as flat bytes.
+    auto model_of_this_rank = [&] {
+      nn::ModulePtr model = make_model(Model::kGPT);
+      if (r.rank == 1) {
+        nn::GPTConfig c;
+        c.vocab_size = 23;
+        c.block_size = 8;
+        c.n_embd = 16;
+        c.n_layer = 2;
+        c.n_head = 2;
+        model = std::make_shared<nn::GPT>(c);
+        model->to(kFloat64);
+      }
+      return model;
+    };
+    EXPECT_LOOM_ERROR(FullyShardedDataParallel(model_of_this_rank(), group), ValueError,
+                      {"transformer.wte.weight"});
+    EXPECT_LOOM_ERROR(DistributedDataParallel(model_of_this_rank(), group), ValueError,
+                      {"transformer.wte.weight"});
   });
 }
 
