@@ -150,7 +150,7 @@ TEST_F(App, TheMemoryReportAccountsForTheModelAndGrowsWithTheBatch) {
   const auto report = [&](int batch) {
     Result r = run_app(
         "--dataset synthetic --synthetic-size 128 --width 16 --epochs 1 --workers 1 "
-        "--threads 1 --max-steps 1 --print-memory --batch-size " +
+        "--threads 1 --max-steps 2 --print-memory --batch-size " +
         std::to_string(batch));
     EXPECT_EQ(r.status, 0) << r.output;
     std::map<std::string, double> mib;
