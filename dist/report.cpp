@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dist/process_group.h"  // steady_seconds
+#include "dist/trace.h"
 #include "tensor/error.h"
 
 namespace loom::dist {
@@ -97,6 +98,18 @@ void Reporter::log(const LogRecord& record) {
   if (!log_) return;
   std::fprintf(log_, "%s\n", record.json().c_str());
   std::fflush(log_);
+}
+
+void report_communication(const Reporter& out, const StepTimeline& timeline, const Job& job,
+                          const char* reduction, const std::string& trace) {
+  if (timeline.overlap_steps() > 0)
+    out.say("communication hidden behind backward: %.0f%% of the %s time (mean over %lld steps)\n",
+            100 * timeline.mean_overlap(), reduction,
+            static_cast<long long>(timeline.overlap_steps()));
+  if (!trace.empty()) {
+    timeline.trace().write(trace, job.store.get(), job.world);
+    out.say("trace of %zu events per rank written to %s\n", timeline.trace().size(), trace.c_str());
+  }
 }
 
 }  // namespace loom::dist

@@ -110,4 +110,12 @@ class Reporter {
   std::unique_ptr<SummaryWriter> writer_;
 };
 
+class StepTimeline;
+
+// A run's last lines about communication (rank 0 prints them): the share of the gradients'
+// reduction (`reduction`: "allreduce", "reduce-scatter") that backward hid, and, when `trace` is
+// not empty, every rank's timeline written there (every rank calls it).
+void report_communication(const Reporter& out, const StepTimeline& timeline, const Job& job,
+                          const char* reduction, const std::string& trace);
+
 }  // namespace loom::dist

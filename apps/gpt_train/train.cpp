@@ -585,15 +585,8 @@ double run(const Options& o) {
         o.zero > 0 ? detail::str("ZeRO-", o.zero).c_str() : "DDP",
         bus / 1048576.0 / static_cast<double>(steps_taken), dist::format_counters(moved).c_str());
   }
-  if (timeline.overlap_steps() > 0)
-    out.say("communication hidden behind backward: %.0f%% of the %s time (mean over %lld steps)\n",
-            100 * timeline.mean_overlap(), o.zero > 0 ? "reduce-scatter" : "allreduce",
-            static_cast<long long>(timeline.overlap_steps()));
-  if (!o.trace.empty()) {
-    timeline.trace().write(o.trace, job.store.get(), job.world);
-    out.say("trace of %zu events per rank written to %s\n", timeline.trace().size(),
-            o.trace.c_str());
-  }
+  dist::report_communication(out, timeline, job, o.zero > 0 ? "reduce-scatter" : "allreduce",
+                             o.trace);
   const auto gathered = fsdp ? fsdp->summon_full_params() : nullptr;
   if (o.sample_after && job.leader()) {
     out.say("sample (temperature %g, top-k %lld):\n%s\n", o.temperature,

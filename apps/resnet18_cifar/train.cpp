@@ -475,15 +475,8 @@ void wait_for_device(const dist::Job& job, dist::Throughput& speed) {
 // The run's last lines: how much communication backward hid, and the trace (--trace).
 void report_run(const dist::Reporter& out, const Options& o, const dist::Job& job,
                 const dist::StepTimeline& timeline) {
-  if (timeline.overlap_steps() > 0)
-    out.say("communication hidden behind backward: %.0f%% of the %s time (mean over %lld steps)\n",
-            100 * timeline.mean_overlap(), o.zero > 0 ? "reduce-scatter" : "allreduce",
-            static_cast<long long>(timeline.overlap_steps()));
-  if (!o.trace.empty()) {
-    timeline.trace().write(o.trace, job.store.get(), job.world);
-    out.say("trace of %zu events per rank written to %s\n", timeline.trace().size(),
-            o.trace.c_str());
-  }
+  dist::report_communication(out, timeline, job, o.zero > 0 ? "reduce-scatter" : "allreduce",
+                             o.trace);
 }
 
 }  // namespace
