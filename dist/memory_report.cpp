@@ -88,8 +88,8 @@ ModelStates measure_model_states(const nn::Module& model, const optim::Optimizer
     m.bytes_per_weight = static_cast<int>(params.front().itemsize());
   // K counts a float32 master copy (4 bytes) where ZeRO keeps one (Note [ZeRO with a 16-bit
   // model]); the inner optimizer's buffers are float32 there, whatever the model's dtype.
-  m.state_bytes_per_parameter = masters ? state_bytes_per_parameter(keeper, 4) + 4
-                                        : state_bytes_per_parameter(keeper, m.bytes_per_weight);
+  const int k = state_bytes_per_parameter(keeper, masters ? 4 : m.bytes_per_weight);
+  m.state_bytes_per_parameter = masters && k >= 0 ? k + 4 : k;
   return m;
 }
 

@@ -11,6 +11,8 @@
 
 namespace loom::dist {
 
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n') + 1); }
+
 std::string duration_str(double seconds) {
   const auto s = static_cast<int64_t>(std::max(0.0, seconds) + 0.5);
   char buf[32];

@@ -19,6 +19,8 @@ namespace loom::dist {
 
 // "m:ss" of a number of seconds, rounded.
 std::string duration_str(double seconds);
+// The first line of `text` with its newline (the summary line of a plan() table).
+std::string first_line(const std::string& text);
 
 // Images per second over the steps of an epoch, the first left out (it pays for warm-up) once
 // there are two; `seconds` of a step run from taking its batch to the end of its bookkeeping.

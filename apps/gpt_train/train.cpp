@@ -44,6 +44,7 @@
 #include "dist/ddp.h"
 #include "dist/fsdp.h"
 #include "dist/job.h"
+#include "dist/memory_plan.h"
 #include "dist/memory_report.h"
 #include "dist/metrics.h"
 #include "dist/report.h"
@@ -258,8 +259,6 @@ double evaluate(nn::GPT& model, const data::TextWindows& windows, const Options&
   return total[1] > 0 ? total[0] / total[1] : 0.0;
 }
 
-std::string first_line(const std::string& text) { return text.substr(0, text.find('\n') + 1); }
-
 // The job's peak FLOP/s for MFU (Note [MFU]).
 double job_peak_flops(const Options& o, const dist::Job& job) {
   if (job.device.is_cuda())
@@ -451,8 +450,8 @@ double run(const Options& o) {
   nn::Module& net = fsdp  ? static_cast<nn::Module&>(*fsdp)
                     : ddp ? static_cast<nn::Module&>(*ddp)
                           : *model;
-  if (zero) out.say("%s", first_line(zero->plan()).c_str());
-  if (fsdp) out.say("%s", first_line(fsdp->plan()).c_str());
+  if (zero) out.say("%s", dist::first_line(zero->plan()).c_str());
+  if (fsdp) out.say("%s", dist::first_line(fsdp->plan()).c_str());
   out.say(
       "batch %lld x %lld tokens, %lld micro-batches a step, world %d: %lld tokens per step; "
       "%s; warm-up %lld, cosine to %g at %lld; %d threads%s%s%s\n",
@@ -581,8 +580,7 @@ double run(const Options& o) {
     out.say(
         "collectives of rank %d over %lld training steps (%s; bus bytes: Note [Bytes moved]), "
         "%.3f MiB a step:\n%s",
-        job.rank, static_cast<long long>(steps_taken),
-        o.zero > 0 ? detail::str("ZeRO-", o.zero).c_str() : "DDP",
+        job.rank, static_cast<long long>(steps_taken), dist::strategy_name(o.zero).c_str(),
         bus / 1048576.0 / static_cast<double>(steps_taken), dist::format_counters(moved).c_str());
   }
   dist::report_communication(out, timeline, job, o.zero > 0 ? "reduce-scatter" : "allreduce",

@@ -317,8 +317,6 @@ Sharded shard_for_the_job(const Options& o, const dist::Job& job, const nn::Modu
   return s;
 }
 
-std::string first_line(const std::string& text) { return text.substr(0, text.find('\n') + 1); }
-
 // The lines that say how this run trains.
 void describe(const dist::Reporter& out, const Options& o, const dist::Job& job, double lr,
               dist::DistributedDataParallel* ddp, const optim::GradScaler& scaler,
@@ -571,8 +569,8 @@ double run(const Options& o) {
                     : ddp ? static_cast<nn::Module&>(*ddp)
                           : *model;
   describe(out, o, job, lr, ddp.get(), scaler, steps_per_epoch);
-  if (sharded.zero) out.say("%s", first_line(sharded.zero->plan()).c_str());
-  if (fsdp) out.say("%s", first_line(fsdp->plan()).c_str());
+  if (sharded.zero) out.say("%s", dist::first_line(sharded.zero->plan()).c_str());
+  if (fsdp) out.say("%s", dist::first_line(fsdp->plan()).c_str());
   // FSDP: every unit gathered while the whole model is evaluated.
   auto evaluate_model = [&] {
     const auto gathered = fsdp ? fsdp->summon_full_params() : nullptr;
