@@ -275,6 +275,8 @@ BpeTokenizer BpeTokenizer::from_files(const fs::path& vocab_json, const fs::path
   } catch (const json::parse_error& e) {
     throw IOError(detail::str("BpeTokenizer: ", vocab_name, " is not valid JSON (byte ", e.byte,
                               "): ", e.what()));
+  } catch (const json::exception& e) {  // a number past a double's range (out_of_range.406)
+    throw IOError(detail::str("BpeTokenizer: ", vocab_name, " is not valid JSON: ", e.what()));
   }
   LOOM_CHECK(vocab.is_object(), IOError, "BpeTokenizer: ", vocab_name,
              " should hold a JSON object of token -> id; it holds a JSON ", vocab.type_name());
@@ -285,7 +287,11 @@ BpeTokenizer BpeTokenizer::from_files(const fs::path& vocab_json, const fs::path
   t.token_bytes_.resize(static_cast<size_t>(size));
   std::vector<const std::string*> token_of_id(static_cast<size_t>(size), nullptr);
   std::unordered_map<std::string, int32_t> id_of_bytes;
-  for (const auto& [token, value] : vocab.items()) {
+  for (const auto& item : vocab.items()) {
+    // References, not a structured binding: `where` captures the token (clang before 16 cannot
+    // capture a structured binding).
+    const std::string& token = item.key();
+    const json& value = item.value();
     const auto where = [&] {  // only on an error: key_position searches the whole text
       return detail::str("BpeTokenizer: ", vocab_name, key_position(vocab_text, token), ": token ",
                          json_string(token));

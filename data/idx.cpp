@@ -4,6 +4,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -58,9 +59,26 @@ Tensor read_idx(const std::string& path) {
     read_exactly(file.get(), be, 4, path, "dims");
     shape[d] = (int64_t{be[0]} << 24) | (int64_t{be[1]} << 16) | (int64_t{be[2]} << 8) | be[3];
   }
-  const int64_t numel = shape_numel(shape);
-  LOOM_CHECK(numel < (int64_t{1} << 34), IOError, "read_idx: ", path, ": implausible shape ",
-             shape);
+  // The dims are checked before anything is allocated (found by fuzzing, fuzz/idx_fuzzer.cpp):
+  // their product, zeros taken as 1 (what the strides span), stays under 2^34, so it cannot
+  // overflow; and the elements must fit in what the file can hold, its bytes or, gzipped, 1032
+  // times as many (deflate's largest expansion), so a 20-byte header cannot allocate gigabytes.
+  int64_t extent = 1;
+  for (const int64_t size : shape) {
+    LOOM_CHECK(std::max<int64_t>(size, 1) < (int64_t{1} << 34) / extent, IOError,
+               "read_idx: ", path, ": implausible shape ", shape);
+    extent *= std::max<int64_t>(size, 1);
+  }
+  const bool no_elements = std::find(shape.begin(), shape.end(), 0) != shape.end();
+  const int64_t numel = no_elements ? 0 : extent;
+  std::error_code error;
+  const auto file_bytes = static_cast<int64_t>(std::filesystem::file_size(path, error));
+  LOOM_CHECK(!error, IOError, "read_idx: ", path, ": cannot read its size: ", error.message());
+  const bool compressed = gzdirect(file.get()) == 0;
+  constexpr int64_t kMaxDeflateExpansion = 1032;
+  LOOM_CHECK(numel <= (compressed ? kMaxDeflateExpansion : 1) * file_bytes, IOError,
+             "read_idx: ", path, ": shape ", shape, " needs ", numel, " bytes of elements; the ",
+             file_bytes, "-byte file", compressed ? " (gzip)" : "", " cannot hold them");
   Tensor out = empty(shape, kUInt8);
   read_exactly(file.get(), out.data(), static_cast<size_t>(numel), path, "data");
   char extra;

@@ -10,13 +10,21 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <vector>
 
 #include "tensor/parallel.h"
 
 // stb_image's functions are compiled here, static, so they cannot clash with another copy in the
-// program (libstb, an application's own).
+// program (libstb, an application's own); only the decoders of the formats ImageFolder admits
+// (Note [Decoding untrusted images]).
 #define STB_IMAGE_STATIC
 #define STB_IMAGE_IMPLEMENTATION
+#define STBI_ONLY_PNG
+#define STBI_ONLY_JPEG
+#define STBI_ONLY_BMP
+#define STBI_ONLY_GIF
+#define STBI_ONLY_TGA
+#define STBI_ONLY_PNM
 #include <stb/stb_image.h>
 
 namespace loom::data {
@@ -35,6 +43,70 @@ bool is_image_file(const fs::path& path) {
 }
 
 bool is_hidden(const fs::path& path) { return path.filename().string().starts_with("."); }
+
+// Note [Decoding untrusted images]
+// stb_image 2.27 (Debian 12's libstb) believes an image's header: a 30-byte file that claims
+// 16384 x 16384 pixels has them allocated, and its PNM reader parses a header number into an int
+// without an overflow check (2.28 added one). So before stb decodes a file (found by fuzzing,
+// fuzz/image_fuzzer.cpp):
+//   - stb sniffs the format from the bytes, whatever the file's name: only the decoders of the
+//     formats ImageFolder admits are compiled (no PSD, HDR or PIC);
+//   - a PNM header's numbers may have at most 9 digits (below 2^31), and a JPEG's Huffman
+//     tables at most 256 codes each, as stb 2.28 requires;
+//   - the header's width x height may be at most kMaxPixels; the folder holds every image in
+//     memory, and a larger one is far beyond what a training set of one size holds;
+//   - a 16-bit PNM converted to other channels goes through stb's 8-bit conversion itself
+//     (stb 2.27 converts it as 8-bit samples and reads past its buffer; 2.28 fixed that).
+#ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
+constexpr int64_t kMaxPixels = int64_t{1} << 26;  // 8192 x 8192
+#else
+constexpr int64_t kMaxPixels = int64_t{1} << 20;  // the fuzz build: quick inputs (docs/fuzzing.md)
+#endif
+
+// Whether the numbers of a binary PNM header (P5, P6), read as stbi__pnm_info reads them
+// (whitespace and #-comments between), have at most 9 digits each; true for any other format.
+bool pnm_numbers_fit(const std::vector<stbi_uc>& bytes) {
+  if (bytes.size() < 2 || bytes[0] != 'P' || (bytes[1] != '5' && bytes[1] != '6')) return true;
+  const auto is_space = [](stbi_uc c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
+  };
+  size_t at = 2;
+  for (int number = 0; number < 3; ++number) {  // width, height, maximum value
+    for (;;) {
+      while (at < bytes.size() && is_space(bytes[at])) ++at;
+      if (at >= bytes.size() || bytes[at] != '#') break;
+      while (at < bytes.size() && bytes[at] != '\n' && bytes[at] != '\r') ++at;
+    }
+    size_t digits = 0;
+    for (; at < bytes.size() && bytes[at] >= '0' && bytes[at] <= '9'; ++at) ++digits;
+    if (digits > 9) return false;
+  }
+  return true;
+}
+
+// Whether every Huffman table of a JPEG has at most 256 codes; stb 2.27 writes past its tables
+// for more (2.28 checks). Each FF C4 (DHT) marker anywhere in the file is read as stb's
+// stbi__process_marker would read it there (bytes past the end read as 0), so no path stb takes
+// through the file meets a table the check has not seen. True for any other format.
+bool jpeg_huffman_tables_fit(const std::vector<stbi_uc>& bytes) {
+  if (bytes.size() < 2 || bytes[0] != 0xFF || bytes[1] != 0xD8) return true;
+  const auto at = [&](size_t i) -> int { return i < bytes.size() ? bytes[i] : 0; };
+  for (size_t marker = 2; marker + 1 < bytes.size(); ++marker) {
+    if (bytes[marker] != 0xFF || bytes[marker + 1] != 0xC4) continue;
+    int remaining = (at(marker + 2) << 8 | at(marker + 3)) - 2;
+    size_t i = marker + 4;
+    while (remaining > 0) {
+      const int table = at(i++);
+      if ((table >> 4) > 1 || (table & 15) > 3) break;  // stb refuses the file here
+      int codes = 0;
+      for (int length = 0; length < 16; ++length) codes += at(i++);
+      if (codes > 256) return false;
+      i += static_cast<size_t>(codes);
+      remaining -= 17 + codes;
+    }
+  }
+  return true;
+}
 
 struct StbiFree {
   void operator()(stbi_uc* p) const { stbi_image_free(p); }
@@ -65,11 +137,40 @@ Decoded decode(const std::string& path, int channels) {
     out.error = "cannot read";
     return out;
   }
+  // Note [Decoding untrusted images]
+  if (!pnm_numbers_fit(bytes)) {
+    out.error = "cannot decode image: a PNM header number has more than 9 digits";
+    return out;
+  }
+  if (!jpeg_huffman_tables_fit(bytes)) {
+    out.error = "cannot decode image: a JPEG Huffman table has more than 256 codes";
+    return out;
+  }
   int width = 0, height = 0, file_channels = 0;
+  if (stbi_info_from_memory(bytes.data(), static_cast<int>(size), &width, &height,
+                            &file_channels) &&
+      int64_t{width} * height > kMaxPixels) {
+    out.error = detail::str("cannot decode image: its header says ", width, " x ", height,
+                            " pixels, over the limit of ", kMaxPixels);
+    return out;
+  }
+  // A 16-bit PNM that needs other channels: stb 2.27 would convert its 16-bit samples as 8-bit
+  // ones, past the end of its buffer; it is decoded to 8 bits first, then converted.
+  const bool pnm16 = size >= 2 && bytes[0] == 'P' && (bytes[1] == '5' || bytes[1] == '6') &&
+                     stbi_is_16_bit_from_memory(bytes.data(), static_cast<int>(size));
   out.pixels.reset(stbi_load_from_memory(bytes.data(), static_cast<int>(size), &width, &height,
-                                         &file_channels, channels));
+                                         &file_channels, pnm16 ? 0 : channels));
+  if (out.pixels && pnm16 && channels && channels != file_channels)  // frees its input
+    out.pixels.reset(stbi__convert_format(out.pixels.release(), file_channels, channels,
+                                          static_cast<unsigned>(width),
+                                          static_cast<unsigned>(height)));
   if (!out.pixels) {
     out.error = std::string("cannot decode image: ") + stbi_failure_reason();
+    return out;
+  }
+  if (width <= 0 || height <= 0) {  // stb decodes a PNM header of "5 0" to no pixels
+    out.pixels.reset();
+    out.error = detail::str("cannot decode image: it has ", width, " x ", height, " pixels");
     return out;
   }
   out.shape = {channels ? channels : file_channels, height, width};

@@ -32,7 +32,9 @@
 #include <type_traits>
 
 #include "dist/collective_checks.h"
+#include "dist/health.h"
 #include "dist/host_staging_group.h"
+#include "dist/net.h"
 #include "dist/process_group.h"
 #include "tensor/copy.h"
 #include "tensor/dispatch.h"
@@ -47,6 +49,10 @@ using Clock = std::chrono::steady_clock;
 // The gloo slot prefix of loom's own ring (Note [Ring reduce-scatter]); gloo's collectives use
 // 0x01 to 0x08 and user tags of send/recv are small slots.
 constexpr uint8_t kRingSlotPrefix = 0x40;
+
+// How long a failed group's release waits for its worker before leaving it (Note [A stuck
+// worker]): enough for a collective that is failing anyway to say why.
+constexpr Milliseconds kStuckWorkerPatience(1000);
 
 // The time left until `deadline`, at least 1 ms (gloo reads 0 as "no timeout").
 Milliseconds time_left(Clock::time_point deadline) {
@@ -88,35 +94,6 @@ class GlooStore final : public gloo::rendezvous::Store {
 //   MASTER_ADDR: 127.0.0.1 when rank 0 is on this machine through loopback, and the interface
 //   that reaches rank 0 when it is elsewhere, which is what the other machines can reach too.
 //   Without MASTER_ADDR (a single machine), 127.0.0.1.
-
-// The local address the kernel would use to reach `host` ("" when it has no route).
-std::string local_address_toward(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* found = nullptr;
-  if (::getaddrinfo(host.c_str(), "9", &hints, &found) != 0) return "";
-  std::string address;
-  for (addrinfo* ai = found; ai != nullptr && address.empty(); ai = ai->ai_next) {
-    const int fd = ::socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    sockaddr_storage local{};
-    socklen_t len = sizeof(local);
-    // connect() on a UDP socket sends nothing: it only picks the route and the source address.
-    if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
-      char text[INET6_ADDRSTRLEN] = {};
-      const void* raw =
-          local.ss_family == AF_INET
-              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
-              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
-      if (::inet_ntop(local.ss_family, raw, text, sizeof(text)) != nullptr) address = text;
-    }
-    ::close(fd);
-  }
-  ::freeaddrinfo(found);
-  return address;
-}
 
 gloo::transport::tcp::attr device_attr() {
   gloo::transport::tcp::attr attr;
@@ -269,11 +246,52 @@ void check_reducible(const char* op, DType dtype) {
 
 // ---------------------------------------------------------------- Work
 
+// What the group's collectives and its send/recv handles share.
+struct GroupState {
+  std::shared_ptr<gloo::Context> context;
+  std::mutex mutex;
+  std::string broken;  // the first failure; the group refuses new work once it is set
+
+  // Records the first failure and closes every connection of this rank, so that peers blocked
+  // in a collective with it fail at once instead of waiting for their timeout.
+  void fail(const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!broken.empty()) return;
+      broken = why;
+    }
+    try {
+      context->closeConnections();
+    } catch (const std::exception&) {
+      // Already closed or closing: the peers learn of it either way.
+    }
+  }
+  std::string failure() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return broken;
+  }
+  // The job failed elsewhere (Note [Job health]): fail, and release the group's worker should
+  // it wait in the store for a peer's fingerprint that will never come.
+  void abandon(const std::string& why) {
+    fail(why);
+    std::function<void(const std::string&)> release;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      release = release_waiters;
+    }
+    if (release) release(why);
+  }
+  std::function<void(const std::string&)> release_waiters;  // set while the group lives
+};
+
 // A collective's handle: completed by the worker thread.
 class CollectiveWork final : public Work {
  public:
-  CollectiveWork(std::string description, Milliseconds default_timeout)
-      : description_(std::move(description)), default_timeout_(default_timeout) {}
+  CollectiveWork(std::string description, Milliseconds default_timeout,
+                 std::shared_ptr<GroupState> state)
+      : description_(std::move(description)),
+        default_timeout_(default_timeout),
+        state_(std::move(state)) {}
 
   bool is_completed() const override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -282,19 +300,29 @@ class CollectiveWork final : public Work {
 
   // Without a timeout, waits as long as the operation may take: it fails by itself, with its
   // diagnosis, once it has run for the group's timeout (the wait gives up only if it somehow
-  // has not, twice over).
+  // has not, twice over). While it waits the rank beats, and a failure that the launchers
+  // reported (Note [Job health]) ends the wait at once, naming it.
   void wait(Milliseconds timeout) override {
     std::unique_lock<std::mutex> lock(mutex_);
-    if (timeout > Milliseconds(0)) {
-      if (!cv_.wait_for(lock, timeout, [&] { return done_; })) gave_up(timeout);
-    } else {
-      while (!done_) {
-        cv_.wait_for(lock, Milliseconds(100), [&] { return done_; });
-        const double started = started_.load();
-        const double limit = 2.0 * std::chrono::duration<double>(default_timeout_).count() + 10.0;
-        if (!done_ && started > 0 && steady_seconds() - started > limit) {
-          gave_up(std::chrono::duration_cast<Milliseconds>(std::chrono::duration<double>(limit)));
-        }
+    const auto begin = Clock::now();
+    while (!done_) {
+      cv_.wait_for(lock, Milliseconds(100), [&] { return done_; });
+      if (done_) break;
+      heartbeat();
+      if (const std::string failure = job_failure(); !failure.empty()) {
+        lock.unlock();
+        const std::string why = description_ + " cannot finish: " + failure;
+        state_->abandon(why);
+        throw DistError(why);
+      }
+      if (timeout > Milliseconds(0)) {
+        if (Clock::now() - begin >= timeout) gave_up(timeout);
+        continue;
+      }
+      const double started = started_.load();
+      const double limit = 2.0 * std::chrono::duration<double>(default_timeout_).count() + 10.0;
+      if (started > 0 && steady_seconds() - started > limit) {
+        gave_up(std::chrono::duration_cast<Milliseconds>(std::chrono::duration<double>(limit)));
       }
     }
     if (failed_) throw DistError(error_);  // a fresh exception for each waiter and thread
@@ -325,38 +353,13 @@ class CollectiveWork final : public Work {
  private:
   const std::string description_;
   const Milliseconds default_timeout_;
+  const std::shared_ptr<GroupState> state_;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   bool done_ = false;
   bool failed_ = false;
   std::string error_;
   std::atomic<double> started_{0}, finished_{0};
-};
-
-// What the group's collectives and its send/recv handles share.
-struct GroupState {
-  std::shared_ptr<gloo::Context> context;
-  std::mutex mutex;
-  std::string broken;  // the first failure; the group refuses new work once it is set
-
-  // Records the first failure and closes every connection of this rank, so that peers blocked
-  // in a collective with it fail at once instead of waiting for their timeout.
-  void fail(const std::string& why) {
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      if (!broken.empty()) return;
-      broken = why;
-    }
-    try {
-      context->closeConnections();
-    } catch (const std::exception&) {
-      // Already closed or closing: the peers learn of it either way.
-    }
-  }
-  std::string failure() {
-    std::lock_guard<std::mutex> lock(mutex);
-    return broken;
-  }
 };
 
 // A send or recv: posted at once; wait() waits for gloo to finish it. Keep the handle until
@@ -448,17 +451,44 @@ class ProcessGroupGloo final : public ProcessGroup {
                                   "; see LOOM_GLOO_HOST): ", e.what()));
     }
     state_->context = context;
+    {
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      state_->release_waiters = [this](const std::string& why) { release_waiters(why); };
+    }
     worker_ = std::thread([this] { worker_loop(); });
   }
 
-  // Runs what is queued (each collective is bounded by the timeout), then stops the worker.
+  // The worker has ended (or was orphaned and ends now, deleting the group: Note [A stuck
+  // worker]).
   ~ProcessGroupGloo() override {
+    if (worker_.joinable()) worker_.join();
+  }
+
+  // Note [A stuck worker]
+  //   Once a group has failed, its worker may be stuck inside gloo: a collective that began as
+  //   the group failed waits for a peer that has gone, and closing the connections does not
+  //   wake it (gloo's Pair::close ends the socket without signalling the buffers waiting on
+  //   it), so it would wait for the collective's timeout, minutes. A rank that raised DistError
+  //   must not wait that long to say so and exit. The group is therefore released by
+  //   `release` rather than deleted: a healthy group runs what is queued and joins its worker
+  //   as before; a failed one waits a moment for the worker to end, and otherwise leaves it to
+  //   end the group itself whenever gloo lets it go (at the latest when the process exits).
+  static void release(ProcessGroupGloo* group) {
     {
-      std::lock_guard<std::mutex> lock(queue_mutex_);
-      stop_ = true;
+      std::lock_guard<std::mutex> lock(group->state_->mutex);
+      group->state_->release_waiters = nullptr;
     }
-    queue_cv_.notify_all();
-    worker_.join();
+    std::unique_lock<std::mutex> lock(group->queue_mutex_);
+    group->stop_ = true;
+    group->queue_cv_.notify_all();
+    if (!group->state_->failure().empty() &&
+        !group->queue_cv_.wait_for(lock, kStuckWorkerPatience, [&] { return group->ended_; })) {
+      group->orphaned_ = true;  // the worker deletes the group when it ends
+      group->worker_.detach();
+      return;
+    }
+    lock.unlock();
+    delete group;
   }
 
   std::string backend() const override { return "gloo"; }
@@ -592,7 +622,7 @@ class ProcessGroupGloo final : public ProcessGroup {
       const int64_t seq = next_seq_++;
       std::string description = name + " #" + std::to_string(seq);
       if (!details.empty()) description += " (" + details + ")";
-      work = std::make_shared<CollectiveWork>(std::move(description), options_.timeout);
+      work = std::make_shared<CollectiveWork>(std::move(description), options_.timeout, state_);
       queue_.push_back(Task{work, seq, name + "(" + details + ")", full_sync, std::move(body)});
     }
     queue_cv_.notify_all();
@@ -695,6 +725,13 @@ class ProcessGroupGloo final : public ProcessGroup {
           task = std::move(queue_.front());
           queue_.pop_front();
         } else if (stop_) {
+          if (orphaned_) {
+            lock.unlock();
+            delete this;  // Note [A stuck worker]
+            return;
+          }
+          ended_ = true;
+          queue_cv_.notify_all();
           return;
         }
       }
@@ -706,8 +743,29 @@ class ProcessGroupGloo final : public ProcessGroup {
     }
   }
 
+  // Writes tombstones for the peers whose fingerprint of the running collective is missing
+  // (Note [Collective checks]): a worker waiting for one of them goes on and fails.
+  void release_waiters(const std::string& why) {
+    int64_t seq = 0;
+    std::string fingerprint, description;
+    {
+      std::lock_guard<std::mutex> lock(running_mutex_);
+      seq = running_seq_;
+      fingerprint = running_fingerprint_;
+      description = running_description_;
+    }
+    if (seq > 0 && options_.check_collectives && size_ > 1)
+      checks_.diagnose(seq, fingerprint, description, /*timed_out=*/false, why);
+  }
+
   void execute(Task& task) {
     CollectiveWork& work = *task.work;
+    {
+      std::lock_guard<std::mutex> lock(running_mutex_);
+      running_seq_ = task.seq;
+      running_fingerprint_ = task.fingerprint;
+      running_description_ = work.description();
+    }
     work.start();
     const auto begin = Clock::now();
     const auto deadline = begin + options_.timeout;
@@ -726,6 +784,11 @@ class ProcessGroupGloo final : public ProcessGroup {
       } catch (const std::exception& e) {
         const bool timed_out = Clock::now() + Milliseconds(50) >= deadline ||
                                std::strstr(e.what(), "imed out") != nullptr;
+        // A peer that died closed its connections: under loomrun its launcher says who it
+        // was and how it ended (Note [Job health]), which says more than the fingerprints.
+        if (const std::string failure = job_failure_within(Milliseconds(2000)); !failure.empty())
+          throw DistError(detail::str(work.description(), " cannot finish: ", failure,
+                                      " (gloo: ", e.what(), ")"));
         throw DistError(diagnose(task, timed_out, std::string("gloo: ") + e.what()));
       }
       if (task.full_sync) synced_upto_ = task.seq;
@@ -776,7 +839,14 @@ class ProcessGroupGloo final : public ProcessGroup {
   std::condition_variable queue_cv_;
   std::deque<Task> queue_;
   bool stop_ = false;
+  bool ended_ = false;     // the worker has returned
+  bool orphaned_ = false;  // released while the worker was stuck (Note [A stuck worker])
   int64_t next_seq_ = 1;
+
+  // The collective the worker runs, for release_waiters.
+  std::mutex running_mutex_;
+  int64_t running_seq_ = 0;
+  std::string running_fingerprint_, running_description_;
 
   // Touched by the worker only.
   int64_t synced_upto_ = 0;   // the last full-sync collective that completed here
@@ -789,8 +859,8 @@ class ProcessGroupGloo final : public ProcessGroup {
 std::shared_ptr<ProcessGroup> make_gloo_process_group(std::shared_ptr<Store> store, int rank,
                                                       int size, ProcessGroupOptions options) {
   check_group_arguments("make_gloo_process_group", store.get(), rank, size, options);
-  return stage_through_host(
-      std::make_shared<ProcessGroupGloo>(std::move(store), rank, size, options));
+  return stage_through_host(std::shared_ptr<ProcessGroupGloo>(
+      new ProcessGroupGloo(std::move(store), rank, size, options), &ProcessGroupGloo::release));
 }
 
 }  // namespace loom::dist

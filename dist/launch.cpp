@@ -12,6 +12,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -28,6 +29,7 @@
 #include <system_error>
 #include <thread>
 
+#include "dist/node_agent.h"
 #include "tensor/error.h"
 
 extern char** environ;
@@ -178,29 +180,52 @@ std::string find_program(const std::string& name, const std::vector<std::string>
 
 // ---------------------------------------------------------------- processes
 
+// The descriptor of the heartbeat pipe in every worker (Note [Job health] in dist/health.h).
+constexpr int kHeartbeatFd = 3;
+
 struct Worker {
   int local_rank = 0, rank = 0;
   pid_t pid = -1;  // also the id of the worker's process group
   bool running = false;
-  int status = 0;  // waitpid's status, once it exited
+  int status = 0;        // waitpid's status, once it exited
+  int heartbeats = -1;   // the read end of its heartbeat pipe
+  bool beating = false;  // it has beaten once: from now on silence means it hangs
+  Clock::time_point last_beat{};
+
+  Worker() = default;
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+  ~Worker() {
+    if (heartbeats >= 0) ::close(heartbeats);
+  }
+  // Reads what the worker beat since the last look.
+  void read_heartbeats(Clock::time_point now) {
+    if (heartbeats < 0) return;
+    char bytes[256];
+    while (::read(heartbeats, bytes, sizeof bytes) > 0) {
+      beating = true;
+      last_beat = now;
+    }
+  }
 };
 
 bool failed(int status) { return !WIFEXITED(status) || WEXITSTATUS(status) != 0; }
 int exit_code(int status) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
-std::string describe(const Worker& w) {
-  const std::string who =
-      "rank " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) + ") ";
-  if (WIFSIGNALED(w.status)) return who + "killed by signal " + signal_name(WTERMSIG(w.status));
+std::string describe(const Worker& w, const std::string& node) {
+  const std::string who = "rank " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) +
+                          ")" + (node.empty() ? "" : " on " + node) + " ";
+  if (WIFSIGNALED(w.status)) return who + "was killed by signal " + signal_name(WTERMSIG(w.status));
   return who + "exited with status " + std::to_string(exit_code(w.status));
 }
 
 // Starts `path` in a new process group. The child runs only async-signal-safe calls between
 // fork and exec (other threads of the launcher may hold locks); an exec failure comes back as
 // errno through a pipe that exec closes, so success reads end-of-file.
+// `heartbeat_fd` (-1: none) becomes the child's descriptor kHeartbeatFd.
 pid_t spawn(const std::string& path, const std::vector<std::string>& args,
-            const std::vector<std::string>& env) {
+            const std::vector<std::string>& env, int heartbeat_fd) {
   std::vector<char*> argv, envp;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
@@ -225,8 +250,18 @@ pid_t spawn(const std::string& path, const std::vector<std::string>& args,
     ::setpgid(0, 0);
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);       // the launcher killed outright takes its workers
     if (::getppid() != parent) ::_exit(127);  // ... even when that happened just now
+    unsigned first_closed = 3;
+    if (heartbeat_fd >= 0) {
+      if (heartbeat_fd == kHeartbeatFd) {
+        ::fcntl(heartbeat_fd, F_SETFD, 0);
+      } else {
+        ::dup2(heartbeat_fd, kHeartbeatFd);  // the copy does not close on exec
+      }
+      first_closed = kHeartbeatFd + 1;
+    }
 #ifdef SYS_close_range
-    ::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);  // only 0, 1, 2 reach the worker
+    // Only 0, 1, 2 (and the heartbeat pipe) reach the worker.
+    ::syscall(SYS_close_range, first_closed, ~0U, CLOSE_RANGE_CLOEXEC);
 #endif
     ::execve(path.c_str(), argv.data(), envp.data());
     const int err = errno;
@@ -353,9 +388,34 @@ struct Outcome {
   bool interrupted = false;  // the launcher was told to stop: no restart
 };
 
+std::string seconds_text(Clock::duration d) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f s", std::chrono::duration<double>(d).count());
+  return text;
+}
+
+// A 256-bit secret from the kernel's random source, in hex (Note [Job secret]).
+std::string random_secret() {
+  unsigned char raw[32];
+  size_t got = 0;
+  while (got < sizeof raw) {
+    const ssize_t n = ::getrandom(raw + got, sizeof raw - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw DistError("launch: getrandom failed: " + errno_text(errno));
+    got += static_cast<size_t>(n);
+  }
+  static const char* digits = "0123456789abcdef";
+  std::string hex;
+  for (const unsigned char b : raw) {
+    hex += digits[b >> 4];
+    hex += digits[b & 15];
+  }
+  return hex;
+}
+
 Outcome run_group(const LaunchOptions& o, const std::string& program,
-                  const std::vector<std::string>& command, int restart, uint16_t port,
-                  SignalPipe& signals) {
+                  const std::vector<std::string>& command, int round, NodeAgent& agent,
+                  const std::string& secret, SignalPipe& signals) {
   std::vector<std::string> base = current_environment();
   const bool user_sets_omp =
       find_env(base, "OMP_NUM_THREADS").has_value() ||
@@ -366,17 +426,20 @@ Outcome run_group(const LaunchOptions& o, const std::string& program,
   set_env(base, "LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node));
   set_env(base, "GROUP_RANK", std::to_string(o.node_rank));
   set_env(base, "MASTER_ADDR", o.master_addr);
-  set_env(base, "MASTER_PORT", std::to_string(port));
-  set_env(base, "LOOM_RESTART_COUNT", std::to_string(restart));
+  set_env(base, "MASTER_PORT", std::to_string(agent.port()));
+  set_env(base, "LOOM_AGENT_STORE", "1");
+  set_env(base, "LOOM_JOB_SECRET", secret);
+  set_env(base, "LOOM_HEARTBEAT_FD", std::to_string(kHeartbeatFd));
+  set_env(base, "LOOM_RESTART_COUNT", std::to_string(round));
   if (!user_sets_omp) set_env(base, "OMP_NUM_THREADS", std::to_string(omp_threads));
 
   const int first_rank = o.node_rank * o.nproc_per_node;
   report("starting " + std::to_string(o.nproc_per_node) + " worker(s), ranks " +
          std::to_string(first_rank) + "-" + std::to_string(first_rank + o.nproc_per_node - 1) +
          " of " + std::to_string(o.nnodes * o.nproc_per_node) + ", master " + o.master_addr + ":" +
-         std::to_string(port) +
+         std::to_string(agent.port()) +
          (user_sets_omp ? "" : ", OMP_NUM_THREADS=" + std::to_string(omp_threads)) +
-         (restart > 0 ? ", restart " + std::to_string(restart) : ""));
+         (round > 0 ? ", restart " + std::to_string(round) : ""));
 
   std::vector<Worker> workers(o.nproc_per_node);
   try {
@@ -388,7 +451,17 @@ Outcome run_group(const LaunchOptions& o, const std::string& program,
       set_env(env, "RANK", std::to_string(w.rank));
       set_env(env, "LOCAL_RANK", std::to_string(local));
       for (const auto& [key, value] : o.extra_env) set_env(env, key, value);
-      w.pid = spawn(program, command, env);
+      int pipe[2];
+      if (::pipe2(pipe, O_CLOEXEC | O_NONBLOCK) != 0)
+        throw DistError("launch: cannot create a pipe: " + errno_text(errno));
+      w.heartbeats = pipe[0];
+      try {
+        w.pid = spawn(program, command, env, pipe[1]);
+      } catch (...) {
+        ::close(pipe[1]);
+        throw;
+      }
+      ::close(pipe[1]);
       w.running = true;
     }
   } catch (...) {
@@ -396,23 +469,131 @@ Outcome run_group(const LaunchOptions& o, const std::string& program,
     throw;
   }
 
-  while (true) {
-    if (const auto failure = reap(workers)) {
-      const Worker& w = workers[*failure];
-      report(describe(w));
-      const int others = static_cast<int>(
-          std::count_if(workers.begin(), workers.end(), [](const Worker& x) { return x.running; }));
-      if (others > 0) report("stopping the other " + std::to_string(others) + " worker(s)");
-      const Outcome outcome{exit_code(w.status), false};
-      if (const int s = stop(workers, SIGTERM, o.grace, signals)) return {128 + s, true};
-      return outcome;
+  // Why the round ends, once it does: a failure here or elsewhere, or the launcher's signal.
+  std::string failure;
+  Outcome outcome;
+  bool local_failure = false;
+  while (failure.empty()) {
+    const auto now = Clock::now();
+    for (Worker& w : workers) w.read_heartbeats(now);
+    if (const auto failed = reap(workers)) {
+      // A worker that failed after another node reported the round's failure failed because
+      // of it (its collective raised, naming that failure): the job's failure is that report.
+      if (const auto remote = agent.poll(round)) {
+        failure = *remote;
+        outcome.exit_code = 1;
+        break;
+      }
+      const Worker& w = workers[*failed];
+      failure = describe(w, agent.name());
+      outcome.exit_code = exit_code(w.status);
+      local_failure = true;
+      break;
     }
-    if (!any_running(workers)) return {};
+    for (Worker& w : workers) {
+      if (!w.running || !w.beating || o.heartbeat_timeout.count() <= 0 ||
+          now - w.last_beat < o.heartbeat_timeout)
+        continue;
+      failure = "rank " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) + ") on " +
+                agent.name() + " hung: no heartbeat for " + seconds_text(now - w.last_beat);
+      ::kill(-w.pid, SIGKILL);  // whatever holds it, SIGTERM might not get through
+      outcome.exit_code = 128 + SIGKILL;
+      local_failure = true;
+      break;
+    }
+    if (!failure.empty()) break;
+    if (!any_running(workers)) return {};  // every worker succeeded
+    if (const auto remote = agent.poll(round)) {
+      failure = *remote;
+      outcome.exit_code = 1;
+      break;
+    }
     if (const int s = signals.wait(milliseconds(100))) {  // SIGCHLD wakes it early
-      report("received " + signal_name(s) + ", stopping the workers");
-      const int again = stop(workers, s, o.grace, signals);
-      return {128 + (again ? again : s), true};
+      failure = "the launcher of " + agent.name() + " received " + signal_name(s);
+      outcome = {128 + s, true};
+      local_failure = true;
+      break;
     }
+  }
+
+  if (local_failure) agent.report_failure(round, failure, outcome.interrupted);
+  const int others = static_cast<int>(
+      std::count_if(workers.begin(), workers.end(), [](const Worker& x) { return x.running; }));
+  report(
+      (local_failure ? "" : "the job failed: ") + failure +
+      (local_failure
+           ? ""
+           : " (seen " + seconds_text(agent.failure_age(round)) + " after it was reported)") +
+      (others > 0 ? "; stopping the " + std::to_string(others) + " worker(s) of this node" : ""));
+  // Workers waiting in a collective learn of the failure from the store (Note [Job health]) and
+  // raise DistError naming the peer; they get `drain` to say so and exit before SIGTERM.
+  if (!outcome.interrupted) {
+    const auto drain_end = Clock::now() + o.drain;
+    while (any_running(workers) && Clock::now() < drain_end) {
+      reap(workers);
+      if (const int s = signals.wait(milliseconds(20))) {
+        outcome = {128 + s, true};
+        break;
+      }
+    }
+  }
+  const int signo = outcome.interrupted ? outcome.exit_code - 128 : SIGTERM;
+  if (const int s = stop(workers, signo, o.grace, signals)) outcome = {128 + s, true};
+  agent.stopped(round);
+  return outcome;
+}
+
+// Meets every node's launcher at the start of `round` (the first start or a restart). Returns
+// SIGINT or SIGTERM when told to stop meanwhile, else 0; DistError when a node does not come
+// within join_timeout, or the job fails meanwhile.
+int join(NodeAgent& agent, int round, const LaunchOptions& o, SignalPipe& signals) {
+  agent.arrive(round);
+  const std::string what = round == 0 ? "start" : "restart " + std::to_string(round);
+  const auto start = Clock::now();
+  auto next_report = start + std::chrono::seconds(5);
+  while (true) {
+    const std::vector<int> missing = agent.missing(round);
+    if (missing.empty()) return 0;
+    if (const auto failure = agent.poll(round))
+      throw DistError("launch: the job cannot " + what + ": " + *failure);
+    std::string nodes;
+    for (const int n : missing) nodes += (nodes.empty() ? "" : ", ") + std::to_string(n);
+    const auto now = Clock::now();
+    if (now - start > o.join_timeout) {
+      agent.report_failure(round, "node(s) " + nodes + " did not come to " + what, true);
+      throw DistError("launch: node(s) " + nodes + " did not come to " + what + " within " +
+                      seconds_text(o.join_timeout) + " (--rdzv-timeout): ending the job");
+    }
+    if (now >= next_report) {
+      report("waiting for node(s) " + nodes + " to " + what);
+      next_report = now + std::chrono::seconds(10);
+    }
+    if (const int s = signals.wait(milliseconds(100))) {
+      agent.report_failure(round,
+                           "the launcher of " + agent.name() + " received " + signal_name(s) +
+                               " before the workers started",
+                           true);
+      return s;
+    }
+  }
+}
+
+// After this node's workers all succeeded. Node 0 serves the store that the other nodes'
+// workers may still be using: it waits until every node's workers are done.
+void finish(NodeAgent& agent, int round, SignalPipe& signals) {
+  agent.finish(round);
+  if (agent.node_rank() != 0) return;
+  auto next_report = Clock::now() + std::chrono::seconds(5);
+  while (!agent.all_finished(round)) {
+    if (const auto failure = agent.poll(round)) {
+      report("the workers of this node finished, but the job failed: " + *failure);
+      return;
+    }
+    if (Clock::now() >= next_report) {
+      report("waiting for the other nodes' workers to finish");
+      next_report = Clock::now() + std::chrono::seconds(10);
+    }
+    if (signals.wait(milliseconds(100))) return;
   }
 }
 
@@ -430,13 +611,18 @@ int launch(const LaunchOptions& o, const std::vector<std::string>& command) {
              " nnodes=", o.nnodes);
   LOOM_CHECK(o.max_restarts >= 0, ValueError, "launch: max_restarts must be >= 0; got ",
              o.max_restarts);
-  LOOM_CHECK(o.grace.count() >= 0, ValueError, "launch: grace must be >= 0 ms; got ",
-             o.grace.count());
+  LOOM_CHECK(o.grace.count() >= 0 && o.drain.count() >= 0, ValueError,
+             "launch: grace and drain must be >= 0 ms; got ", o.grace.count(), " and ",
+             o.drain.count());
   LOOM_CHECK(!o.master_addr.empty(), ValueError, "launch: master_addr is empty");
   LOOM_CHECK(o.master_port != 0 || o.nnodes == 1, ValueError,
              "launch: master_port 0 (any free port) works on one node only, the other nodes "
              "could not learn it; got nnodes=",
              o.nnodes);
+  LOOM_CHECK(!o.secret.empty() || o.nnodes == 1, ValueError, "launch: ", o.nnodes,
+             " nodes need a secret that every node's launcher is given (Note [Job secret]): "
+             "export LOOM_JOB_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \\n') on every "
+             "node, or give each --secret-file with the same file");
   for (const auto& [key, value] : o.extra_env)
     LOOM_CHECK(!key.empty() && key.find('=') == std::string::npos, ValueError,
                "launch: bad environment variable name '", key, "'");
@@ -445,18 +631,36 @@ int launch(const LaunchOptions& o, const std::vector<std::string>& command) {
   std::vector<std::string> env = current_environment();
   for (const auto& [key, value] : o.extra_env) set_env(env, key, value);
   const std::string program = find_program(command[0], env);
+  const std::string secret = o.secret.empty() ? random_secret() : o.secret;
 
-  for (int restart = 0;; ++restart) {
-    const uint16_t port = o.master_port != 0 ? o.master_port : find_free_port();
-    const Outcome outcome = run_group(o, program, command, restart, port, signals);
-    if (outcome.exit_code == 0 || outcome.interrupted) return outcome.exit_code;
-    if (restart >= o.max_restarts) {
+  NodeAgent agent({.nnodes = o.nnodes,
+                   .node_rank = o.node_rank,
+                   .nproc_per_node = o.nproc_per_node,
+                   .max_restarts = o.max_restarts,
+                   .master_addr = o.master_addr,
+                   .master_port = o.master_port,
+                   .secret = secret,
+                   .rdzv_id = o.rdzv_id,
+                   .bind_all = o.store_bind_all,
+                   .join_timeout = o.join_timeout,
+                   .node_timeout = o.node_timeout});
+  for (int round = 0;; ++round) {
+    if (const int s = join(agent, round, o, signals)) return 128 + s;
+    const Outcome outcome = run_group(o, program, command, round, agent, secret, signals);
+    if (outcome.exit_code == 0) {
+      finish(agent, round, signals);
+      return 0;
+    }
+    if (outcome.interrupted || agent.job_stopped()) return outcome.exit_code;
+    if (round >= o.max_restarts) {
       if (o.max_restarts > 0)
         report("giving up after " + std::to_string(o.max_restarts) + " restart(s)");
+      agent.wait_stopped(round);
       return outcome.exit_code;
     }
-    report("restarting the workers (restart " + std::to_string(restart + 1) + " of " +
-           std::to_string(o.max_restarts) + ")");
+    report("restarting the workers (restart " + std::to_string(round + 1) + " of " +
+           std::to_string(o.max_restarts) + ")" +
+           (o.nnodes > 1 ? ", with every node's launcher" : ""));
   }
 }
 

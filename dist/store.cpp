@@ -117,6 +117,23 @@ Environment environment_from_env() {
 
 bool launched_by_launcher() { return env_value("WORLD_SIZE").has_value(); }
 
+void apply_store_environment(TCPStoreOptions& options) {
+  if (const auto secret = env_value("LOOM_JOB_SECRET")) options.secret = *secret;
+  if (const auto bind_all = env_value("LOOM_STORE_BIND_ALL")) {
+    LOOM_CHECK(*bind_all == "0" || *bind_all == "1", DistError,
+               "environment: LOOM_STORE_BIND_ALL='", *bind_all,
+               "' must be 1 (serve the store on every interface) or 0");
+    options.bind_all = *bind_all == "1";
+  }
+  if (const auto max_value = env_value("LOOM_STORE_MAX_VALUE_BYTES")) {
+    const int64_t bytes = parse_integer("LOOM_STORE_MAX_VALUE_BYTES", *max_value);
+    LOOM_CHECK(bytes >= 1024 && bytes <= (int64_t{1} << 30), DistError,
+               "environment: LOOM_STORE_MAX_VALUE_BYTES=", bytes,
+               " must be between 1024 and 1073741824 (1 GiB)");
+    options.limits.max_value_bytes = static_cast<uint32_t>(bytes);
+  }
+}
+
 // torchrun's default ("static") rendezvous keeps its own store, in PyTorch's protocol, on
 // MASTER_PORT and tells the workers so with TORCHELASTIC_USE_AGENT_STORE=True; loom then serves
 // its store one port above. (With --rdzv_backend=c10d or --standalone, MASTER_PORT is free.)
@@ -131,6 +148,15 @@ std::shared_ptr<Store> rendezvous(const Environment& env, Milliseconds timeout) 
   }
   options.is_server = env.rank == 0;
   options.timeout = timeout;
+  apply_store_environment(options);
+  // Under loomrun the launcher of node 0 serves the store and every rank connects to it; the
+  // ranks of each start of the job see it under "round/<LOOM_RESTART_COUNT>/" (Note [Launchers
+  // together] in dist/launch.h).
+  if (env_value("LOOM_AGENT_STORE").value_or("") == "1") {
+    options.is_server = false;
+    const std::string round = env_value("LOOM_RESTART_COUNT").value_or("0");
+    return std::make_shared<PrefixStore>("round/" + round, std::make_shared<TCPStore>(options));
+  }
   return std::make_shared<TCPStore>(options);
 }
 

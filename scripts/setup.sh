@@ -15,6 +15,7 @@ packages=(
   libeigen3-dev libgtest-dev googletest nlohmann-json3-dev libcli11-dev zlib1g-dev libstb-dev
   libgloo-dev libprotobuf-dev protobuf-compiler libisal-dev
   dataset-fashion-mnist fortunes
+  clang libclang-rt-dev libomp-dev llvm  # the fuzzers (scripts/fuzz.sh): libFuzzer, symbolizer
 )
 if [[ "${1:-}" == "--torch" ]]; then
   packages+=(python3-torch python3-numpy python3-pip)

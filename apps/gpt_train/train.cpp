@@ -43,6 +43,7 @@
 #include "data/text.h"
 #include "dist/ddp.h"
 #include "dist/fsdp.h"
+#include "dist/health.h"
 #include "dist/job.h"
 #include "dist/memory_plan.h"
 #include "dist/memory_report.h"
@@ -250,6 +251,7 @@ double evaluate(nn::GPT& model, const data::TextWindows& windows, const Options&
   AmpRegion region(o.amp);
   double sum = 0, count = 0;
   for (int64_t i = job.rank; i < o.eval_iters; i += job.world) {
+    dist::heartbeat();  // Note [Job health]
     auto [x, y] = windows.batch(i, 0, o.batch_size);
     sum += model.loss(x.to(job.device), y.to(job.device)).item();
     count += 1;
@@ -532,6 +534,7 @@ double run(const Options& o) {
     for (int64_t i = 0; i < micro; ++i) {
       auto [x, y] =
           text->train->batch(progress.step * micro + i, job.rank * o.batch_size, o.batch_size);
+      dist::heartbeat();
       timeline.mark("data", "data");
       const auto local = ddp && i + 1 < micro ? ddp->no_sync() : nullptr;
       {

@@ -51,6 +51,9 @@ int main(int argc, char** argv) {
   app.add_option("--workers", o.workers, "data loader threads")->check(CLI::NonNegativeNumber);
   app.add_option("--checkpoint-dir", o.checkpoint_dir,
                  "write epoch-NNN.safetensors after each epoch and last.safetensors at the end");
+  app.add_option("--checkpoint-every", o.checkpoint_every,
+                 "also write last.safetensors every K steps: a restart then loses at most K steps")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--resume", o.resume, "continue from a checkpoint");
   app.add_flag("--eval-only", o.eval_only, "evaluate the --resume checkpoint and stop");
   app.add_option("--log-json", o.log_json, "append one JSON object per epoch to this file");

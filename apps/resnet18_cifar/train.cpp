@@ -53,9 +53,11 @@
 #include "data/cifar10.h"
 #include "data/idx.h"
 #include "data/loader.h"
+#include "data/sha256.h"
 #include "data/synthetic.h"
 #include "dist/ddp.h"
 #include "dist/fsdp.h"
+#include "dist/health.h"
 #include "dist/job.h"
 #include "dist/memory_plan.h"
 #include "dist/memory_report.h"
@@ -122,6 +124,7 @@ dist::Totals evaluate(nn::Module& model, data::DataLoader& loader, BatchUploader
   dist::RunningTotals totals(job.device);
   loader.start_epoch(0);
   while (auto batch = loader.next()) {
+    dist::heartbeat();
     const Tensor labels = upload(batch->labels, job.device);
     const Tensor logits = model.forward(upload(batch->images, job.device, format));
     totals.add(cross_entropy(logits, labels), logits, labels);
@@ -521,6 +524,27 @@ Data load_data(const Options& o) {
   return d;
 }
 
+// What a rank loaded, cheaply: the split sizes and a hash of three examples of each, compared
+// across ranks at start-up (dist::check_same_on_every_rank), so that hosts whose copies of the
+// data differ stop before they train on different data.
+std::string data_fingerprint(const Data& d) {
+  std::string bytes;
+  for (const data::Dataset* set : {d.train.dataset.get(), d.test.dataset.get()}) {
+    const int64_t n = set->size();
+    bytes += std::to_string(n) + ";";
+    for (const int64_t i : {int64_t{0}, n / 2, n - 1}) {
+      if (i < 0 || i >= n) continue;
+      const data::Example e = set->get(i);
+      const Tensor image = e.image.contiguous();
+      bytes.append(static_cast<const char*>(image.data()), image.nbytes());
+      bytes += std::to_string(e.label) + ";";
+    }
+  }
+  return std::to_string(d.train.dataset->size()) + " train and " +
+         std::to_string(d.test.dataset->size()) + " test images, sha256 of samples " +
+         data::sha256_hex(bytes).substr(0, 16);
+}
+
 double run(const Options& o) {
   if (o.threads > 0) set_num_threads(o.threads);
   manual_seed(o.seed);
@@ -529,6 +553,7 @@ double run(const Options& o) {
   dist::Reporter out(job, /*progress_bar=*/isatty(STDOUT_FILENO) != 0);
 
   const Data data = load_data(o);
+  dist::check_same_on_every_rank(job, "data", data_fingerprint(data));
   const auto model = make_model(o, data, job, out);
   Loaders loaders = make_loaders(o, data, job);
   const int64_t batches_per_epoch = loaders.train->batches_per_epoch();  // micro-batches
@@ -601,6 +626,7 @@ double run(const Options& o) {
       Tensor loss;
       int64_t images = 0;
       for (int64_t i = 0; i < micro; ++i) {
+        dist::heartbeat();  // Note [Job health]: the launcher sees the rank make progress
         const auto batch = loaders.train->next();
         LOOM_ASSERT(batch, "the loader ended its epoch before batches_per_epoch batches");
         timeline.mark("data", "data");
@@ -646,6 +672,8 @@ double run(const Options& o) {
       meter.speed.add_step(dist::steady_seconds() - step_start, images);
       ++progress.step;
       progress.batch += micro;
+      if (o.checkpoint_every > 0 && progress.step % o.checkpoint_every == 0)
+        checkpoints.save_last(progress);  // a restart resumes here (Note [Restarts])
       report_step(out, o, job, loss, *optimizer, scaler, meter.speed, meter.train, progress, epoch,
                   batches_per_epoch);
       timeline.restart();

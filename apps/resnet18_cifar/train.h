@@ -43,11 +43,12 @@ struct Options {
   std::string backend = "gloo";  // nccl by default with --gpus
   bool sync_bn = false;          // batch statistics over all ranks
   int zero = 0;  // ZeRO stage: 0 DDP, 1 and 2 ZeroRedundancyOptimizer, 3 FullyShardedDataParallel
-  bool scale_lr = false;       // lr x world size (the linear scaling rule)
-  int max_restarts = 0;        // restart the workers from the last checkpoint after a failure
-  bool print_buckets = false;  // print DDP's bucket plan
-  bool print_memory = false;   // print where memory went after the second step
-  std::string trace;           // write a Chrome trace of every rank's steps here
+  bool scale_lr = false;         // lr x world size (the linear scaling rule)
+  int max_restarts = 0;          // restart the workers from the last checkpoint after a failure
+  int64_t checkpoint_every = 0;  // also write last.safetensors every this many steps (0: never)
+  bool print_buckets = false;    // print DDP's bucket plan
+  bool print_memory = false;     // print where memory went after the second step
+  std::string trace;             // write a Chrome trace of every rank's steps here
   // Mixed precision (Note [resnet18_cifar in mixed precision] in train.cpp).
   std::string amp = "off";          // off | fp16 | bf16
   std::string comm_dtype = "fp32";  // the dtype DDP's gradients travel in: fp32 | fp16 | bf16

@@ -102,8 +102,10 @@ void max_pool2d_channels_last(const Tensor& x, const Pool2dGeometry& g, const Te
     const T* src = x.data_ptr<T>();
     T* dst = out.data_ptr<T>();
     int64_t* idx = indices.data_ptr<int64_t>();
-    const auto [kh, kw] = g.kernel;
-    const auto [dh, dw] = g.dilation;
+    // Plain locals, not structured bindings: the lambda below captures them (clang before 16
+    // cannot capture a structured binding).
+    const int64_t kh = g.kernel[0], kw = g.kernel[1];
+    const int64_t dh = g.dilation[0], dw = g.dilation[1];
     for_units(x.size(0) * g.ho, g.wo * channels * kh * kw, [&](int64_t row) {
       const int64_t n = row / g.ho, oh = row % g.ho;
       const T* image = src + n * g.h * g.w * channels;
@@ -144,8 +146,10 @@ std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dGeometry& g) {
     const T* src = xc.data_ptr<T>();
     T* dst = out.data_ptr<T>();
     int64_t* idx = indices.data_ptr<int64_t>();
-    const auto [kh, kw] = g.kernel;
-    const auto [dh, dw] = g.dilation;
+    // Plain locals, not structured bindings: the lambda below captures them (clang before 16
+    // cannot capture a structured binding).
+    const int64_t kh = g.kernel[0], kw = g.kernel[1];
+    const int64_t dh = g.dilation[0], dw = g.dilation[1];
     for_units(g.planes, g.ho * g.wo * kh * kw, [&](int64_t plane) {
       const T* in = src + plane * g.h * g.w;
       T* o = dst + plane * g.ho * g.wo;
@@ -373,7 +377,7 @@ inline int64_t adaptive_end(int64_t i, int64_t in, int64_t out) {
 // adaptive_avg_pool2d of a channels-last x into a channels-last out (Note [Pooling
 // channels-last on the CPU]): each output pixel's channels sum in place, then divide.
 void adaptive_avg_pool2d_channels_last(const Tensor& x, Pair output_size, const Tensor& out) {
-  const auto [ho, wo] = output_size;
+  const int64_t ho = output_size[0], wo = output_size[1];  // captured: no structured binding
   const int64_t h = x.size(2), w = x.size(3), channels = x.size(1);
   dispatch_floating(x.dtype(), "adaptive_avg_pool2d", [&]<typename T>() {
     const T* src = x.data_ptr<T>();
@@ -438,7 +442,7 @@ void adaptive_avg_pool2d_backward_channels_last(const Tensor& dout, const Tensor
 }  // namespace
 
 Tensor adaptive_avg_pool2d(const Tensor& x, Pair output_size) {
-  const auto [ho, wo] = output_size;
+  const int64_t ho = output_size[0], wo = output_size[1];  // captured: no structured binding
   const int64_t h = x.size(2), w = x.size(3), planes = x.size(0) * x.size(1);
   const MemoryFormat format = suggest_memory_format(x);
   Tensor out = empty({x.size(0), x.size(1), ho, wo}, x.dtype(), x.device(), format);

@@ -118,6 +118,7 @@ class LaunchTest : public ::testing::Test {
     o.nproc_per_node = nproc;
     o.master_port = 0;
     o.grace = 1000ms;
+    o.drain = 100ms;  // shell workers do not raise DistError: no need to wait for them
     o.extra_env = {{"TEST_DIR", dir_}};
     return o;
   }
@@ -143,10 +144,7 @@ std::map<std::string, std::string> parse_env(const std::string& text) {
 TEST_F(LaunchTest, EveryRankGetsItsEnvironmentAndItsOwnProcessGroup) {
   ScopedEnv no_omp("OMP_NUM_THREADS", nullptr);
   LaunchOptions o = options(3);
-  o.nnodes = 2;
-  o.node_rank = 1;
-  o.master_addr = "10.1.2.3";
-  o.master_port = 23456;
+  o.master_port = static_cast<uint16_t>(find_free_port());
   ASSERT_EQ(run_sh(o,
                    "env > env.$LOCAL_RANK.tmp; mv env.$LOCAL_RANK.tmp env.$LOCAL_RANK; "
                    "put pid.$LOCAL_RANK $$; put pgid.$LOCAL_RANK $(cut -d' ' -f5 /proc/$$/stat)"),
@@ -155,14 +153,18 @@ TEST_F(LaunchTest, EveryRankGetsItsEnvironmentAndItsOwnProcessGroup) {
   for (int local = 0; local < 3; ++local) {
     SCOPED_TRACE("local rank " + std::to_string(local));
     auto env = parse_env(read("env." + std::to_string(local)));
-    EXPECT_EQ(env["RANK"], std::to_string(3 + local));
+    EXPECT_EQ(env["RANK"], std::to_string(local));
     EXPECT_EQ(env["LOCAL_RANK"], std::to_string(local));
-    EXPECT_EQ(env["WORLD_SIZE"], "6");
+    EXPECT_EQ(env["WORLD_SIZE"], "3");
     EXPECT_EQ(env["LOCAL_WORLD_SIZE"], "3");
-    EXPECT_EQ(env["GROUP_RANK"], "1");
-    EXPECT_EQ(env["MASTER_ADDR"], "10.1.2.3");
-    EXPECT_EQ(env["MASTER_PORT"], "23456");
+    EXPECT_EQ(env["GROUP_RANK"], "0");
+    EXPECT_EQ(env["MASTER_ADDR"], "127.0.0.1");
+    EXPECT_EQ(env["MASTER_PORT"], std::to_string(o.master_port));
     EXPECT_EQ(env["LOOM_RESTART_COUNT"], "0");
+    // The launcher serves the store (Note [Launcher]) and made the job's secret.
+    EXPECT_EQ(env["LOOM_AGENT_STORE"], "1");
+    EXPECT_EQ(env["LOOM_JOB_SECRET"].size(), 64u);
+    EXPECT_EQ(env["LOOM_HEARTBEAT_FD"], "3");
     EXPECT_EQ(env["OMP_NUM_THREADS"], omp);
     EXPECT_EQ(env["TEST_DIR"], dir_);
     EXPECT_TRUE(env.count("PATH"));  // the launcher's own environment is passed on
@@ -223,7 +225,7 @@ TEST_F(LaunchTest, FailingRankStopsTheOthersAndLeavesNoProcess) {
   EXPECT_EQ(status, 3);
   EXPECT_LT(elapsed, 3.0);  // SIGTERM ends them at once: no waiting for the 30 s
   EXPECT_NE(log.find("loomrun: rank 2 (pid " + std::to_string(read_int("pid.2")) +
-                     ") exited with status 3"),
+                     ") on node 0 (127.0.0.1) exited with status 3"),
             std::string::npos)
       << log;
   for (const char* name : {"pid.0", "pid.1", "pid.2", "child.0", "child.1"})
@@ -358,6 +360,31 @@ TEST_F(LaunchTest, OnlyOneLaunchAtATime) {
 
 // ---------------------------------------------------------------- bad input
 
+// The seeds' "port already in use": which port, and both ways out.
+TEST_F(LaunchTest, APortInUseIsNamedWithItsTwoFixes) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t length = sizeof addr;
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length), 0);
+  LaunchOptions o = options(1);
+  o.master_port = ntohs(addr.sin_port);
+  try {
+    run_sh(o, "exit 0");
+    ADD_FAILURE() << "a launch on a port in use went ahead";
+  } catch (const loom::DistError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(std::to_string(o.master_port)), std::string::npos) << what;
+    EXPECT_NE(what.find("ss -ltnp"), std::string::npos) << what;
+    EXPECT_NE(what.find("--master-port"), std::string::npos) << what;
+  }
+  close(fd);
+}
+
 TEST_F(LaunchTest, BadOptionsRaiseValueError) {
   LaunchOptions o = options(1);
   EXPECT_THROW(launch(o, {}), loom::ValueError);
@@ -371,6 +398,13 @@ TEST_F(LaunchTest, BadOptionsRaiseValueError) {
   o.node_rank = 1;
   o.master_port = 0;  // the other node could not learn a port picked here
   EXPECT_THROW(run_sh(o, "exit 0"), loom::ValueError);
+  o.master_port = 29400;  // several nodes cannot agree on a secret by themselves
+  try {
+    run_sh(o, "exit 0");
+    ADD_FAILURE() << "two nodes without a secret were accepted";
+  } catch (const loom::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("LOOM_JOB_SECRET"), std::string::npos) << e.what();
+  }
   o = options(1);
   o.extra_env.emplace_back("A=B", "1");
   EXPECT_THROW(run_sh(o, "exit 0"), loom::ValueError);

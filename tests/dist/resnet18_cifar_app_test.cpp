@@ -425,4 +425,19 @@ TEST_F(AppDist, AKilledWorkerStopsTheJobOrRestartsItFromTheLastCheckpoint) {
   }
 }
 
+// Ranks that loaded different data (here: synthetic images of another seed on rank 1, as two
+// hosts with different copies of a dataset would) stop at start-up, naming what differs.
+TEST_F(AppDist, RanksThatLoadedDifferentDataStopBeforeTraining) {
+  const std::string loomrun = std::string(LOOM_BINARY_DIR) + "/apps/loomrun";
+  const std::string log = path("differ.log");
+  const std::string command = loomrun + " --nproc-per-node 2 --master-port 0 /bin/sh -c 'exec " +
+                              kApp + " " + kRun + "--epochs 1 --batch-size 32 --seed $RANK' > " +
+                              log + " 2>&1";
+  EXPECT_NE(std::system(command.c_str()), 0);
+  const std::string out = read(log);
+  EXPECT_NE(out.find("rank 1 (local rank 1) loaded other data than rank 0"), std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("epoch 1/1"), std::string::npos) << "it trained:\n" << out;
+}
+
 }  // namespace
