@@ -7,6 +7,7 @@
 #include "autograd/graph.h"
 #include "autograd/ops.h"
 #include "nn/nn.h"
+#include "tensor/cpu_info.h"
 #include "tensor/device.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"

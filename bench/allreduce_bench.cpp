@@ -40,6 +40,7 @@
 #include "dist/store.h"
 #include "dist_bench.h"
 #include "loom.h"
+#include "machine.h"
 #include "stats.h"
 #include "tensor/accelerator.h"
 #include "tensor/copy.h"
@@ -247,6 +248,7 @@ int run_launcher(const Options& o, int argc, char** argv) {
   command = dist::strip_flag(command, "--ranks", /*has_value=*/true);
   command.insert(command.end(), {"--worker", "--result", path});
 
+  loom::bench::print_machine();
   std::printf(
       "allreduce (sum, float32), %s, 1 thread per rank, collective checks %s; median of %d; "
       "memcpy of 256 MiB: %.1f GB/s\n",

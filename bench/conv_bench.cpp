@@ -5,7 +5,8 @@
 // that load from other processes on the machine falls on both alike. Times are medians.
 //
 //   conv_bench [--threads N (2)] [--repeats R (7)] [--batch B (64)] [--layer I]
-//              [--algorithm auto|packed|im2col] [--no-torch] [--python PATH] [--script PATH]
+//              [--algorithm auto|packed|im2col|winograd2|winograd4] [--no-torch] [--python PATH]
+//              [--script PATH]
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "loom.h"
+#include "machine.h"
 #include "stats.h"
 #include "tensor/conv.h"
 #include "torch_peer.h"
@@ -93,18 +95,21 @@ int main(int argc, char** argv) {
     else if (arg == "--script")
       script = next();
     else {
-      std::fprintf(stderr,
-                   "usage: %s [--threads N] [--repeats R] [--batch B] [--layer I] "
-                   "[--algorithm auto|packed|im2col] [--no-torch] [--python PATH] "
-                   "[--script PATH]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--threads N] [--repeats R] [--batch B] [--layer I] "
+          "[--algorithm auto|packed|im2col|winograd2|winograd4] [--no-torch] [--python PATH] "
+          "[--script PATH]\n",
+          argv[0]);
       return 2;
     }
   }
   using loom::kernels::Conv2dAlgorithm;
-  loom::kernels::set_conv2d_algorithm(algorithm == "packed"   ? Conv2dAlgorithm::kPacked
-                                      : algorithm == "im2col" ? Conv2dAlgorithm::kIm2colGemm
-                                                              : Conv2dAlgorithm::kAuto);
+  loom::kernels::set_conv2d_algorithm(algorithm == "packed"      ? Conv2dAlgorithm::kPacked
+                                      : algorithm == "im2col"    ? Conv2dAlgorithm::kIm2colGemm
+                                      : algorithm == "winograd2" ? Conv2dAlgorithm::kWinogradF2x2
+                                      : algorithm == "winograd4" ? Conv2dAlgorithm::kWinogradF4x4
+                                                                 : Conv2dAlgorithm::kAuto);
   loom::set_num_threads(threads);
   loom::manual_seed(0);
   std::signal(SIGPIPE, SIG_IGN);
@@ -147,6 +152,7 @@ int main(int argc, char** argv) {
     if (have_torch) torch_times.push_back({median(pt_fwd), median(pt_bwd)});
   }
 
+  loom::bench::print_machine();
   std::printf("conv2d float32, batch %lld, %d threads, median of %d, algorithm %s",
               static_cast<long long>(batch), threads, repeats, algorithm.c_str());
   if (have_torch)

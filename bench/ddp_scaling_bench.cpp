@@ -34,6 +34,7 @@
 #include "dist/store.h"
 #include "dist_bench.h"
 #include "loom.h"
+#include "machine.h"
 #include "optim/sgd.h"
 #include "stats.h"
 
@@ -217,6 +218,7 @@ int run_launcher(const Options& o, int argc, char** argv) {
     return 0;
   };
 
+  loom::bench::print_machine();
   std::printf(
       "ResNet-18 (CIFAR stem, width %lld), batch %lld per rank, 1 thread per rank, float32, SGD "
       "momentum 0.9; median of %d steps (after %d warm-up) per run, %d rounds\n\n",

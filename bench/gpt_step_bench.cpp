@@ -29,6 +29,7 @@
 
 #include "dist/train_options.h"
 #include "loom.h"
+#include "machine.h"
 #include "nn/gpt.h"
 #include "optim/clip.h"
 #include "stats.h"
@@ -189,6 +190,7 @@ int main(int argc, char** argv) {
     std::printf("cuda:0; dense float32 peak %.1f TFLOP/s\n", peak / 1e12);
   } else {
     peak = loom::fma_peak_gflops(threads) * 1e9;
+    loom::bench::print_machine();
     std::printf("%s, %s; float32 FMA peak %.0f GFLOP/s on %d threads (measured)\n",
                 loom::cpu_model_name().c_str(), loom::cpu_vector_isa().c_str(), peak / 1e9,
                 threads);

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "loom.h"
+#include "machine.h"
 #include "optim/grad_scaler.h"
 #include "optim/sgd.h"
 #include "stats.h"
@@ -207,6 +208,7 @@ int main(int argc, char** argv) {
   }
 
   const double loom_ips = batch / (median(loom_ms) / 1e3);
+  loom::bench::print_machine();
   std::printf(
       "ResNet-18 (CIFAR stem, width %lld) training step, batch %lld, %s, float32%s%s; median "
       "of %d\n",

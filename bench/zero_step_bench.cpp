@@ -28,6 +28,7 @@
 #include "dist/zero.h"
 #include "dist_bench.h"
 #include "loom.h"
+#include "machine.h"
 #include "nn/gpt.h"
 #include "optim/adam.h"
 #include "stats.h"
@@ -221,7 +222,7 @@ int run_launcher(const Options& o, int argc, char** argv) {
     return 0;
   };
 
-  std::printf("%s (%s)\n", loom::cpu_model_name().c_str(), loom::cpu_vector_isa().c_str());
+  loom::bench::print_machine();
   std::printf(
       "GPT %lld layers, %lld embd, %lld heads, block %lld, vocabulary 256; batch %lld per rank; "
       "2 ranks of 1 thread, gloo; AdamW, float32; median of %d steps (after %d warm-up) per run, "

@@ -29,8 +29,11 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
               const Conv2dOptions& options);
 
 // How conv2d multiplies (Note [conv2d on the CPU]): kAuto picks per call; the others force one
-// path (tests compare them, benchmarks time them).
-enum class Conv2dAlgorithm { kAuto, kIm2colGemm, kPacked };
+// path (tests compare them, benchmarks time them). The Winograd ones (Note [Winograd
+// convolution] in tensor/cpu/winograd.cpp) apply to the float32 3x3 stride-1 ungrouped
+// undilated layers with padding up to 2; other layers take kAuto's path. kAuto does not pick
+// them yet.
+enum class Conv2dAlgorithm { kAuto, kIm2colGemm, kPacked, kWinogradF2x2, kWinogradF4x4 };
 void set_conv2d_algorithm(Conv2dAlgorithm algorithm);
 Conv2dAlgorithm get_conv2d_algorithm();
 

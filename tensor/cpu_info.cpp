@@ -5,16 +5,86 @@
 #include <omp.h>
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <vector>
 
+#include "tensor/error.h"
+
 namespace loom {
+
+namespace {
+
+constexpr CpuIsa kIsas[] = {CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16};
+
+// set_max_cpu_isa's cap, or -1 until LOOM_CPU_ISA has been read.
+std::atomic<int> g_max_isa{-1};
+
+}  // namespace
+
+std::string_view to_string(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kGeneric:
+      return "generic";
+    case CpuIsa::kAvx2:
+      return "avx2";
+    case CpuIsa::kAvx512:
+      return "avx512";
+    case CpuIsa::kAvx512Bf16:
+      return "avx512_bf16";
+  }
+  return "?";
+}
+
+CpuIsa parse_cpu_isa(std::string_view name) {
+  for (const CpuIsa isa : kIsas)
+    if (name == to_string(isa)) return isa;
+  throw ValueError(detail::str("LOOM_CPU_ISA=", name,
+                               ": not an instruction set loom has kernels for; use generic, "
+                               "avx2, avx512 or avx512_bf16 (Note [CPU instruction sets] in "
+                               "tensor/cpu_info.h)"));
+}
+
+CpuIsa detected_cpu_isa() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const CpuIsa detected = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f"))
+      return __builtin_cpu_supports("avx512bf16") ? CpuIsa::kAvx512Bf16 : CpuIsa::kAvx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return CpuIsa::kAvx2;
+    return CpuIsa::kGeneric;
+  }();
+  return detected;
+#else
+  return CpuIsa::kGeneric;
+#endif
+}
+
+CpuIsa cpu_isa() {
+  int cap = g_max_isa.load(std::memory_order_relaxed);
+  if (cap < 0) {
+    const char* text = std::getenv("LOOM_CPU_ISA");
+    const CpuIsa from_env =
+        text == nullptr || *text == '\0' ? CpuIsa::kAvx512Bf16 : parse_cpu_isa(text);
+    int unset = -1;
+    g_max_isa.compare_exchange_strong(unset, static_cast<int>(from_env));
+    cap = g_max_isa.load(std::memory_order_relaxed);
+  }
+  return std::min(detected_cpu_isa(), static_cast<CpuIsa>(cap));
+}
+
+CpuIsa set_max_cpu_isa(CpuIsa isa) {
+  const int before = g_max_isa.exchange(static_cast<int>(isa));
+  return before < 0 ? CpuIsa::kAvx512Bf16 : static_cast<CpuIsa>(before);
+}
 
 std::string cpu_model_name() {
   std::ifstream in("/proc/cpuinfo");
@@ -35,8 +105,12 @@ std::string cpu_vector_isa() {
       if (has) extras += extras.empty() ? name : std::string(", ") + name;
     };
     add(__builtin_cpu_supports("avx512bf16"), "BF16");
-    add(__builtin_cpu_supports("avx512fp16"), "FP16");
-    add(__builtin_cpu_supports("amx-bf16"), "AMX-BF16");
+    // AVX512-FP16 and AMX-BF16 from CPUID leaf 7 (EDX bits 23 and 22): clang 14 does not know
+    // their names in __builtin_cpu_supports.
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool leaf7 = __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx);
+    add(leaf7 && ((edx >> 23) & 1), "FP16");
+    add(leaf7 && ((edx >> 22) & 1), "AMX-BF16");
     return extras.empty() ? "AVX-512" : "AVX-512 (" + extras + ")";
   }
   if (__builtin_cpu_supports("avx2")) return __builtin_cpu_supports("fma") ? "AVX2 + FMA" : "AVX2";
@@ -52,57 +126,91 @@ namespace {
 
 constexpr int kAccumulators = 12;  // independent chains: enough to hide the FMA latency
 
-// FMAs per thread in `iterations` rounds of the chains, at vector width V (lanes of float).
-template <typename V, int kLanesPerVector, typename Fma, typename Init, typename Sum>
-double one_sample(int threads, int64_t iterations, Init init, Fma fma, Sum sum) {
+// GFLOP/s of `threads` threads each running `iterations` rounds of the chains, each FMA on
+// `lanes` floats.
+double gflops(int threads, int64_t iterations, int lanes, double seconds) {
+  return 2.0 * lanes * kAccumulators * static_cast<double>(iterations) * threads / seconds / 1e9;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// One thread's chains at one width: VECTOR the type, SET(x) a vector of x, FMA(x, a, b)
+// x * a + b, FIRST(x) its first lane; returns a sum of the results, which keeps the chains
+// observable. Written out per width, each in a function compiled for that width's instructions
+// (target attributes: the build's baseline may lack them). The parallel region stays outside
+// these functions: clang's outlined OpenMP bodies do not inherit a target attribute.
+#define LOOM_FMA_CHAINS(VECTOR, SET, FMA, FIRST)                                        \
+  VECTOR acc[kAccumulators];                                                            \
+  for (int i = 0; i < kAccumulators; ++i) acc[i] = SET(0.001f * static_cast<float>(i)); \
+  const VECTOR a = SET(0.999999f), b = SET(1e-7f);                                      \
+  for (int64_t it = 0; it < iterations; ++it)                                           \
+    for (int i = 0; i < kAccumulators; ++i) acc[i] = FMA(acc[i], a, b);                 \
+  float sum = 0;                                                                        \
+  for (int i = 0; i < kAccumulators; ++i) sum += FIRST(acc[i]);                         \
+  return sum;
+
+float identity(float x) { return x; }
+
+float chains_scalar(int64_t iterations) { LOOM_FMA_CHAINS(float, identity, std::fma, identity) }
+
+#if defined(__x86_64__)
+[[gnu::target("avx2,fma")]] float chains_256(int64_t iterations) {
+  LOOM_FMA_CHAINS(__m256, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_cvtss_f32)
+}
+
+// Through memory: GCC 12's own lane-extracting intrinsics warn about their headers.
+[[gnu::target("avx512f")]] inline float first_lane(__m512 x) {
+  float lanes[16];
+  _mm512_storeu_ps(lanes, x);
+  return lanes[0];
+}
+
+[[gnu::target("avx512f")]] float chains_512(int64_t iterations) {
+  LOOM_FMA_CHAINS(__m512, _mm512_set1_ps, _mm512_fmadd_ps, first_lane)
+}
+#endif
+#undef LOOM_FMA_CHAINS
+
+// GFLOP/s of `threads` threads each running `chains` for `iterations` rounds, each FMA on
+// `lanes` floats.
+double timed(float (*chains)(int64_t), int threads, int64_t iterations, int lanes) {
   float sink = 0;
   const auto start = std::chrono::steady_clock::now();
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
-  {
-    V acc[kAccumulators];
-    for (int i = 0; i < kAccumulators; ++i) acc[i] = init(0.001f * static_cast<float>(i));
-    const V a = init(0.999999f), b = init(1e-7f);
-    for (int64_t it = 0; it < iterations; ++it)
-      for (int i = 0; i < kAccumulators; ++i) acc[i] = fma(acc[i], a, b);
-    for (int i = 0; i < kAccumulators; ++i) sink += sum(acc[i]);
-  }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (sink == 12345.f) return 0;  // keeps the chains observable
-  return 2.0 * kLanesPerVector * kAccumulators * static_cast<double>(iterations) * threads /
-         seconds / 1e9;
+  sink += chains(iterations);
+  const double seconds = seconds_since(start);
+  if (sink == 12345.f) return 0;
+  return gflops(threads, iterations, lanes, seconds);
 }
 
-// The best of the vector widths this build has: where a CPU runs 512-bit FMAs at half rate,
-// the 256-bit ones reach its peak.
-double sample(int threads, int64_t iterations) {
-  double best = one_sample<float, 1>(
-      threads, iterations / 8, [](float x) { return x; },
-      [](float x, float a, float b) { return std::fma(x, a, b); }, [](float x) { return x; });
-#if defined(__AVX2__) && defined(__FMA__)
-  best = std::max(best, one_sample<__m256, 8>(
-                            threads, iterations, [](float x) { return _mm256_set1_ps(x); },
-                            [](__m256 x, __m256 a, __m256 b) { return _mm256_fmadd_ps(x, a, b); },
-                            [](__m256 x) { return _mm256_cvtss_f32(x); }));
+double sample(int threads, int64_t iterations, int bits) {
+#if defined(__x86_64__)
+  if (bits == 256)
+    return detected_cpu_isa() >= CpuIsa::kAvx2 ? timed(chains_256, threads, iterations, 8) : 0;
+  if (bits == 512)
+    return detected_cpu_isa() >= CpuIsa::kAvx512 ? timed(chains_512, threads, iterations, 16) : 0;
 #endif
-#if defined(__AVX512F__)
-  best = std::max(best, one_sample<__m512, 16>(
-                            threads, iterations, [](float x) { return _mm512_set1_ps(x); },
-                            [](__m512 x, __m512 a, __m512 b) { return _mm512_fmadd_ps(x, a, b); },
-                            [](__m512 x) { return _mm512_reduce_add_ps(x); }));
-#endif
-  return best;
+  return bits == 0 ? timed(chains_scalar, threads, iterations / 8, 1) : 0;
 }
 
 }  // namespace
 
-double fma_peak_gflops(int threads) {
+double fma_peak_gflops(int threads, int bits) {
+  LOOM_CHECK(bits == 0 || bits == 256 || bits == 512, ValueError,
+             "fma_peak_gflops: bits must be 0, 256 or 512; got ", bits);
   threads = std::max(threads, 1);
-  sample(threads, 100'000);  // wakes the cores and the thread pool
+  if (sample(threads, 100'000, bits) == 0) return 0;  // also wakes the cores and the thread pool
   std::vector<double> samples;
-  for (int rep = 0; rep < 3; ++rep) samples.push_back(sample(threads, 2'000'000));
+  for (int rep = 0; rep < 3; ++rep) samples.push_back(sample(threads, 2'000'000, bits));
   std::sort(samples.begin(), samples.end());
   return samples[1];
+}
+
+double fma_peak_gflops(int threads) {
+  const double wide = std::max(fma_peak_gflops(threads, 256), fma_peak_gflops(threads, 512));
+  return wide > 0 ? wide : fma_peak_gflops(threads, 0);
 }
 
 }  // namespace loom

@@ -5,8 +5,38 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 namespace loom {
+
+// Note [CPU instruction sets]
+//   loom is compiled for a baseline (CMake's LOOM_CPU_BASELINE, x86-64-v3 by default: AVX2, FMA,
+//   F16C), which every part of it may use; the kernels that gain from wider or newer units (the
+//   packed GEMM and conv2d micro-kernels) are compiled besides for the sets above it, with
+//   per-function target attributes, and picked at run time from what cpuid reports, as oneDNN
+//   and OpenBLAS do. The set in use is the highest the CPU has, capped by LOOM_CPU_ISA (or
+//   set_max_cpu_isa) so that every lower path can be run, and tested, on a CPU that has a
+//   higher one. kGeneric is the portable path: Eigen's GEMM, compiled for the baseline only.
+enum class CpuIsa { kGeneric, kAvx2, kAvx512, kAvx512Bf16 };
+
+// "generic", "avx2", "avx512", "avx512_bf16": LOOM_CPU_ISA's names.
+std::string_view to_string(CpuIsa isa);
+
+// LOOM_CPU_ISA's value to a set; ValueError naming the accepted names otherwise.
+CpuIsa parse_cpu_isa(std::string_view name);
+
+// The highest set this CPU runs (kAvx2 means AVX2 and FMA; kAvx512, AVX512F; kAvx512Bf16,
+// AVX512F and AVX512_BF16).
+CpuIsa detected_cpu_isa();
+
+// The set the kernels use: detected_cpu_isa(), capped by set_max_cpu_isa's last value or else
+// LOOM_CPU_ISA (read at the first call; an unknown name raises ValueError at every call).
+// Cheap: an atomic load after the first call.
+CpuIsa cpu_isa();
+
+// Caps cpu_isa() at `isa` from now on, in place of LOOM_CPU_ISA (a cap above the CPU changes
+// nothing); returns the cap in force before.
+CpuIsa set_max_cpu_isa(CpuIsa isa);
 
 // /proc/cpuinfo's "model name" ("unknown CPU" where there is none).
 std::string cpu_model_name();
@@ -16,9 +46,15 @@ std::string cpu_model_name();
 std::string cpu_vector_isa();
 
 // float32 GFLOP/s of `threads` threads each running independent FMA chains that never leave the
-// registers (12 accumulators, the widest vectors this build compiles to): the cores' FMA
-// throughput. Median of three samples of about 30 ms each. A machine whose other processes keep
-// cores busy measures lower, as its kernels will run.
+// registers (12 accumulators) on vectors of `bits` (256 or 512; 0 for scalar FMAs): the cores'
+// FMA throughput at that width. Median of three samples of about 30 ms each; 0 where the CPU
+// (or this build) has no FMA of that width. A machine whose other processes keep cores busy
+// measures lower, as its kernels will run.
+double fma_peak_gflops(int threads, int bits);
+
+// The peak of the widest vector that runs at full rate: the larger of the 256- and 512-bit
+// peaks (some CPUs run 512-bit FMAs at half rate, so 256 bits reach their peak). The
+// denominator of a utilisation, which the narrower peak would overstate.
 double fma_peak_gflops(int threads);
 
 }  // namespace loom

@@ -74,6 +74,7 @@
 #include "optim/grad_scaler.h"
 #include "optim/schedule.h"
 #include "tensor/accelerator.h"
+#include "tensor/cpu_info.h"
 
 namespace resnet18_cifar {
 
@@ -342,10 +343,13 @@ void describe(const dist::Reporter& out, const Options& o, const dist::Job& job,
         static_cast<long long>(o.batch_size * accumulate * job.world),
         static_cast<long long>(o.batch_size * accumulate));
   if (o.freeze_bn) out.say("batch norm frozen: running statistics, eval mode (--freeze-bn)\n");
-  out.say("batch %lld, %d threads, %d loader workers; %s, schedule %s; %lld steps per epoch\n",
-          static_cast<long long>(o.batch_size), get_num_threads(), o.workers,
-          dist::describe_optimizer(o.train, lr).c_str(), o.schedule.c_str(),
-          static_cast<long long>(steps_per_epoch));
+  out.say(
+      "batch %lld, %d threads (%s kernels), %d loader workers; %s, schedule %s; %lld steps per "
+      "epoch\n",
+      static_cast<long long>(o.batch_size), get_num_threads(),
+      std::string(to_string(cpu_isa())).c_str(), o.workers,
+      dist::describe_optimizer(o.train, lr).c_str(), o.schedule.c_str(),
+      static_cast<long long>(steps_per_epoch));
   if (o.amp != "off")
     out.say(
         "mixed precision: convolutions and the classifier in %s, the rest in float32, float32 "

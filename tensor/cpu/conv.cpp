@@ -9,11 +9,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "tensor/copy.h"
 #include "tensor/cpu/gemm.h"
 #include "tensor/cpu/packed_gemm.h"
+#include "tensor/cpu/winograd.h"
 #include "tensor/dispatch.h"
 #include "tensor/parallel.h"
 
@@ -43,15 +45,16 @@ using kernels::Pair;
 //   goes through an [Og, nb P] buffer scattered into [N, O, P], and dout is gathered likewise.
 //
 //   Two ways to multiply (Conv2dAlgorithm):
-//   - kPacked (the default with AVX2+FMA): a BLIS-style GEMM (packed_gemm below). [KC x NR]
-//     panels of B and [MR x KC] panels of A meet in a micro-kernel that keeps a 6 x 16 tile of C
-//     in twelve 8-float registers. The B packers read the patches from a zero-padded copy of the
-//     chunk, through a table of per-k offsets: no im2col buffer, no bounds checks, one copy (or
+//   - kPacked (the default where the CPU has AVX2+FMA): a BLIS-style GEMM (packed_gemm below).
+//     [KC x NR] panels of B and [MR x KC] panels of A meet in the micro-kernel of the
+//     instruction set in use (a 6 x 16 tile of C in twelve 8-float registers with AVX2, 12 x 32
+//     in 24 16-float ones with AVX-512). The B packers read the patches from a zero-padded copy of
+//     the chunk, through a table of per-k offsets: no im2col buffer, no bounds checks, one copy (or
 //     for the weight gradient, one 8x8 transpose) per run of pixels. The weight (forward) and its
 //     transpose (backward data) are packed once per call, in parallel, and shared by all threads.
 //     On the ResNet-18 layers this is 2-3x faster than kIm2colGemm (bench/README_conv.md).
-//   - kIm2colGemm: im2col into a buffer, then cpu::gemm. Used where the micro-kernel is not
-//     compiled (no AVX2/FMA), and when the batch is smaller than the thread count (cpu::gemm
+//   - kIm2colGemm: im2col into a buffer, then cpu::gemm. Used on the generic path (no AVX2/FMA,
+//     or LOOM_CPU_ISA=generic), and when the batch is smaller than the thread count (cpu::gemm
 //     then threads each product, while kPacked would run on one thread).
 //   A 1x1 stride-1 unpadded conv needs no im2col: its patch matrix is x itself.
 
@@ -236,14 +239,13 @@ void scatter_samples(const T* src, int64_t cnt, int64_t rows, int64_t p, T* dst,
 // All of A [m, k] packed once, in the layout a_block hands out: KC-column blocks, each of
 // round_up(m, MR) rows in MR-row panels. pack(src, rs, cs, pc) fills the block at column pc
 // from A(i, p) = src[i rs + p cs].
-template <typename T>
+template <typename K, typename T = typename K::Scalar>
 class PackedA {
  public:
   PackedA(int64_t m, int64_t k)
-      : m_(m), k_(k), m_padded_(round_up(m, Blocking<T>::mr)), data_(buffer<T>(m_padded_ * k)) {}
+      : m_(m), k_(k), m_padded_(round_up(m, K::mr)), data_(buffer<T>(m_padded_ * k)) {}
   void pack(const T* src, int64_t rs, int64_t cs, int64_t pc) {
-    pack_a(src + pc * cs, rs, cs, m_, std::min(Blocking<T>::kc, k_ - pc),
-           data_.get() + pc * m_padded_);
+    pack_a<K>(src + pc * cs, rs, cs, m_, std::min(K::kc, k_ - pc), data_.get() + pc * m_padded_);
   }
   const T* block(int64_t ic, int64_t pc, int64_t kc) const {
     return data_.get() + pc * m_padded_ + ic * kc;
@@ -256,7 +258,7 @@ class PackedA {
 
 #if LOOM_PACKED_GEMM_SIMD
 // dst[c NR + r] = rows[r][j + c] for the NR rows and the c < V columns of one vector: two 8x8
-// float transposes (NR = 16), or two 4x4 double transposes (NR = 8).
+// float transposes (NR = 16), or two 4x4 double transposes (NR = 8): the AVX2 kernels' panels.
 inline void transpose_rows(const float* const* rows, int64_t j, float* dst) {
   for (int half = 0; half < 2; ++half) {
     const float* const* r = rows + 8 * half;
@@ -318,7 +320,7 @@ void pad_planes(const T* x, int64_t planes, int64_t h, int64_t w, int64_t ph, in
 // the group's first channel), for k in [k0, k0+kn) and columns n in [n0, n0+nn) (n = sample P
 // + pixel), written to dst[(k-k0) k_stride + (n-n0) NStride]. Columns go in runs that are
 // consecutive in xp (one output row, or a whole sample when flat): per (run, k) one copy.
-template <int64_t NStride, typename T>
+template <typename K, int64_t NStride, typename T>
 void pack_patches(const T* xp, const Geometry& g, int64_t k0, int64_t kn, int64_t n0, int64_t nn,
                   T* dst, int64_t k_stride) {
   const auto [sh, sw] = g.stride;
@@ -337,14 +339,14 @@ void pack_patches(const T* xp, const Geometry& g, int64_t k0, int64_t kn, int64_
       base += oh * sh * g.wp + ow * sw;
     }
     T* d = dst + (n - n0) * NStride;
-    if (NStride == 1 && len == Blocking<T>::nr && sw == 1) {  // a whole panel row: fixed size
+    if (NStride == 1 && len == K::nr && sw == 1) {  // a whole panel row: fixed size
       for (int64_t kk = 0; kk < kn; ++kk)
-        std::memcpy(d + kk * k_stride, base + offset[kk], sizeof(T) * Blocking<T>::nr);
+        std::memcpy(d + kk * k_stride, base + offset[kk], sizeof(T) * K::nr);
     } else if (sw == 1) {
 #if LOOM_PACKED_GEMM_SIMD
-      if (NStride == Blocking<T>::nr && kn == Blocking<T>::nr && k_stride == 1) {
+      if (K::nr * sizeof(T) == 64 && NStride == K::nr && kn == K::nr && k_stride == 1) {
         // NR patch rows x len pixels -> [len, NR]: vector transposes, then the leftover columns
-        const T* rows[Blocking<T>::nr];
+        const T* rows[K::nr];
         for (int64_t kk = 0; kk < kn; ++kk) rows[kk] = base + offset[kk];
         constexpr int64_t v = 32 / sizeof(T);
         int64_t j = 0;
@@ -436,17 +438,15 @@ class Im2colEngine {
   Buffer<T> col_;
 };
 
-template <typename T>
+template <typename B, typename T = typename B::Scalar>
 class PackedEngine {
-  using B = Blocking<T>;
-
  public:
   // W_g packed for the forward, W_g^T for the data gradient, each group once; the blocks are
   // packed in parallel.
   struct Shared {
     Shared(const Geometry& g, const T* weight, bool forward, bool data_grad) {
       struct Task {
-        PackedA<T>* packed;
+        PackedA<B>* packed;
         const T* src;
         int64_t rs, cs, pc;
       };
@@ -471,7 +471,7 @@ class PackedEngine {
           tasks[i].packed->pack(tasks[i].src, tasks[i].rs, tasks[i].cs, tasks[i].pc);
       });
     }
-    std::vector<PackedA<T>> w, wt;
+    std::vector<PackedA<B>> w, wt;
   };
   PackedEngine(const Geometry& g, const Schedule& s, const Shared& shared)
       : g_(g),
@@ -490,16 +490,16 @@ class PackedEngine {
     }
   }
   void forward(int64_t grp, T* c, bool accumulate) {
-    const PackedA<T>& w = shared_.w[grp];
+    const PackedA<B>& w = shared_.w[grp];
     const T* x_g = group_input(grp);
-    packed_gemm<T>(
+    packed_gemm<B>(
         g_.og, cnt_ * g_.p, g_.k,
         [&](int64_t ic, int64_t, int64_t pc, int64_t kc, T*) { return w.block(ic, pc, kc); },
         [&](int64_t pc, int64_t kc, int64_t jc, int64_t nc, T* dst) {
           for (int64_t j0 = 0; j0 < nc; j0 += B::nr, dst += kc * B::nr) {
             const int64_t cols = std::min(B::nr, nc - j0);
             if (cols < B::nr) std::fill(dst, dst + kc * B::nr, T(0));
-            pack_patches<1>(x_g, g_, pc, kc, jc + j0, cols, dst, B::nr);
+            pack_patches<B, 1>(x_g, g_, pc, kc, jc + j0, cols, dst, B::nr);
           }
         },
         c, cnt_ * g_.p, accumulate, b_.get(), a_.get());
@@ -507,29 +507,29 @@ class PackedEngine {
   void weight_grad(const T* dy_g, int64_t grp, T* dw_g, bool accumulate) {
     const int64_t cols = cnt_ * g_.p;
     const T* x_g = group_input(grp);
-    packed_gemm<T>(
+    packed_gemm<B>(
         g_.og, g_.k, cols,
         [&](int64_t ic, int64_t mc, int64_t pc, int64_t kc, T* scratch) {
-          pack_a(dy_g + ic * cols + pc, cols, 1, mc, kc, scratch);
+          pack_a<B>(dy_g + ic * cols + pc, cols, 1, mc, kc, scratch);
           return static_cast<const T*>(scratch);
         },
         [&](int64_t pc, int64_t kc, int64_t jc, int64_t nc, T* dst) {
           for (int64_t j0 = 0; j0 < nc; j0 += B::nr, dst += kc * B::nr) {
             const int64_t ks = std::min(B::nr, nc - j0);
             if (ks < B::nr) std::fill(dst, dst + kc * B::nr, T(0));
-            pack_patches<B::nr>(x_g, g_, jc + j0, ks, pc, kc, dst, 1);
+            pack_patches<B, B::nr>(x_g, g_, jc + j0, ks, pc, kc, dst, 1);
           }
         },
         dw_g, g_.k, accumulate, b_.get(), a_.get());
   }
   void data_grad(const T* dy_g, int64_t cnt, int64_t grp, T* dcol) {
     const int64_t cols = cnt * g_.p;
-    const PackedA<T>& wt = shared_.wt[grp];
-    packed_gemm<T>(
+    const PackedA<B>& wt = shared_.wt[grp];
+    packed_gemm<B>(
         g_.k, cols, g_.og,
         [&](int64_t ic, int64_t, int64_t pc, int64_t kc, T*) { return wt.block(ic, pc, kc); },
         [&](int64_t pc, int64_t kc, int64_t jc, int64_t nc, T* dst) {
-          pack_b_rows(dy_g + pc * cols + jc, cols, kc, nc, dst);
+          pack_b_rows<B>(dy_g + pc * cols + jc, cols, kc, nc, dst);
         },
         dcol, cols, false, b_.get(), a_.get());
   }
@@ -542,6 +542,13 @@ class PackedEngine {
   Buffer<T> b_, a_, padded_;
   const T* xp_ = nullptr;
   int64_t cnt_ = 0;
+};
+
+// The packed engine of one instruction set's kernels, as the drivers' Engine<T>.
+template <CpuIsa I>
+struct Packed {
+  template <typename T>
+  using Engine = PackedEngine<Kernel<T, I>>;
 };
 
 // ------------------------------------------------------------------ the drivers
@@ -696,8 +703,8 @@ void conv2d_backward_all(const Geometry& g, const T* dout, const T* x, const T* 
     conv2d_backward<T, Engine>(g, schedule(g), dout, x, weight, dx, dweight, dbias);
 }
 
-// kPacked where the micro-kernel is compiled and every thread gets samples (or the conv is
-// small); else im2col + cpu::gemm, which threads each product.
+// kPacked where every thread gets samples (or the conv is small); else im2col + cpu::gemm,
+// which threads each product.
 bool use_packed(const Schedule& s) {
   switch (kernels::get_conv2d_algorithm()) {
     case Conv2dAlgorithm::kPacked:
@@ -705,9 +712,44 @@ bool use_packed(const Schedule& s) {
     case Conv2dAlgorithm::kIm2colGemm:
       return false;
     case Conv2dAlgorithm::kAuto:
+    case Conv2dAlgorithm::kWinogradF2x2:
+    case Conv2dAlgorithm::kWinogradF4x4:
       break;
   }
-  return LOOM_PACKED_GEMM_SIMD && (s.small || s.parts == get_num_threads());
+  return s.small || s.parts == get_num_threads();
+}
+
+// The Winograd tile asked for, where this layer has the shape Winograd computes: float32, 3x3,
+// stride 1, no dilation, one group, padding up to 2.
+std::optional<WinogradTile> winograd_tile(const Geometry& g, DType dtype) {
+  const Conv2dAlgorithm algorithm = kernels::get_conv2d_algorithm();
+  if (algorithm != Conv2dAlgorithm::kWinogradF2x2 && algorithm != Conv2dAlgorithm::kWinogradF4x4)
+    return std::nullopt;
+  if (dtype != kFloat32 || g.kh != 3 || g.kw != 3 || g.stride != Pair{1, 1} ||
+      g.dilation != Pair{1, 1} || g.groups != 1 || g.padding[0] > 2 || g.padding[1] > 2)
+    return std::nullopt;
+  return algorithm == Conv2dAlgorithm::kWinogradF2x2 ? WinogradTile::kF2x2 : WinogradTile::kF4x4;
+}
+
+WinogradShape winograd_shape(const Geometry& g) {
+  return {.n = g.n,
+          .c = g.c,
+          .h = g.h,
+          .w = g.w,
+          .k = g.o,
+          .pad_h = g.padding[0],
+          .pad_w = g.padding[1]};
+}
+
+// run.template operator()<Engine>() with the engine for `s`: the packed one with the kernels of
+// the instruction set in use, or im2col + cpu::gemm (also on the generic path).
+template <typename F>
+void with_engine(const Schedule& s, F&& run) {
+  if (use_packed(s) && with_packed_kernel([&]<CpuIsa I>() {
+        run.template operator()<Packed<I>::template Engine>();
+      }))
+    return;
+  run.template operator()<Im2colEngine>();
 }
 
 }  // namespace
@@ -721,14 +763,23 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
   const Schedule s = schedule(g);
   const Tensor xc = contiguous(x), wc = contiguous(weight);
   const Tensor bc = bias.defined() ? contiguous(bias) : Tensor();
+  if (const auto tile = winograd_tile(g, x.dtype())) {
+    float* y = out.data_ptr<float>();
+    winograd_conv2d(winograd_shape(g), *tile, xc.data_ptr<float>(), wc.data_ptr<float>(), y);
+    if (bc.defined()) {
+      const float* b = bc.data_ptr<float>();
+      parallel_for(0, g.n * g.o, 16, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i)
+          for (float *v = y + i * g.p, *end = v + g.p; v < end; ++v) *v += b[i % g.o];
+      });
+    }
+    return contiguous(out, suggest_memory_format(x));
+  }
   dispatch_floating(x.dtype(), "conv2d", [&]<typename T>() {
     const T* b = bc.defined() ? bc.data_ptr<T>() : nullptr;
-    if (use_packed(s))
-      conv2d_forward<T, PackedEngine>(g, s, xc.data_ptr<T>(), wc.data_ptr<T>(), b,
-                                      out.data_ptr<T>());
-    else
-      conv2d_forward<T, Im2colEngine>(g, s, xc.data_ptr<T>(), wc.data_ptr<T>(), b,
-                                      out.data_ptr<T>());
+    with_engine(s, [&]<template <typename> class Engine>() {
+      conv2d_forward<T, Engine>(g, s, xc.data_ptr<T>(), wc.data_ptr<T>(), b, out.data_ptr<T>());
+    });
   });
   // The engines work in NCHW; a channels-last x gets a channels-last result, as on cuDNN.
   return contiguous(out, suggest_memory_format(x));
@@ -748,15 +799,35 @@ Conv2dGrads conv2d_backward(const Tensor& dout, const Tensor& x, const Tensor& w
   const Geometry g = make_geometry(x.size(0), x.size(1), x.size(2), x.size(3), weight.size(0),
                                    weight.size(2), weight.size(3), options);
   const Tensor dc = contiguous(dout), xc = contiguous(x), wc = contiguous(weight);
-  dispatch_floating(x.dtype(), "conv2d_backward", [&]<typename T>() {
-    auto ptr = [](const Tensor& t) { return t.defined() ? t.data_ptr<T>() : nullptr; };
-    if (use_packed(schedule(g)))
-      conv2d_backward_all<T, PackedEngine>(g, dc.data_ptr<T>(), xc.data_ptr<T>(), wc.data_ptr<T>(),
-                                           ptr(grads.dx), ptr(grads.dweight), ptr(grads.dbias));
-    else
-      conv2d_backward_all<T, Im2colEngine>(g, dc.data_ptr<T>(), xc.data_ptr<T>(), wc.data_ptr<T>(),
-                                           ptr(grads.dx), ptr(grads.dweight), ptr(grads.dbias));
-  });
+  if (const auto tile = winograd_tile(g, x.dtype())) {
+    const WinogradShape shape = winograd_shape(g);
+    const float* dy = dc.data_ptr<float>();
+    if (grads.dx.defined())
+      winograd_conv2d_backward_data(shape, *tile, dy, wc.data_ptr<float>(),
+                                    grads.dx.data_ptr<float>());
+    if (grads.dweight.defined())
+      winograd_conv2d_backward_weight(shape, *tile, xc.data_ptr<float>(), dy,
+                                      grads.dweight.data_ptr<float>());
+    if (grads.dbias.defined()) {
+      float* db = grads.dbias.data_ptr<float>();
+      parallel_for(0, g.o, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t o = lo; o < hi; ++o) {
+          double sum = 0;
+          for (int64_t n = 0; n < g.n; ++n)
+            for (const float *v = dy + (n * g.o + o) * g.p, *end = v + g.p; v < end; ++v) sum += *v;
+          db[o] = static_cast<float>(sum);
+        }
+      });
+    }
+  } else {
+    dispatch_floating(x.dtype(), "conv2d_backward", [&]<typename T>() {
+      auto ptr = [](const Tensor& t) { return t.defined() ? t.data_ptr<T>() : nullptr; };
+      with_engine(schedule(g), [&]<template <typename> class Engine>() {
+        conv2d_backward_all<T, Engine>(g, dc.data_ptr<T>(), xc.data_ptr<T>(), wc.data_ptr<T>(),
+                                       ptr(grads.dx), ptr(grads.dweight), ptr(grads.dbias));
+      });
+    });
+  }
   // The engines work in NCHW; dx takes x's format and dweight the weight's, as on cuDNN.
   if (grads.dx.defined()) grads.dx = contiguous(grads.dx, suggest_memory_format(x));
   if (grads.dweight.defined())

@@ -1,7 +1,7 @@
 // tensor/cpu/gemm.cpp — GEMM on the CPU. float32 runs loom's own packed GEMM (the driver and the
-// AVX2/FMA micro-kernel of tensor/cpu/packed_gemm.h, which conv2d shares; the structure of BLIS
-// and GotoBLAS) where the CPU has those instructions; float64, tiny products and other CPUs use
-// Eigen.
+// micro-kernels of tensor/cpu/packed_gemm.h, which conv2d shares; the structure of BLIS and
+// GotoBLAS) with the kernel of the instruction set in use (AVX2 + FMA or AVX-512, Note [CPU
+// instruction sets]); float64, tiny products and the generic path use Eigen.
 //
 // Note [GEMM blocking]
 // C[M,N] = alpha A[M,K] B[K,N] + beta C, computed in blocks sized for the caches. Each thread
@@ -14,8 +14,9 @@
 //         for jr in NC by NR:
 //           for ir in MC by MR:
 //             micro-kernel: C[ir:+MR, jr:+NR] += A_panel B_panel       (B panel stays in L1)
-// The micro-kernel keeps the whole MR x NR = 6 x 16 tile of C in twelve 8-float registers and,
-// per k, loads two vectors of B, broadcasts six values of A and issues twelve FMAs. Packing
+// The AVX2 micro-kernel keeps the whole MR x NR = 6 x 16 tile of C in twelve 8-float registers
+// and, per k, loads two vectors of B, broadcasts six values of A and issues twelve FMAs; the
+// AVX-512 one keeps 12 x 32 in 24 16-float registers, 24 FMAs per k. Packing
 // turns any layout of A and B (transposed or not) into the contiguous streams the kernel reads,
 // and pads partial panels with zeros so the kernel never branches on edges. When C's rows are a
 // multiple of 4 KiB apart and K takes several passes, the passes between the first and the last
@@ -73,17 +74,14 @@ void scale_c(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
   }
 }
 
-#if LOOM_PACKED_GEMM_SIMD
-
 // C += alpha op(A) op(B) by the packed driver of tensor/cpu/packed_gemm.h. Threads split C by
 // columns, whole NR-wide panels each, so no two write the same element; each thread packs its
 // own blocks (A is packed by every thread: small next to the multiply). alpha is folded into
 // the packed A block.
-template <typename T>
+template <typename B, typename T = typename B::Scalar>
 void threaded_packed_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha,
                           const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc,
                           bool accumulate) {
-  using B = Blocking<T>;
   const int64_t a_rs = trans_a ? 1 : lda, a_cs = trans_a ? lda : 1;
   const int64_t b_rs = trans_b ? 1 : ldb, b_cs = trans_b ? ldb : 1;
   const int64_t panels = (n + B::nr - 1) / B::nr;
@@ -93,7 +91,7 @@ void threaded_packed_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
     T* b_scratch = frame.get<T>(B::kc * ((B::nc + B::nr - 1) / B::nr * B::nr));
     T* a_scratch = frame.get<T>(B::mc * B::kc);
     auto a_block = [&](int64_t ic, int64_t mc, int64_t pc, int64_t kc, T* scratch) -> const T* {
-      pack_a(a + ic * a_rs + pc * a_cs, a_rs, a_cs, mc, kc, scratch);
+      pack_a<B>(a + ic * a_rs + pc * a_cs, a_rs, a_cs, mc, kc, scratch);
       if (alpha != T(1)) {
         const int64_t packed = (mc + B::mr - 1) / B::mr * B::mr * kc;
         for (int64_t i = 0; i < packed; ++i) scratch[i] *= alpha;
@@ -103,15 +101,13 @@ void threaded_packed_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
     auto pack_b = [&](int64_t pc, int64_t kc, int64_t jc, int64_t nc, T* dst) {
       const T* src = b + pc * b_rs + (j0 + jc) * b_cs;
       if (b_cs == 1)
-        pack_b_rows(src, b_rs, kc, nc, dst);
+        pack_b_rows<B>(src, b_rs, kc, nc, dst);
       else
-        pack_b_strided(src, b_rs, b_cs, kc, nc, dst);
+        pack_b_strided<B>(src, b_rs, b_cs, kc, nc, dst);
     };
-    packed_gemm<T>(m, cols, k, a_block, pack_b, c + j0, ldc, accumulate, b_scratch, a_scratch);
+    packed_gemm<B>(m, cols, k, a_block, pack_b, c + j0, ldc, accumulate, b_scratch, a_scratch);
   });
 }
-
-#endif  // LOOM_PACKED_GEMM_SIMD
 
 }  // namespace
 
@@ -119,18 +115,16 @@ template <typename T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
           int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
-#if LOOM_PACKED_GEMM_SIMD
   if constexpr (std::is_same_v<T, float>) {
     // Below about 32^3 multiply-adds the packing costs more than it saves. With beta = 0 the
     // first pass over K writes C instead of adding to it: no pass to clear C first.
-    if (m * n * k >= 32 * 32 * 32 && n >= 8 && alpha != T(0)) {
-      if (beta != T(0)) scale_c(m, n, beta, c, ldc);
-      threaded_packed_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc,
-                           /*accumulate=*/beta != T(0));
+    if (m * n * k >= 32 * 32 * 32 && n >= 8 && alpha != T(0) && with_packed_kernel([&]<CpuIsa I>() {
+          if (beta != T(0)) scale_c(m, n, beta, c, ldc);
+          threaded_packed_gemm<Kernel<T, I>>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, c,
+                                             ldc, /*accumulate=*/beta != T(0));
+        }))
       return;
-    }
   }
-#endif
   scale_c(m, n, beta, c, ldc);
   if (k == 0 || alpha == T(0)) return;
   eigen_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, c, ldc);

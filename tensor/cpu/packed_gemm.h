@@ -1,8 +1,10 @@
 // tensor/cpu/packed_gemm.h — the packed GEMM driver shared by cpu::gemm and conv2d: BLIS-style
-// blocking (Note [GEMM blocking] in tensor/cpu/gemm.cpp) around a register-tile micro-kernel
-// (6 x 16 floats or 6 x 8 doubles in twelve AVX2 registers; plain loops elsewhere). Callers
-// supply the packers, so conv2d can pack patches straight from the image (implicit im2col) and
-// cpu::gemm strided or transposed matrices. Single-threaded: callers split the work.
+// blocking (Note [GEMM blocking] in tensor/cpu/gemm.cpp) around a register-tile micro-kernel,
+// one per instruction set (Note [CPU instruction sets] in tensor/cpu_info.h): 6 x 16 floats or
+// 6 x 8 doubles in the sixteen AVX2 registers, 12 x 32 floats in 24 of the 32 AVX-512 ones.
+// Callers supply the packers, so conv2d can pack patches straight from the image (implicit
+// im2col) and cpu::gemm strided or transposed matrices, and pick the kernel at run time with
+// with_packed_kernel. Single-threaded: callers split the work.
 #pragma once
 
 #include <algorithm>
@@ -10,7 +12,10 @@
 #include <type_traits>
 
 #include "tensor/cpu/scratch.h"
+#include "tensor/cpu_info.h"
 
+// The packed kernels need at least AVX2 and FMA in the build's baseline (LOOM_CPU_BASELINE);
+// below it (or off x86) every GEMM and convolution takes the generic path.
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define LOOM_PACKED_GEMM_SIMD 1
@@ -19,21 +24,6 @@
 #endif
 
 namespace loom::cpu {
-
-// ------------------------------------------------------------------ the packed GEMM
-
-// Register tile MR x NR of the micro-kernel; KC x NR panels of B stay in L1, MC x KC blocks of
-// A in L2, KC x NC blocks of B in L2/L3.
-template <typename T>
-struct Blocking;
-template <>
-struct Blocking<float> {
-  static constexpr int64_t mr = 6, nr = 16, kc = 256, mc = 120, nc = 1536;
-};
-template <>
-struct Blocking<double> {
-  static constexpr int64_t mr = 6, nr = 8, kc = 256, mc = 60, nc = 768;
-};
 
 // Where a micro-tile of C is read from and written to: out = (accumulate ? in : 0) + the
 // product. `in` is usually `out`; the staged passes of Note [Staging C] read one buffer and
@@ -47,21 +37,48 @@ struct CTile {
   bool accumulate;
 };
 
-// c.out [MR, NR] = (c.accumulate ? c.in : 0) + sum over p < kc of a[p] (x) b[p], with a packed
-// [kc, MR] and b packed [kc, NR].
-template <typename T>
-void micro_kernel(int64_t kc, const T* a, const T* b, const CTile<T>& c) {
-  constexpr int64_t mr = Blocking<T>::mr, nr = Blocking<T>::nr;
-  T acc[mr][nr] = {};
-  for (int64_t p = 0; p < kc; ++p)
-    for (int64_t i = 0; i < mr; ++i)
-      for (int64_t j = 0; j < nr; ++j) acc[i][j] += a[p * mr + i] * b[p * nr + j];
-  for (int64_t i = 0; i < mr; ++i)
-    for (int64_t j = 0; j < nr; ++j)
-      c.out[i * c.ld_out + j] = (c.accumulate ? c.in[i * c.ld_in + j] : T(0)) + acc[i][j];
-}
-
 #if LOOM_PACKED_GEMM_SIMD
+
+// ------------------------------------------------------------------ the micro-kernels
+//
+// Kernel<T, I>: the register tile MR x NR of the instruction set I's micro-kernel and its cache
+// blocks (KC x NR panels of B stay in L1, MC x KC blocks of A in L2, KC x NC blocks of B in
+// L2/L3), and micro_kernel(kc, a, b, c): c.out [MR, NR] = (c.accumulate ? c.in : 0) + the sum
+// over p < kc of a[p] (x) b[p], with a packed [kc, MR] and b packed [kc, NR]. Each kernel is
+// compiled for its own instructions (a target attribute where they are above the baseline),
+// never inlined, and hidden (no PLT call in the library).
+template <typename T, CpuIsa I>
+struct Kernel;
+
+template <>
+struct Kernel<float, CpuIsa::kAvx2> {
+  using Scalar = float;
+  static constexpr int64_t mr = 6, nr = 16, kc = 256, mc = 120, nc = 1536;
+  static void micro_kernel(int64_t kc, const float* a, const float* b, const CTile<float>& c);
+};
+
+template <>
+struct Kernel<double, CpuIsa::kAvx2> {
+  using Scalar = double;
+  static constexpr int64_t mr = 6, nr = 8, kc = 256, mc = 60, nc = 768;
+  static void micro_kernel(int64_t kc, const double* a, const double* b, const CTile<double>& c);
+};
+
+// 512-bit float tile: twelve rows of two 16-float vectors, 24 accumulators; A's values are
+// broadcast from memory by the FMAs themselves, so the B row takes two registers and eight are
+// left. The B panel, KC x 32 floats, stays in L1 with KC = 192 (24 KiB). Not yet tuned on an
+// AVX-512 machine (docs/cpu_speed.md).
+template <>
+struct Kernel<float, CpuIsa::kAvx512> {
+  using Scalar = float;
+  static constexpr int64_t mr = 12, nr = 32, kc = 192, mc = 144, nc = 3072;
+  static void micro_kernel(int64_t kc, const float* a, const float* b, const CTile<float>& c);
+};
+
+// float64 is not a hot path: AVX-512 machines run the AVX2 kernel.
+template <>
+struct Kernel<double, CpuIsa::kAvx512> : Kernel<double, CpuIsa::kAvx2> {};
+
 // Six rows of two 8-float vectors: twelve accumulators, two registers of B, two broadcasts of
 // A, all sixteen ymm registers. The k loop is assembly: compiled from intrinsics, GCC ran short
 // of registers inside the driver's loops and re-read B from memory for every FMA (18 loads per
@@ -70,8 +87,7 @@ void micro_kernel(int64_t kc, const T* a, const T* b, const CTile<T>& c) {
 // peak on data in L1 (0.88 for the intrinsics). The C tile is prefetched at the start so its
 // rows (one cache line each, ld apart) arrive during the products; the A panel streaming from
 // L2 is prefetched a few steps ahead. Never inlined, and hidden (no PLT call in the library).
-template <>
-[[gnu::noinline, gnu::visibility("hidden")]] inline void micro_kernel<float>(
+[[gnu::noinline, gnu::visibility("hidden")]] inline void Kernel<float, CpuIsa::kAvx2>::micro_kernel(
     int64_t kc, const float* a, const float* b, const CTile<float>& c) {
   for (int i = 0; i < 6; ++i) {
     if (c.accumulate) _mm_prefetch(reinterpret_cast<const char*>(c.in + i * c.ld_in), _MM_HINT_T0);
@@ -182,9 +198,9 @@ template <>
 #undef LOOM_GEMM_K
 }
 
-template <>
-inline void micro_kernel<double>(int64_t kc, const double* a, const double* b,
-                                 const CTile<double>& c) {
+[[gnu::noinline, gnu::visibility("hidden")]] inline void
+Kernel<double, CpuIsa::kAvx2>::micro_kernel(int64_t kc, const double* a, const double* b,
+                                            const CTile<double>& c) {
   __m256d acc[6][2];
 #pragma GCC unroll 6
   for (int i = 0; i < 6; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_pd();
@@ -210,7 +226,59 @@ inline void micro_kernel<double>(int64_t kc, const double* a, const double* b,
     _mm256_storeu_pd(c.out + i * c.ld_out + 4, acc[i][1]);
   }
 }
+
+// The accumulators are named registers of a fixed tile; GCC keeps all 24 in zmm registers and
+// folds each broadcast of A into its FMA ({1to16}).
+[[gnu::noinline, gnu::visibility("hidden"), gnu::target("avx512f")]] inline void
+Kernel<float, CpuIsa::kAvx512>::micro_kernel(int64_t kc, const float* a, const float* b,
+                                             const CTile<float>& c) {
+  __m512 acc[12][2];
+#pragma GCC unroll 12
+  for (int i = 0; i < 12; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < kc; ++p, a += 12, b += 32) {
+    const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) {
+      const __m512 ai = _mm512_set1_ps(a[i]);
+      acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
+    }
+  }
+#pragma GCC unroll 12
+  for (int i = 0; i < 12; ++i) {
+    if (c.accumulate) {
+      acc[i][0] = _mm512_add_ps(acc[i][0], _mm512_loadu_ps(c.in + i * c.ld_in));
+      acc[i][1] = _mm512_add_ps(acc[i][1], _mm512_loadu_ps(c.in + i * c.ld_in + 16));
+    }
+  }
+#pragma GCC unroll 12
+  for (int i = 0; i < 12; ++i) {
+    _mm512_storeu_ps(c.out + i * c.ld_out, acc[i][0]);
+    _mm512_storeu_ps(c.out + i * c.ld_out + 16, acc[i][1]);
+  }
+}
+#endif  // LOOM_PACKED_GEMM_SIMD
+
+// Calls f.template operator()<I>() with the instruction set whose packed kernels run here
+// (kAvx512 for kAvx512Bf16 too) and returns true; false on the generic path (Eigen's GEMM), or
+// in a build without the kernels.
+template <typename F>
+bool with_packed_kernel([[maybe_unused]] F&& f) {
+#if LOOM_PACKED_GEMM_SIMD
+  switch (cpu_isa()) {
+    case CpuIsa::kAvx512Bf16:
+    case CpuIsa::kAvx512:
+      f.template operator()<CpuIsa::kAvx512>();
+      return true;
+    case CpuIsa::kAvx2:
+      f.template operator()<CpuIsa::kAvx2>();
+      return true;
+    case CpuIsa::kGeneric:
+      break;
+  }
 #endif
+  return false;
+}
 
 // C [m, n] (row stride ldc) = (accumulate ? C : 0) + A [m, k] @ B [k, n].
 //   a_block(ic, mc, pc, kc, scratch) returns rows [ic, ic+mc) x columns [pc, pc+kc) of A as
@@ -230,10 +298,9 @@ bool rows_alias(int64_t ldc) {
   return ldc * static_cast<int64_t>(sizeof(T)) % 4096 == 0;
 }
 
-template <typename T, typename ABlock, typename PackB>
+template <typename B, typename ABlock, typename PackB, typename T = typename B::Scalar>
 void packed_gemm(int64_t m, int64_t n, int64_t k, ABlock&& a_block, PackB&& pack_b, T* c,
                  int64_t ldc, bool accumulate, T* b_scratch, T* a_scratch) {
-  using B = Blocking<T>;
   if (k == 0 && !accumulate)
     for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, T(0));
   const bool stage = k > B::kc && rows_alias<T>(ldc);
@@ -269,11 +336,11 @@ void packed_gemm(int64_t m, int64_t n, int64_t k, ABlock&& a_block, PackB&& pack
             const T* tile_in = in + (ic + ir) * ld_in + jr;
             T* tile_out = out + (ic + ir) * ld_out + jr;
             if (mr == B::mr && nr == B::nr) {
-              micro_kernel<T>(kc, a + ir * kc, b_panel, {tile_in, ld_in, tile_out, ld_out, acc});
+              B::micro_kernel(kc, a + ir * kc, b_panel, {tile_in, ld_in, tile_out, ld_out, acc});
               continue;
             }
             // An edge tile: computed whole into `tile`, then the part inside C is kept.
-            micro_kernel<T>(kc, a + ir * kc, b_panel, {tile, B::nr, tile, B::nr, false});
+            B::micro_kernel(kc, a + ir * kc, b_panel, {tile, B::nr, tile, B::nr, false});
             for (int64_t i = 0; i < mr; ++i)
               for (int64_t j = 0; j < nr; ++j)
                 tile_out[i * ld_out + j] =
@@ -320,9 +387,9 @@ void packed_gemm(int64_t m, int64_t n, int64_t k, ABlock&& a_block, PackB&& pack
 #endif
 
 // A [m, kc] with A(i, p) = src[i rs + p cs] as MR-row panels [kc, MR], rows past m zero.
-template <typename T>
+template <typename K, typename T = typename K::Scalar>
 void pack_a(const T* src, int64_t rs, int64_t cs, int64_t m, int64_t kc, T* dst) {
-  constexpr int64_t mr = Blocking<T>::mr;
+  constexpr int64_t mr = K::mr;
   for (int64_t i0 = 0; i0 < m; i0 += mr, dst += kc * mr) {
     const int64_t rows = std::min(mr, m - i0);
     if (rows == mr && cs == 1) {  // interleave MR contiguous rows: sequential writes
@@ -332,7 +399,7 @@ void pack_a(const T* src, int64_t rs, int64_t cs, int64_t m, int64_t kc, T* dst)
       // Each row is only kc values, too short a stream for the hardware prefetcher to learn,
       // so the next panel's rows are fetched one line each while this panel is transposed.
       const T* next = i0 + 2 * mr <= m ? row + mr * rs : nullptr;
-      if constexpr (std::is_same_v<T, float>)
+      if constexpr (std::is_same_v<T, float> && mr == 6)
         for (; p + 8 <= kc; p += 8) {
           if (next != nullptr && p % 16 == 0)
             for (int64_t r = 0; r < mr; ++r)
@@ -362,9 +429,9 @@ void pack_a(const T* src, int64_t rs, int64_t cs, int64_t m, int64_t kc, T* dst)
 // cache miss and often one TLB miss per 64 bytes: that alone took a fifth of a 1024^3 GEMM. Row
 // by row writes one line to each of nc / NR panels kc * NR apart, which for 1024^3 all fall in
 // the same few cache sets: a third slower than four rows.)
-template <typename T>
+template <typename K, typename T = typename K::Scalar>
 void pack_b_rows(const T* src, int64_t ld, int64_t kc, int64_t nc, T* dst) {
-  constexpr int64_t nr = Blocking<T>::nr, rows = 4;
+  constexpr int64_t nr = K::nr, rows = 4;
   const int64_t full = nc / nr, tail = nc - full * nr;
   for (int64_t p0 = 0; p0 < kc; p0 += rows) {
     const int64_t count = std::min(rows, kc - p0);
@@ -384,9 +451,9 @@ void pack_b_rows(const T* src, int64_t ld, int64_t kc, int64_t nc, T* dst) {
 
 // B [kc, nc] with B(p, j) = src[p rs + j cs] (any layout, a transposed matrix included) as
 // NR-column panels [kc, NR], columns past nc zero.
-template <typename T>
+template <typename K, typename T = typename K::Scalar>
 void pack_b_strided(const T* src, int64_t rs, int64_t cs, int64_t kc, int64_t nc, T* dst) {
-  constexpr int64_t nr = Blocking<T>::nr;
+  constexpr int64_t nr = K::nr;
   for (int64_t j0 = 0; j0 < nc; j0 += nr, dst += kc * nr) {
     const int64_t cols = std::min(nr, nc - j0);
     for (int64_t p = 0; p < kc; ++p) {

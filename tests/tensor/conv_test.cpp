@@ -1,6 +1,7 @@
 // tests/tensor/conv_test.cpp — conv2d against direct loops (forward and all three gradients) over
-// strides, padding, dilation, groups and the batched / 1x1 paths of the kernel, gradcheck of the
-// backward, and every argument error.
+// strides, padding, dilation, groups and the batched / 1x1 paths of the kernel, on every
+// instruction-set path this CPU runs (Note [CPU instruction sets]), gradcheck of the backward,
+// and every argument error.
 
 #include "tensor/conv.h"
 
@@ -8,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "tensor/cpu_info.h"
 #include "test_util.h"
 
 namespace loom {
@@ -65,27 +67,42 @@ Reference naive_conv(const Tensor& x, const Tensor& w, const Tensor& b, const Te
           tensor(db, {cf.o})};
 }
 
-// The kernel's paths depend on the algorithm, the thread count (parts of the batch) and the
-// image size (chunks of samples): run each case on both algorithms, 1 and 2 threads.
+// The kernel's paths depend on the algorithm, the instruction set, the thread count (parts of
+// the batch) and the image size (chunks of samples): run each case on both algorithms, every
+// instruction set this CPU has, 1 and 2 threads.
 class Scope {
  public:
-  Scope(kernels::Conv2dAlgorithm algorithm, int threads)
-      : threads_(get_num_threads()), algorithm_(kernels::get_conv2d_algorithm()) {
+  Scope(kernels::Conv2dAlgorithm algorithm, CpuIsa isa, int threads)
+      : threads_(get_num_threads()),
+        algorithm_(kernels::get_conv2d_algorithm()),
+        isa_(set_max_cpu_isa(isa)) {
     set_num_threads(threads);
     kernels::set_conv2d_algorithm(algorithm);
   }
   ~Scope() {
     set_num_threads(threads_);
     kernels::set_conv2d_algorithm(algorithm_);
+    set_max_cpu_isa(isa_);
   }
 
  private:
   int threads_;
   kernels::Conv2dAlgorithm algorithm_;
+  CpuIsa isa_;
 };
 
-constexpr kernels::Conv2dAlgorithm kAlgorithms[] = {kernels::Conv2dAlgorithm::kIm2colGemm,
-                                                    kernels::Conv2dAlgorithm::kPacked};
+// The instruction sets with kernels of their own that this CPU runs.
+std::vector<CpuIsa> isas() {
+  std::vector<CpuIsa> all;
+  for (const CpuIsa isa : {CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx512})
+    if (isa <= detected_cpu_isa()) all.push_back(isa);
+  return all;
+}
+
+// The Winograd ones compute the float32 3x3 stride-1 layers below and leave the others to kAuto.
+constexpr kernels::Conv2dAlgorithm kAlgorithms[] = {
+    kernels::Conv2dAlgorithm::kIm2colGemm, kernels::Conv2dAlgorithm::kPacked,
+    kernels::Conv2dAlgorithm::kWinogradF2x2, kernels::Conv2dAlgorithm::kWinogradF4x4};
 
 void check_against_naive(const Config& cf, DType dtype) {
   const Tensor x = randn({cf.n, cf.c, cf.h, cf.w}, kFloat64);
@@ -97,20 +114,25 @@ void check_against_naive(const Config& cf, DType dtype) {
   const double tol = dtype == kFloat32 ? 1e-4 : 1e-10;
   const kernels::Conv2dOptions options{cf.stride, cf.padding, cf.dilation, cf.groups};
   for (auto algorithm : kAlgorithms)
-    for (int threads : {1, 2}) {
-      Scope scope(algorithm, threads);
-      const std::string where = "algorithm " + std::to_string(static_cast<int>(algorithm)) +
-                                ", threads " + std::to_string(threads);
-      const Tensor xt = x.to(dtype), wt = w.to(dtype), bt = b.to(dtype), dt = dout.to(dtype);
-      EXPECT_TRUE(tensors_close(conv2d(xt, wt, bt, cf.stride, cf.padding, cf.dilation, cf.groups),
-                                ref.out, tol, tol))
-          << where;
-      const kernels::Conv2dGrads g =
-          kernels::conv2d_backward(dt, xt, wt, options, {true, true, true});
-      EXPECT_TRUE(tensors_close(g.dx, ref.dx, tol, tol)) << "dx, " << where;
-      EXPECT_TRUE(tensors_close(g.dweight, ref.dweight, tol, tol)) << "dweight, " << where;
-      EXPECT_TRUE(tensors_close(g.dbias, ref.dbias, tol, tol)) << "dbias, " << where;
-    }
+    for (const CpuIsa isa : isas())
+      for (int threads : {1, 2}) {
+        if (algorithm == kernels::Conv2dAlgorithm::kIm2colGemm && isa != CpuIsa::kGeneric &&
+            isa != cpu_isa())
+          continue;  // im2col's GEMM: one float32 path besides generic is enough
+        Scope scope(algorithm, isa, threads);
+        const std::string where = "algorithm " + std::to_string(static_cast<int>(algorithm)) +
+                                  ", " + std::string(to_string(isa)) + ", threads " +
+                                  std::to_string(threads);
+        const Tensor xt = x.to(dtype), wt = w.to(dtype), bt = b.to(dtype), dt = dout.to(dtype);
+        EXPECT_TRUE(tensors_close(conv2d(xt, wt, bt, cf.stride, cf.padding, cf.dilation, cf.groups),
+                                  ref.out, tol, tol))
+            << where;
+        const kernels::Conv2dGrads g =
+            kernels::conv2d_backward(dt, xt, wt, options, {true, true, true});
+        EXPECT_TRUE(tensors_close(g.dx, ref.dx, tol, tol)) << "dx, " << where;
+        EXPECT_TRUE(tensors_close(g.dweight, ref.dweight, tol, tol)) << "dweight, " << where;
+        EXPECT_TRUE(tensors_close(g.dbias, ref.dbias, tol, tol)) << "dbias, " << where;
+      }
 }
 
 const std::vector<Config>& configs() {

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# scripts/check_isa.sh BUILD_DIR — the object code of a default build (LOOM_CPU_BASELINE
+# x86-64-v3) uses AVX-512 only inside the kernels dispatched by cpuid (Note [CPU instruction
+# sets] in tensor/cpu_info.h), so that it runs on a CPU with AVX2 and no AVX-512. Disassembles
+# loom's libraries and apps, and lists every function that touches an AVX-512 register (zmm,
+# the mask registers k1-k7, xmm16-31/ymm16-31, which only EVEX encodes); fails on any outside
+# the allowed ones: the AVX-512 micro-kernels (Kernel<..., CpuIsa::kAvx512...>) and the 512-bit
+# FMA peak (sample_512 and its helper).
+set -euo pipefail
+build=${1:?usage: scripts/check_isa.sh BUILD_DIR}
+allowed='Kernel<[a-z]+, \(loom::CpuIsa\)[23]>::|sample_512|first_lane\(float __vector\(16\)\)'
+# The libraries (the real files, not their links) and the apps' executables.
+mapfile -t objects < <(find "$build" -maxdepth 3 -type f \( -name 'libloom*.so*' -o \
+  \( -path '*/apps/*' -perm -u+x \) \) ! -name '*.cmake' | sort)
+[[ ${#objects[@]} -gt 0 ]] || { echo "check_isa: no libraries or apps under $build"; exit 1; }
+bad=0
+seen=0
+for object in "${objects[@]}"; do
+  [[ $(head -c 4 "$object" | od -An -c | tr -d ' ') == 177ELF ]] || continue
+  while IFS= read -r fn; do
+    seen=$((seen + 1))
+    if [[ $fn =~ $allowed ]]; then
+      echo "allowed: ${object##*/}: $fn"
+    else
+      echo "AVX-512 outside the dispatched kernels: ${object##*/}: $fn"
+      bad=1
+    fi
+  done < <(objdump -d --no-show-raw-insn -C "$object" |
+    awk '/^[0-9a-f]+ <.*>:$/ { fn = substr($0, index($0, "<")) }
+         /%zmm|%k[1-7]|%[xy]mm(1[6-9]|2[0-9]|3[01])/ { if (fn != last) print fn; last = fn }')
+done
+echo "check_isa: ${#objects[@]} objects, $seen functions with AVX-512 registers"
+exit $bad

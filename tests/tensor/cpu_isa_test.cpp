@@ -1,0 +1,135 @@
+// tests/tensor/cpu_isa_test.cpp — Note [CPU instruction sets]: LOOM_CPU_ISA's names, the cap
+// that lets a lower path run on a CPU with a higher one, the FMA peaks per width, and the
+// float32 GEMM of every path this CPU runs against float64 on shapes that hit every edge of the
+// packed driver (conv2d's paths are in conv_test). A path above this CPU is skipped, saying so.
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tensor/cpu/gemm.h"
+#include "tensor/cpu_info.h"
+#include "test_util.h"
+
+namespace loom {
+namespace {
+
+constexpr CpuIsa kAll[] = {CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16};
+
+// Caps cpu_isa() for one scope.
+class IsaCap {
+ public:
+  explicit IsaCap(CpuIsa isa) : before_(set_max_cpu_isa(isa)) {}
+  ~IsaCap() { set_max_cpu_isa(before_); }
+
+ private:
+  CpuIsa before_;
+};
+
+TEST(CpuIsa, NamesRoundTripAndAnUnknownOneIsAValueError) {
+  for (const CpuIsa isa : kAll) EXPECT_EQ(parse_cpu_isa(to_string(isa)), isa);
+  EXPECT_LOOM_ERROR(parse_cpu_isa("avx3"), ValueError,
+                    {"LOOM_CPU_ISA=avx3", "generic, avx2, avx512 or avx512_bf16"});
+  EXPECT_LOOM_ERROR(parse_cpu_isa(""), ValueError, {"LOOM_CPU_ISA="});
+}
+
+TEST(CpuIsa, TheCapLowersThePathAndNeverRaisesIt) {
+  const CpuIsa detected = detected_cpu_isa();
+  std::printf("[ detected ] %s: %s\n", cpu_vector_isa().c_str(),
+              std::string(to_string(detected)).c_str());
+  for (const CpuIsa cap : kAll) {
+    IsaCap scope(cap);
+    EXPECT_EQ(cpu_isa(), std::min(cap, detected)) << to_string(cap);
+  }
+  // What the detection says agrees with the longer description of the CPU.
+  const std::string described = cpu_vector_isa();
+  EXPECT_EQ(detected >= CpuIsa::kAvx512, described.rfind("AVX-512", 0) == 0) << described;
+  EXPECT_EQ(detected >= CpuIsa::kAvx512Bf16, described.find("BF16") != std::string::npos)
+      << described;
+  EXPECT_EQ(detected == CpuIsa::kAvx2, described == "AVX2 + FMA") << described;
+}
+
+TEST(CpuIsa, EachWidthsPeakIsMeasuredWhereTheCpuHasIt) {
+  const CpuIsa detected = detected_cpu_isa();
+  const double scalar = fma_peak_gflops(1, 0), p256 = fma_peak_gflops(1, 256),
+               p512 = fma_peak_gflops(1, 512);
+  std::printf("[ measured ] 1 thread: scalar %.1f, 256-bit %.1f, 512-bit %.1f GFLOP/s\n", scalar,
+              p256, p512);
+  EXPECT_GT(scalar, 0);
+  EXPECT_EQ(p256 > 0, detected >= CpuIsa::kAvx2);
+  EXPECT_EQ(p512 > 0, detected >= CpuIsa::kAvx512);
+  if (p256 > 0) {
+    EXPECT_GT(p256, 2 * scalar);  // 8 lanes against 1: far more, even when noisy
+  }
+  EXPECT_LOOM_ERROR(fma_peak_gflops(1, 128), ValueError, {"fma_peak_gflops", "128"});
+}
+
+// C = alpha op(A) op(B) + beta C in float32 on the path `isa`, against float64.
+void check_gemm(CpuIsa isa, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                float beta) {
+  IsaCap scope(isa);
+  manual_seed(m * 1000 + n * 10 + k);
+  const Tensor a = randn(ta ? Shape{k, m} : Shape{m, k}), b = randn(tb ? Shape{n, k} : Shape{k, n});
+  const Tensor c0 = randn({m, n});
+  Tensor c = c0.clone();
+  cpu::gemm<float>(ta, tb, m, n, k, alpha, a.data_ptr<float>(), ta ? m : k, b.data_ptr<float>(),
+                   tb ? k : n, beta, c.data_ptr<float>(), n);
+  const std::vector<double> av = a.to_vector<double>(), bv = b.to_vector<double>();
+  const std::vector<double> cv = c0.to_vector<double>();
+  std::vector<double> want(m * n);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double sum = 0;
+      for (int64_t p = 0; p < k; ++p)
+        sum += av[ta ? p * m + i : i * k + p] * bv[tb ? j * k + p : p * n + j];
+      want[i * n + j] = alpha * sum + beta * cv[i * n + j];
+    }
+  EXPECT_TRUE(test::tensors_close(c, tensor(want, {m, n}), 1e-4, 1e-4))
+      << to_string(isa) << ": " << (ta ? "A^T " : "A ") << (tb ? "B^T " : "B ") << m << "x" << n
+      << "x" << k << " alpha " << alpha << " beta " << beta;
+}
+
+TEST(CpuIsa, EveryPathThisCpuRunsMultipliesCorrectly) {
+  // Shapes: edges of the register tiles (6 x 16, 12 x 32) and of the cache blocks (KC 192 and
+  // 256, MC 120 and 144), several passes over K, rows 4 KiB apart (Note [Staging C]).
+  struct Case {
+    int64_t m, n, k;
+  };
+  const std::vector<Case> cases = {{37, 45, 41},   {12, 32, 192},   {13, 33, 193},
+                                   {145, 70, 520}, {64, 1024, 300}, {121, 97, 257}};
+  for (const CpuIsa isa : kAll) {
+    if (isa > detected_cpu_isa()) {
+      std::printf("[ skipped  ] %s: this CPU has %s\n", std::string(to_string(isa)).c_str(),
+                  cpu_vector_isa().c_str());
+      continue;
+    }
+    for (const Case& c : cases)
+      for (const bool ta : {false, true})
+        for (const bool tb : {false, true}) check_gemm(isa, ta, tb, c.m, c.n, c.k, 1.0f, 0.0f);
+    check_gemm(isa, false, false, 50, 70, 90, 0.5f, 1.5f);  // alpha folded into A, beta on C
+    check_gemm(isa, true, false, 50, 70, 90, -2.0f, 1.0f);
+  }
+}
+
+TEST(CpuIsa, ACappedPathRunsOtherKernels) {
+  // The paths sum in different orders, so a product of 256-long dot products differs in some
+  // bits between any two of them: evidence that the cap reaches the dispatch.
+  const Tensor a = randn({96, 256}), b = randn({256, 128});
+  std::vector<Tensor> results;
+  std::vector<CpuIsa> isas;
+  for (const CpuIsa isa : {CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (isa > detected_cpu_isa()) continue;
+    IsaCap scope(isa);
+    results.push_back(matmul(a, b));
+    isas.push_back(isa);
+  }
+  if (results.size() < 2) GTEST_SKIP() << "one path on this CPU: " << cpu_vector_isa();
+  for (size_t i = 1; i < results.size(); ++i) {
+    EXPECT_NE(std::memcmp(results[0].data(), results[i].data(), results[0].nbytes()), 0)
+        << to_string(isas[0]) << " and " << to_string(isas[i]) << " gave the same bits";
+    EXPECT_TRUE(test::tensors_close(results[i], results[0], 1e-4, 1e-4));
+  }
+}
+
+}  // namespace
+}  // namespace loom
