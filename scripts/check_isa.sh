@@ -5,10 +5,10 @@
 # loom's libraries and apps, and lists every function that touches an AVX-512 register (zmm,
 # the mask registers k1-k7, xmm16-31/ymm16-31, which only EVEX encodes); fails on any outside
 # the allowed ones: the AVX-512 micro-kernels (Kernel<..., CpuIsa::kAvx512...>) and the 512-bit
-# FMA peak (sample_512 and its helper).
+# FMA peak (chains_512 and its helper).
 set -euo pipefail
 build=${1:?usage: scripts/check_isa.sh BUILD_DIR}
-allowed='Kernel<[a-z]+, \(loom::CpuIsa\)[23]>::|sample_512|first_lane\(float __vector\(16\)\)'
+allowed='Kernel<[a-z]+, \(loom::CpuIsa\)[23]>::|chains_512\(long\)|first_lane\(float __vector\(16\)\)'
 # The libraries (the real files, not their links) and the apps' executables.
 mapfile -t objects < <(find "$build" -maxdepth 3 -type f \( -name 'libloom*.so*' -o \
   \( -path '*/apps/*' -perm -u+x \) \) ! -name '*.cmake' | sort)
