@@ -5,8 +5,8 @@
 // that load from other processes on the machine falls on both alike. Times are medians.
 //
 //   conv_bench [--threads N (2)] [--repeats R (7)] [--batch B (64)] [--layer I]
-//              [--algorithm auto|packed|im2col|winograd2|winograd4] [--no-torch] [--python PATH]
-//              [--script PATH]
+//              [--algorithm auto|benchmark|packed|im2col|winograd2|winograd4]
+//              [--no-torch] [--python PATH] [--script PATH]
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -95,21 +95,21 @@ int main(int argc, char** argv) {
     else if (arg == "--script")
       script = next();
     else {
-      std::fprintf(
-          stderr,
-          "usage: %s [--threads N] [--repeats R] [--batch B] [--layer I] "
-          "[--algorithm auto|packed|im2col|winograd2|winograd4] [--no-torch] [--python PATH] "
-          "[--script PATH]\n",
-          argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--threads N] [--repeats R] [--batch B] [--layer I] "
+                   "[--algorithm auto|benchmark|packed|im2col|winograd2|winograd4] [--no-torch] "
+                   "[--python PATH] "
+                   "[--script PATH]\n",
+                   argv[0]);
       return 2;
     }
   }
-  using loom::kernels::Conv2dAlgorithm;
-  loom::kernels::set_conv2d_algorithm(algorithm == "packed"      ? Conv2dAlgorithm::kPacked
-                                      : algorithm == "im2col"    ? Conv2dAlgorithm::kIm2colGemm
-                                      : algorithm == "winograd2" ? Conv2dAlgorithm::kWinogradF2x2
-                                      : algorithm == "winograd4" ? Conv2dAlgorithm::kWinogradF4x4
-                                                                 : Conv2dAlgorithm::kAuto);
+  try {
+    loom::kernels::set_conv2d_algorithm(loom::kernels::parse_conv2d_algorithm(algorithm));
+  } catch (const loom::ValueError& e) {
+    std::fprintf(stderr, "conv_bench: %s\n", e.what());
+    return 2;
+  }
   loom::set_num_threads(threads);
   loom::manual_seed(0);
   std::signal(SIGPIPE, SIG_IGN);

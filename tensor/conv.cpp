@@ -27,6 +27,41 @@ void check_pair(const char* op, const char* name, Pair value, int64_t min) {
 void set_conv2d_algorithm(Conv2dAlgorithm algorithm) { g_algorithm.store(algorithm); }
 Conv2dAlgorithm get_conv2d_algorithm() { return g_algorithm.load(); }
 
+namespace {
+constexpr Conv2dAlgorithm kAlgorithms[] = {
+    Conv2dAlgorithm::kAuto,         Conv2dAlgorithm::kIm2colGemm,   Conv2dAlgorithm::kPacked,
+    Conv2dAlgorithm::kWinogradF2x2, Conv2dAlgorithm::kWinogradF4x4, Conv2dAlgorithm::kBenchmark};
+}  // namespace
+
+std::string_view to_string(Conv2dAlgorithm algorithm) {
+  switch (algorithm) {
+    case Conv2dAlgorithm::kAuto:
+      return "auto";
+    case Conv2dAlgorithm::kIm2colGemm:
+      return "im2col";
+    case Conv2dAlgorithm::kPacked:
+      return "packed";
+    case Conv2dAlgorithm::kWinogradF2x2:
+      return "winograd2";
+    case Conv2dAlgorithm::kWinogradF4x4:
+      return "winograd4";
+    case Conv2dAlgorithm::kBenchmark:
+      return "benchmark";
+  }
+  return "?";
+}
+
+Conv2dAlgorithm parse_conv2d_algorithm(std::string_view name) {
+  for (const Conv2dAlgorithm algorithm : kAlgorithms)
+    if (name == to_string(algorithm)) return algorithm;
+  throw ValueError(detail::str("conv2d algorithm '", name,
+                               "': expected auto, im2col, packed, winograd2, winograd4 or "
+                               "benchmark"));
+}
+
+std::vector<Conv2dChoice> conv2d_choices() { return cpu::conv2d_choices(); }
+void clear_conv2d_choices() { cpu::clear_conv2d_choices(); }
+
 Shape conv2d_output_shape(const Tensor& x, const Tensor& weight, const Tensor& bias,
                           const Conv2dOptions& opt) {
   common_device("conv2d", {x, weight, bias});

@@ -6,7 +6,10 @@
 #pragma once
 
 #include <array>
+#include <string>
+#include <string_view>
 #include <utility>
+#include <vector>
 
 #include "tensor/tensor.h"
 
@@ -28,14 +31,39 @@ Shape conv2d_output_shape(const Tensor& x, const Tensor& weight, const Tensor& b
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
               const Conv2dOptions& options);
 
-// How conv2d multiplies (Note [conv2d on the CPU]): kAuto picks per call; the others force one
-// path (tests compare them, benchmarks time them). The Winograd ones (Note [Winograd
-// convolution] in tensor/cpu/winograd.cpp) apply to the float32 3x3 stride-1 ungrouped
-// undilated layers with padding up to 2; other layers take kAuto's path. kAuto does not pick
-// them yet.
-enum class Conv2dAlgorithm { kAuto, kIm2colGemm, kPacked, kWinogradF2x2, kWinogradF4x4 };
+// How conv2d multiplies on the CPU (Note [conv2d on the CPU]). kAuto picks per call from the
+// shape and the thread count, reproducibly. kBenchmark times every method on each layer's
+// first call and keeps the fastest (Note [Choosing convolutions by measurement] in
+// tensor/cpu/conv.cpp), as PyTorch's cudnn.benchmark does. The others force one path; tests
+// compare them and benchmarks time them. The Winograd ones (Note [Winograd convolution] in
+// tensor/cpu/winograd.cpp) apply to the float32 3x3 stride-1 ungrouped undilated layers with
+// padding up to 2; other layers take kAuto's path.
+enum class Conv2dAlgorithm {
+  kAuto,
+  kIm2colGemm,
+  kPacked,
+  kWinogradF2x2,
+  kWinogradF4x4,
+  kBenchmark
+};
 void set_conv2d_algorithm(Conv2dAlgorithm algorithm);
 Conv2dAlgorithm get_conv2d_algorithm();
+// "auto", "im2col", "packed", "winograd2", "winograd4", "benchmark"; parse raises ValueError.
+std::string_view to_string(Conv2dAlgorithm algorithm);
+Conv2dAlgorithm parse_conv2d_algorithm(std::string_view name);
+
+// What kBenchmark chose: one entry per layer shape and pass measured, in the order measured.
+struct Conv2dChoice {
+  Shape x, weight;  // [N, C, H, W] and [O, C/groups, kh, kw]
+  Pair stride, padding;
+  std::string pass;    // "forward", or "backward" with the gradients asked for, e.g. "dx dw"
+  int threads;         // get_num_threads() then
+  std::string chosen;  // "packed", "im2col", "winograd F(4x4,3x3)", ...
+  std::vector<std::pair<std::string, double>> seconds;  // each candidate's faster run
+  int64_t calls;                                        // the calls that used the choice
+};
+std::vector<Conv2dChoice> conv2d_choices();
+void clear_conv2d_choices();
 
 // The gradients conv2d's backward asked for (needs = {dx, dweight, dbias}); others undefined.
 // dx is in x's memory format and dweight in the weight's (a channels-last weight, as

@@ -74,6 +74,7 @@
 #include "optim/grad_scaler.h"
 #include "optim/schedule.h"
 #include "tensor/accelerator.h"
+#include "tensor/conv.h"
 #include "tensor/cpu_info.h"
 
 namespace resnet18_cifar {
@@ -549,8 +550,30 @@ std::string data_fingerprint(const Data& d) {
          data::sha256_hex(bytes).substr(0, 16);
 }
 
+std::string format_ms(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g ms", 1e3 * seconds);
+  return text;
+}
+
+// Under --conv-algorithm benchmark: what each layer chose and what each method took.
+void report_conv_choices(const dist::Reporter& out) {
+  const std::vector<kernels::Conv2dChoice> choices = kernels::conv2d_choices();
+  if (choices.empty()) return;
+  out.say("convolutions chosen by measurement (Note [Choosing convolutions by measurement]):\n");
+  for (const kernels::Conv2dChoice& c : choices) {
+    std::string times;
+    for (const auto& [method, seconds] : c.seconds)
+      times += detail::str(times.empty() ? "" : ", ", method, " ", format_ms(seconds));
+    out.say("  x %s w %s stride %lld pad %lld, %s: %s (%s)\n", detail::str(c.x).c_str(),
+            detail::str(c.weight).c_str(), static_cast<long long>(c.stride[0]),
+            static_cast<long long>(c.padding[0]), c.pass.c_str(), c.chosen.c_str(), times.c_str());
+  }
+}
+
 double run(const Options& o) {
   if (o.threads > 0) set_num_threads(o.threads);
+  kernels::set_conv2d_algorithm(kernels::parse_conv2d_algorithm(o.conv_algorithm));
   manual_seed(o.seed);
   const dist::Job job = dist::join_job({.gpus = o.gpus, .backend = o.backend});
   dist::apply_max_memory(o.train, job.device);  // --max-memory
@@ -695,6 +718,7 @@ double run(const Options& o) {
   if (!test) test = evaluate_model();  // no epoch left
   checkpoints.save_last(progress);
   report_run(out, o, job, timeline);
+  report_conv_choices(out);
   if (job.parallel() && progress.step > resumed.progress.step)
     out.say(
         "collectives of rank %d over %lld training steps (%s; bus bytes: Note [Bytes moved]):\n%s",

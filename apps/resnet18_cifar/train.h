@@ -57,6 +57,10 @@ struct Options {
   // Each block's batch norms apply the ReLU and the residual add after them in one op (Note
   // [Batch norm with ReLU]); false runs them one by one, as torchvision does.
   bool fuse_bn_relu = true;
+  // How the CPU's convolutions multiply (kernels::Conv2dAlgorithm): "auto" reproducible to the
+  // bit; "benchmark" times each method on each layer's first call and keeps the fastest (Note
+  // [Choosing convolutions by measurement]).
+  std::string conv_algorithm = "auto";
 };
 
 // A dataset split with the transforms the recipe uses for it and its normalisation constants.

@@ -6,10 +6,15 @@
 #include "tensor/cpu/conv.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "tensor/copy.h"
@@ -703,32 +708,143 @@ void conv2d_backward_all(const Geometry& g, const T* dout, const T* x, const T* 
     conv2d_backward<T, Engine>(g, schedule(g), dout, x, weight, dx, dweight, dbias);
 }
 
-// kPacked where every thread gets samples (or the conv is small); else im2col + cpu::gemm,
-// which threads each product.
-bool use_packed(const Schedule& s) {
-  switch (kernels::get_conv2d_algorithm()) {
-    case Conv2dAlgorithm::kPacked:
-      return true;
-    case Conv2dAlgorithm::kIm2colGemm:
-      return false;
-    case Conv2dAlgorithm::kAuto:
-    case Conv2dAlgorithm::kWinogradF2x2:
-    case Conv2dAlgorithm::kWinogradF4x4:
-      break;
+// The ways conv2d can compute one layer's pass: the two engines of Note [conv2d on the CPU],
+// and Winograd where the layer has its shape (winograd_fits).
+enum class Method : uint8_t { kPacked, kIm2col, kWinogradF2x2, kWinogradF4x4 };
+
+std::string_view method_name(Method m) {
+  switch (m) {
+    case Method::kPacked:
+      return "packed";
+    case Method::kIm2col:
+      return "im2col";
+    case Method::kWinogradF2x2:
+      return "winograd F(2x2,3x3)";
+    case Method::kWinogradF4x4:
+      return "winograd F(4x4,3x3)";
   }
-  return s.small || s.parts == get_num_threads();
+  return "?";
 }
 
-// The Winograd tile asked for, where this layer has the shape Winograd computes: float32, 3x3,
-// stride 1, no dilation, one group, padding up to 2.
-std::optional<WinogradTile> winograd_tile(const Geometry& g, DType dtype) {
+// The layers Winograd computes: float32, 3x3, stride 1, no dilation, one group, padding up to 2.
+bool winograd_fits(const Geometry& g, DType dtype) {
+  return dtype == kFloat32 && g.kh == 3 && g.kw == 3 && g.stride == Pair{1, 1} &&
+         g.dilation == Pair{1, 1} && g.groups == 1 && g.padding[0] <= 2 && g.padding[1] <= 2;
+}
+
+// What a fixed algorithm (not kBenchmark) computes this layer with. kAuto: kPacked where every
+// thread gets samples (or the conv is small); else im2col + cpu::gemm, which threads each
+// product. A Winograd algorithm on a layer it does not fit takes kAuto's choice.
+Method fixed_method(Conv2dAlgorithm algorithm, const Geometry& g, const Schedule& s, DType dtype) {
+  switch (algorithm) {
+    case Conv2dAlgorithm::kPacked:
+      return Method::kPacked;
+    case Conv2dAlgorithm::kIm2colGemm:
+      return Method::kIm2col;
+    case Conv2dAlgorithm::kWinogradF2x2:
+      if (winograd_fits(g, dtype)) return Method::kWinogradF2x2;
+      break;
+    case Conv2dAlgorithm::kWinogradF4x4:
+      if (winograd_fits(g, dtype)) return Method::kWinogradF4x4;
+      break;
+    case Conv2dAlgorithm::kAuto:
+    case Conv2dAlgorithm::kBenchmark:
+      break;
+  }
+  return s.small || s.parts == get_num_threads() ? Method::kPacked : Method::kIm2col;
+}
+
+// Note [Choosing convolutions by measurement]
+//   Conv2dAlgorithm::kBenchmark does what PyTorch's torch.backends.cudnn.benchmark does for
+//   cuDNN. The first call of each layer shape and pass times every method that computes it, on
+//   the call's own data: the packed and im2col engines, and Winograd F(2x2) and F(4x4) where the
+//   layer fits. Each runs twice and its faster run counts. The fastest method is kept for every
+//   later call with the same shape, pass (forward; backward with the gradients asked for),
+//   dtype, thread count and instruction set.
+//
+//   Accuracy is part of the candidacy, not of the race. Both Winograd tiles stay within 3e-6
+//   relative error of float64 on ResNet-18's layers, a few times conv2d's own float32 rounding
+//   (docs/cpu_speed.md; winograd_test bounds them). Larger tiles, such as F(6x6), lose
+//   precision fast and are not candidates.
+//
+//   The choice depends on timings, so two runs can choose differently, and their results then
+//   differ in the last bits. kAuto stays the default: its choice depends only on the shape and
+//   the thread count, and training with it is reproducible to the bit. conv2d_choices() lists
+//   what was chosen and how long each candidate took; resnet18_cifar prints it
+//   (--conv-algorithm benchmark).
+struct LayerKey {
+  std::array<int64_t, 9> shape;  // n, c, h, w, o, kh, kw, stride h, stride w
+  std::array<int64_t, 7> rest;   // pad h, pad w, groups, dilation h and w, dtype, threads
+  int isa;
+  int pass;  // 0 forward; 1 + the bits of the backward's needs (dx 1, dweight 2, dbias 4)
+  auto operator<=>(const LayerKey&) const = default;
+};
+
+struct Measured {
+  Method chosen;
+  std::vector<std::pair<Method, double>> seconds;  // each candidate's faster run
+  int64_t calls = 0;                               // calls that used the choice
+  int64_t order = 0;                               // when it was measured
+};
+
+std::mutex g_choices_mutex;
+std::map<LayerKey, Measured>& choices() {
+  static std::map<LayerKey, Measured> table;
+  return table;
+}
+
+LayerKey layer_key(const Geometry& g, DType dtype, int pass) {
+  return {.shape = {g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, g.stride[0], g.stride[1]},
+          .rest = {g.padding[0], g.padding[1], g.groups, g.dilation[0], g.dilation[1],
+                   static_cast<int64_t>(dtype), get_num_threads()},
+          .isa = static_cast<int>(cpu_isa()),
+          .pass = pass};
+}
+
+// The method for this call. Under kBenchmark a layer not measured yet is measured first by
+// run(method), which computes the pass into the call's outputs; the caller then runs the
+// method returned, so the outputs are always the chosen method's.
+template <typename Run>
+Method choose_method(const Geometry& g, const Schedule& s, DType dtype, int pass, Run&& run) {
   const Conv2dAlgorithm algorithm = kernels::get_conv2d_algorithm();
-  if (algorithm != Conv2dAlgorithm::kWinogradF2x2 && algorithm != Conv2dAlgorithm::kWinogradF4x4)
-    return std::nullopt;
-  if (dtype != kFloat32 || g.kh != 3 || g.kw != 3 || g.stride != Pair{1, 1} ||
-      g.dilation != Pair{1, 1} || g.groups != 1 || g.padding[0] > 2 || g.padding[1] > 2)
-    return std::nullopt;
-  return algorithm == Conv2dAlgorithm::kWinogradF2x2 ? WinogradTile::kF2x2 : WinogradTile::kF4x4;
+  if (algorithm != Conv2dAlgorithm::kBenchmark) return fixed_method(algorithm, g, s, dtype);
+  const LayerKey key = layer_key(g, dtype, pass);
+  {
+    std::lock_guard lock(g_choices_mutex);
+    if (auto it = choices().find(key); it != choices().end()) {
+      ++it->second.calls;
+      return it->second.chosen;
+    }
+  }
+  std::vector<Method> candidates{Method::kPacked, Method::kIm2col};
+  if (winograd_fits(g, dtype))
+    candidates.insert(candidates.end(), {Method::kWinogradF2x2, Method::kWinogradF4x4});
+  Measured measured{.chosen = candidates.front(), .seconds = {}};
+  double best = std::numeric_limits<double>::infinity();
+  for (const Method m : candidates) {
+    double fastest = std::numeric_limits<double>::infinity();
+    for (int rep = 0; rep < 2; ++rep) {
+      const auto start = std::chrono::steady_clock::now();
+      run(m);
+      fastest = std::min(
+          fastest, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    measured.seconds.emplace_back(m, fastest);
+    if (fastest < best) {
+      best = fastest;
+      measured.chosen = m;
+    }
+  }
+  measured.calls = 1;
+  std::lock_guard lock(g_choices_mutex);
+  measured.order = static_cast<int64_t>(choices().size());
+  return choices().emplace(key, std::move(measured)).first->second.chosen;
+}
+
+std::optional<WinogradTile> winograd_tile(Method m) {
+  if (m == Method::kWinogradF2x2) return WinogradTile::kF2x2;
+  if (m == Method::kWinogradF4x4) return WinogradTile::kF4x4;
+  return std::nullopt;
 }
 
 WinogradShape winograd_shape(const Geometry& g) {
@@ -741,29 +857,20 @@ WinogradShape winograd_shape(const Geometry& g) {
           .pad_w = g.padding[1]};
 }
 
-// run.template operator()<Engine>() with the engine for `s`: the packed one with the kernels of
+// run.template operator()<Engine>() with the engine of `m`: the packed one with the kernels of
 // the instruction set in use, or im2col + cpu::gemm (also on the generic path).
 template <typename F>
-void with_engine(const Schedule& s, F&& run) {
-  if (use_packed(s) && with_packed_kernel([&]<CpuIsa I>() {
+void with_engine(Method m, F&& run) {
+  if (m == Method::kPacked && with_packed_kernel([&]<CpuIsa I>() {
         run.template operator()<Packed<I>::template Engine>();
       }))
     return;
   run.template operator()<Im2colEngine>();
 }
 
-}  // namespace
-
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
-              const Conv2dOptions& options, const Shape& out_shape) {
-  Tensor out = empty(out_shape, x.dtype(), x.device());
-  if (out.numel() == 0) return out;
-  const Geometry g = make_geometry(x.size(0), x.size(1), x.size(2), x.size(3), weight.size(0),
-                                   weight.size(2), weight.size(3), options);
-  const Schedule s = schedule(g);
-  const Tensor xc = contiguous(x), wc = contiguous(weight);
-  const Tensor bc = bias.defined() ? contiguous(bias) : Tensor();
-  if (const auto tile = winograd_tile(g, x.dtype())) {
+void conv2d_by(Method m, const Geometry& g, const Schedule& s, const Tensor& xc, const Tensor& wc,
+               const Tensor& bc, const Tensor& out) {
+  if (const auto tile = winograd_tile(m)) {
     float* y = out.data_ptr<float>();
     winograd_conv2d(winograd_shape(g), *tile, xc.data_ptr<float>(), wc.data_ptr<float>(), y);
     if (bc.defined()) {
@@ -773,33 +880,19 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
           for (float *v = y + i * g.p, *end = v + g.p; v < end; ++v) *v += b[i % g.o];
       });
     }
-    return contiguous(out, suggest_memory_format(x));
+    return;
   }
-  dispatch_floating(x.dtype(), "conv2d", [&]<typename T>() {
+  dispatch_floating(xc.dtype(), "conv2d", [&]<typename T>() {
     const T* b = bc.defined() ? bc.data_ptr<T>() : nullptr;
-    with_engine(s, [&]<template <typename> class Engine>() {
+    with_engine(m, [&]<template <typename> class Engine>() {
       conv2d_forward<T, Engine>(g, s, xc.data_ptr<T>(), wc.data_ptr<T>(), b, out.data_ptr<T>());
     });
   });
-  // The engines work in NCHW; a channels-last x gets a channels-last result, as on cuDNN.
-  return contiguous(out, suggest_memory_format(x));
 }
 
-Conv2dGrads conv2d_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
-                            const Conv2dOptions& options, std::array<bool, 3> needs) {
-  // The kernels write every element; an empty batch leaves zeros.
-  const auto make = [zero = dout.numel() == 0](const Shape& shape, DType dtype, Device device) {
-    return zero ? zeros(shape, dtype, device) : empty(shape, dtype, device);
-  };
-  Conv2dGrads grads;
-  if (needs[0]) grads.dx = make(x.sizes(), x.dtype(), x.device());
-  if (needs[1]) grads.dweight = make(weight.sizes(), x.dtype(), x.device());
-  if (needs[2]) grads.dbias = make({weight.size(0)}, x.dtype(), x.device());
-  if (dout.numel() == 0 || (!needs[0] && !needs[1] && !needs[2])) return grads;
-  const Geometry g = make_geometry(x.size(0), x.size(1), x.size(2), x.size(3), weight.size(0),
-                                   weight.size(2), weight.size(3), options);
-  const Tensor dc = contiguous(dout), xc = contiguous(x), wc = contiguous(weight);
-  if (const auto tile = winograd_tile(g, x.dtype())) {
+void conv2d_backward_by(Method m, const Geometry& g, const Tensor& dc, const Tensor& xc,
+                        const Tensor& wc, const Conv2dGrads& grads) {
+  if (const auto tile = winograd_tile(m)) {
     const WinogradShape shape = winograd_shape(g);
     const float* dy = dc.data_ptr<float>();
     if (grads.dx.defined())
@@ -819,20 +912,95 @@ Conv2dGrads conv2d_backward(const Tensor& dout, const Tensor& x, const Tensor& w
         }
       });
     }
-  } else {
-    dispatch_floating(x.dtype(), "conv2d_backward", [&]<typename T>() {
-      auto ptr = [](const Tensor& t) { return t.defined() ? t.data_ptr<T>() : nullptr; };
-      with_engine(schedule(g), [&]<template <typename> class Engine>() {
-        conv2d_backward_all<T, Engine>(g, dc.data_ptr<T>(), xc.data_ptr<T>(), wc.data_ptr<T>(),
-                                       ptr(grads.dx), ptr(grads.dweight), ptr(grads.dbias));
-      });
-    });
+    return;
   }
+  dispatch_floating(xc.dtype(), "conv2d_backward", [&]<typename T>() {
+    auto ptr = [](const Tensor& t) { return t.defined() ? t.data_ptr<T>() : nullptr; };
+    with_engine(m, [&]<template <typename> class Engine>() {
+      conv2d_backward_all<T, Engine>(g, dc.data_ptr<T>(), xc.data_ptr<T>(), wc.data_ptr<T>(),
+                                     ptr(grads.dx), ptr(grads.dweight), ptr(grads.dbias));
+    });
+  });
+}
+
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+              const Conv2dOptions& options, const Shape& out_shape) {
+  Tensor out = empty(out_shape, x.dtype(), x.device());
+  if (out.numel() == 0) return out;
+  const Geometry g = make_geometry(x.size(0), x.size(1), x.size(2), x.size(3), weight.size(0),
+                                   weight.size(2), weight.size(3), options);
+  const Schedule s = schedule(g);
+  const Tensor xc = contiguous(x), wc = contiguous(weight);
+  const Tensor bc = bias.defined() ? contiguous(bias) : Tensor();
+  const auto run = [&](Method m) { conv2d_by(m, g, s, xc, wc, bc, out); };
+  run(choose_method(g, s, x.dtype(), /*pass=*/0, run));
+  // The engines work in NCHW; a channels-last x gets a channels-last result, as on cuDNN.
+  return contiguous(out, suggest_memory_format(x));
+}
+
+Conv2dGrads conv2d_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
+                            const Conv2dOptions& options, std::array<bool, 3> needs) {
+  // The kernels write every element; an empty batch leaves zeros.
+  const auto make = [zero = dout.numel() == 0](const Shape& shape, DType dtype, Device device) {
+    return zero ? zeros(shape, dtype, device) : empty(shape, dtype, device);
+  };
+  Conv2dGrads grads;
+  if (needs[0]) grads.dx = make(x.sizes(), x.dtype(), x.device());
+  if (needs[1]) grads.dweight = make(weight.sizes(), x.dtype(), x.device());
+  if (needs[2]) grads.dbias = make({weight.size(0)}, x.dtype(), x.device());
+  if (dout.numel() == 0 || (!needs[0] && !needs[1] && !needs[2])) return grads;
+  const Geometry g = make_geometry(x.size(0), x.size(1), x.size(2), x.size(3), weight.size(0),
+                                   weight.size(2), weight.size(3), options);
+  const Tensor dc = contiguous(dout), xc = contiguous(x), wc = contiguous(weight);
+  const int pass = 1 + (needs[0] ? 1 : 0) + (needs[1] ? 2 : 0) + (needs[2] ? 4 : 0);
+  const auto run = [&](Method m) { conv2d_backward_by(m, g, dc, xc, wc, grads); };
+  run(choose_method(g, schedule(g), x.dtype(), pass, run));
   // The engines work in NCHW; dx takes x's format and dweight the weight's, as on cuDNN.
   if (grads.dx.defined()) grads.dx = contiguous(grads.dx, suggest_memory_format(x));
   if (grads.dweight.defined())
     grads.dweight = contiguous(grads.dweight, suggest_memory_format(weight));
   return grads;
+}
+
+std::vector<kernels::Conv2dChoice> conv2d_choices() {
+  std::lock_guard lock(g_choices_mutex);
+  std::vector<std::pair<int64_t, kernels::Conv2dChoice>> ordered;
+  for (const auto& [key, measured] : choices()) {
+    const auto [n, c, h, w, o, kh, kw, sh, sw] = key.shape;
+    [[maybe_unused]] const auto [ph, pw, groups, dh, dw, dtype, threads] = key.rest;
+    std::string pass = "forward";
+    if (key.pass > 0) {
+      pass = "backward";
+      const int needs = key.pass - 1;
+      if (needs & 1) pass += " dx";
+      if (needs & 2) pass += " dw";
+      if (needs & 4) pass += " db";
+    }
+    kernels::Conv2dChoice choice{.x = {n, c, h, w},
+                                 .weight = {o, c / groups, kh, kw},
+                                 .stride = {sh, sw},
+                                 .padding = {ph, pw},
+                                 .pass = pass,
+                                 .threads = static_cast<int>(threads),
+                                 .chosen = std::string(method_name(measured.chosen)),
+                                 .seconds = {},
+                                 .calls = measured.calls};
+    for (const auto& [m, seconds] : measured.seconds)
+      choice.seconds.emplace_back(std::string(method_name(m)), seconds);
+    ordered.emplace_back(measured.order, std::move(choice));
+  }
+  std::sort(ordered.begin(), ordered.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<kernels::Conv2dChoice> out;
+  for (auto& [order, choice] : ordered) out.push_back(std::move(choice));
+  return out;
+}
+
+void clear_conv2d_choices() {
+  std::lock_guard lock(g_choices_mutex);
+  choices().clear();
 }
 
 }  // namespace loom::cpu

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <vector>
 
 #include "tensor/conv.h"
 
@@ -19,5 +20,10 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
 kernels::Conv2dGrads conv2d_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
                                      const kernels::Conv2dOptions& options,
                                      std::array<bool, 3> needs);
+
+// kernels::conv2d_choices and clear_conv2d_choices (tensor/conv.h): the table of
+// Note [Choosing convolutions by measurement].
+std::vector<kernels::Conv2dChoice> conv2d_choices();
+void clear_conv2d_choices();
 
 }  // namespace loom::cpu

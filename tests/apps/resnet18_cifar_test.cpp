@@ -349,6 +349,25 @@ TEST_F(App, BadInputExitsWithStatusTwoAndSaysWhy) {
     EXPECT_NE(help.output.find(flag), std::string::npos) << flag;
 }
 
+// --conv-algorithm benchmark: the run ends with a line per layer shape and pass, naming the
+// method chosen beside every candidate's time; a name it does not know is refused.
+TEST_F(App, ConvolutionsChosenByMeasurementAreReported) {
+  Result r = run_app(kSmall + "--epochs 1 --max-steps 2 --conv-algorithm benchmark");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const size_t at = r.output.find("convolutions chosen by measurement");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const std::string report = r.output.substr(at);
+  // The 3x3 stride-1 layers race four methods, the stride-2 and 1x1 ones two.
+  EXPECT_NE(report.find("w [4, 4, 3, 3] stride 1 pad 1, forward: "), std::string::npos) << report;
+  EXPECT_NE(report.find("winograd F(4x4,3x3) "), std::string::npos) << report;
+  EXPECT_NE(report.find("backward dx dw"), std::string::npos) << report;
+  EXPECT_NE(report.find("stride 2"), std::string::npos) << report;
+  EXPECT_EQ(run_app(kSmall + "--conv-algorithm fastest").status, 2);
+  // Without it, no report.
+  Result plain = run_app(kSmall + "--epochs 1 --max-steps 1");
+  EXPECT_EQ(plain.output.find("convolutions chosen by measurement"), std::string::npos);
+}
+
 TEST_F(App, GpuFlagsAreCheckedBeforeAnyWork) {
   Result nccl_on_cpus = run_app(kSmall + "--backend nccl");
   EXPECT_EQ(nccl_on_cpus.status, 2);

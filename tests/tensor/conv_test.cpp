@@ -254,5 +254,82 @@ TEST(Conv2d, Errors) {
                     ShapeError, {"conv2d_backward", "[2, 6, 4, 4]"});
 }
 
+// kBenchmark (Note [Choosing convolutions by measurement]): each layer shape and pass is
+// measured once, on every method that computes it, the fastest is kept, and its results agree
+// with kAuto's.
+TEST(Conv2dBenchmark, MeasuresEachLayerAndPassOnceAndKeepsTheFastest) {
+  kernels::clear_conv2d_choices();
+  const Tensor x = randn({4, 16, 12, 12}), w = randn({16, 16, 3, 3}), b = randn({16});
+  const Tensor w2 = randn({8, 16, 3, 3});
+  const kernels::Conv2dOptions same{{1, 1}, {1, 1}, {1, 1}, 1}, down{{2, 2}, {1, 1}, {1, 1}, 1};
+  const Tensor dout = randn({4, 16, 12, 12}), dout2 = randn({4, 8, 6, 6});
+  Tensor y_auto, y2_auto;
+  kernels::Conv2dGrads g_auto;
+  {
+    Scope scope(kernels::Conv2dAlgorithm::kAuto, cpu_isa(), 2);
+    y_auto = kernels::conv2d(x, w, b, same);
+    y2_auto = kernels::conv2d(x, w2, Tensor(), down);
+    g_auto = kernels::conv2d_backward(dout, x, w, same, {true, true, true});
+  }
+  Scope scope(kernels::Conv2dAlgorithm::kBenchmark, cpu_isa(), 2);
+  for (int call = 0; call < 2; ++call) {
+    EXPECT_TRUE(tensors_close(kernels::conv2d(x, w, b, same), y_auto, 1e-4, 1e-4));
+    EXPECT_TRUE(tensors_close(kernels::conv2d(x, w2, Tensor(), down), y2_auto, 1e-4, 1e-4));
+    const kernels::Conv2dGrads g = kernels::conv2d_backward(dout, x, w, same, {true, true, true});
+    EXPECT_TRUE(tensors_close(g.dx, g_auto.dx, 1e-4, 1e-4));
+    EXPECT_TRUE(tensors_close(g.dweight, g_auto.dweight, 1e-4, 1e-4));
+    EXPECT_TRUE(tensors_close(g.dbias, g_auto.dbias, 1e-4, 1e-4));
+  }
+  // Another pass of the same layer (dx only) is a layer of its own.
+  kernels::conv2d_backward(dout, x, w, same, {true, false, false});
+
+  const std::vector<kernels::Conv2dChoice> choices = kernels::conv2d_choices();
+  ASSERT_EQ(choices.size(), 4u);
+  const std::vector<std::string> all = {"packed", "im2col", "winograd F(2x2,3x3)",
+                                        "winograd F(4x4,3x3)"};
+  const std::vector<std::string> engines = {"packed", "im2col"};
+  struct Expected {
+    Shape weight;
+    std::string pass;
+    std::vector<std::string> candidates;
+    int64_t calls;
+  };
+  const Expected expected[] = {{{16, 16, 3, 3}, "forward", all, 2},
+                               {{8, 16, 3, 3}, "forward", engines, 2},
+                               {{16, 16, 3, 3}, "backward dx dw db", all, 2},
+                               {{16, 16, 3, 3}, "backward dx", all, 1}};
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const kernels::Conv2dChoice& c = choices[i];
+    SCOPED_TRACE("choice " + std::to_string(i));
+    EXPECT_EQ(c.x, (Shape{4, 16, 12, 12}));
+    EXPECT_EQ(c.weight, expected[i].weight);
+    EXPECT_EQ(c.pass, expected[i].pass);
+    EXPECT_EQ(c.threads, 2);
+    EXPECT_EQ(c.calls, expected[i].calls);
+    std::vector<std::string> names;
+    double fastest = 1e30;
+    std::string fastest_name;
+    for (const auto& [name, seconds] : c.seconds) {
+      names.push_back(name);
+      EXPECT_GT(seconds, 0);
+      if (seconds < fastest) fastest = seconds, fastest_name = name;
+    }
+    EXPECT_EQ(names, expected[i].candidates);
+    EXPECT_EQ(c.chosen, fastest_name);
+  }
+  kernels::clear_conv2d_choices();
+  EXPECT_TRUE(kernels::conv2d_choices().empty());
+}
+
+TEST(Conv2dBenchmark, AlgorithmNames) {
+  for (const auto algorithm :
+       {kernels::Conv2dAlgorithm::kAuto, kernels::Conv2dAlgorithm::kIm2colGemm,
+        kernels::Conv2dAlgorithm::kPacked, kernels::Conv2dAlgorithm::kWinogradF2x2,
+        kernels::Conv2dAlgorithm::kWinogradF4x4, kernels::Conv2dAlgorithm::kBenchmark})
+    EXPECT_EQ(kernels::parse_conv2d_algorithm(kernels::to_string(algorithm)), algorithm);
+  EXPECT_LOOM_ERROR(kernels::parse_conv2d_algorithm("fastest"), ValueError,
+                    {"fastest", "benchmark"});
+}
+
 }  // namespace
 }  // namespace loom
