@@ -4,11 +4,12 @@
 # sets] in tensor/cpu_info.h), so that it runs on a CPU with AVX2 and no AVX-512. Disassembles
 # loom's libraries and apps, and lists every function that touches an AVX-512 register (zmm,
 # the mask registers k1-k7, xmm16-31/ymm16-31, which only EVEX encodes); fails on any outside
-# the allowed ones: the AVX-512 micro-kernels (Kernel<..., CpuIsa::kAvx512...>) and the 512-bit
-# FMA peak (chains_512 and its helper).
+# the allowed ones: the AVX-512 micro-kernels (Kernel<..., CpuIsa::kAvx512...>, the float one
+# and bfloat16's vdpbf16ps one) and the 512-bit peaks (chains_512, chains_bf16_512 and their
+# helper).
 set -euo pipefail
 build=${1:?usage: scripts/check_isa.sh BUILD_DIR}
-allowed='Kernel<[a-z]+, \(loom::CpuIsa\)[23]>::|chains_512\(long\)|first_lane\(float __vector\(16\)\)'
+allowed='Kernel<([a-z]+|loom::BFloat16), \(loom::CpuIsa\)[23]>::|chains_(bf16_)?512\(long\)|first_lane\(float __vector\(16\)\)'
 # The libraries (the real files, not their links) and the apps' executables.
 mapfile -t objects < <(find "$build" -maxdepth 3 -type f \( -name 'libloom*.so*' -o \
   \( -path '*/apps/*' -perm -u+x \) \) ! -name '*.cmake' | sort)

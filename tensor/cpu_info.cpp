@@ -170,6 +170,17 @@ float chains_scalar(int64_t iterations) { LOOM_FMA_CHAINS(float, identity, std::
 [[gnu::target("avx512f")]] float chains_512(int64_t iterations) {
   LOOM_FMA_CHAINS(__m512, _mm512_set1_ps, _mm512_fmadd_ps, first_lane)
 }
+
+// x + the dot products of the bfloat16 pairs of a and b (each float rounded to bfloat16 and
+// paired with itself): one vdpbf16ps, 32 multiply-adds. The conversions of the loop's
+// constants are hoisted out of the loop.
+[[gnu::target("avx512f,avx512bf16")]] inline __m512 dot_bf16(__m512 x, __m512 a, __m512 b) {
+  return _mm512_dpbf16_ps(x, _mm512_cvtne2ps_pbh(a, a), _mm512_cvtne2ps_pbh(b, b));
+}
+
+[[gnu::target("avx512f,avx512bf16")]] float chains_bf16_512(int64_t iterations) {
+  LOOM_FMA_CHAINS(__m512, _mm512_set1_ps, dot_bf16, first_lane)
+}
 #endif
 #undef LOOM_FMA_CHAINS
 
@@ -185,21 +196,25 @@ double timed(float (*chains)(int64_t), int threads, int64_t iterations, int lane
   return gflops(threads, iterations, lanes, seconds);
 }
 
+// sample's and peak's `bits` for 512-bit vdpbf16ps chains (0, 256 and 512 are FMAs).
+constexpr int kBf16Dots = -1;
+
 double sample(int threads, int64_t iterations, int bits) {
 #if defined(__x86_64__)
   if (bits == 256)
     return detected_cpu_isa() >= CpuIsa::kAvx2 ? timed(chains_256, threads, iterations, 8) : 0;
   if (bits == 512)
     return detected_cpu_isa() >= CpuIsa::kAvx512 ? timed(chains_512, threads, iterations, 16) : 0;
+  if (bits == kBf16Dots)
+    return detected_cpu_isa() >= CpuIsa::kAvx512Bf16
+               ? timed(chains_bf16_512, threads, iterations, 32)
+               : 0;
 #endif
   return bits == 0 ? timed(chains_scalar, threads, iterations / 8, 1) : 0;
 }
 
-}  // namespace
-
-double fma_peak_gflops(int threads, int bits) {
-  LOOM_CHECK(bits == 0 || bits == 256 || bits == 512, ValueError,
-             "fma_peak_gflops: bits must be 0, 256 or 512; got ", bits);
+// The median of three samples of `bits`' chains after a short one; 0 where they do not run.
+double peak(int threads, int bits) {
   threads = std::max(threads, 1);
   if (sample(threads, 100'000, bits) == 0) return 0;  // also wakes the cores and the thread pool
   std::vector<double> samples;
@@ -207,6 +222,16 @@ double fma_peak_gflops(int threads, int bits) {
   std::sort(samples.begin(), samples.end());
   return samples[1];
 }
+
+}  // namespace
+
+double fma_peak_gflops(int threads, int bits) {
+  LOOM_CHECK(bits == 0 || bits == 256 || bits == 512, ValueError,
+             "fma_peak_gflops: bits must be 0, 256 or 512; got ", bits);
+  return peak(threads, bits);
+}
+
+double bf16_dot_peak_gflops(int threads) { return peak(threads, kBf16Dots); }
 
 double fma_peak_gflops(int threads) {
   const double wide = std::max(fma_peak_gflops(threads, 256), fma_peak_gflops(threads, 512));

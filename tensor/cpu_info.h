@@ -1,7 +1,8 @@
 // tensor/cpu_info.h — what CPU this is and what it can do: its name, the vector instructions it
-// has (detected at run time, whatever the build's -march), and its float32 FMA peak measured on
-// the spot, the denominator of a model-FLOPs utilisation (MFU). Benchmarks print the first two
-// beside their figures, since figures from different machines do not compare.
+// has (detected at run time, whatever the build's -march), and its float32 FMA peak (and bfloat16
+// dot-product peak) measured on the spot, the denominator of a model-FLOPs utilisation (MFU).
+// Benchmarks print the first two beside their figures, since figures from different machines do not
+// compare.
 #pragma once
 
 #include <string>
@@ -56,5 +57,11 @@ double fma_peak_gflops(int threads, int bits);
 // peaks (some CPUs run 512-bit FMAs at half rate, so 256 bits reach their peak). The
 // denominator of a utilisation, which the narrower peak would overstate.
 double fma_peak_gflops(int threads);
+
+// bfloat16 GFLOP/s of `threads` threads each running 12 independent chains of 512-bit
+// vdpbf16ps (32 multiply-adds, 64 FLOPs, each), measured as fma_peak_gflops is: the peak of a
+// bfloat16 GEMM on a CPU with AVX512_BF16 (Note [bf16 dot products] in tensor/cpu/bf16_gemm.h);
+// 0 where the CPU (or this build) has none.
+double bf16_dot_peak_gflops(int threads);
 
 }  // namespace loom

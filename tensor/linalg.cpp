@@ -29,14 +29,27 @@ void check_mm(const char* op, const Tensor& a, const Tensor& b) {
 // Note [16-bit products on the CPU]
 //   A float16 or bfloat16 product has the semantics of a GPU's tensor cores: the operands are
 //   16-bit values, the products are accumulated in float32, and the result is rounded once to
-//   16 bits. CPUs with 16-bit dot-product instructions (AVX-512 BF16, AMX) would multiply the
-//   16-bit operands directly; x86 CPUs with AVX2 and FMA only, like the ones loom is built and
-//   tested on, have no such instructions, so the operands are widened to float32 (exactly:
-//   every 16-bit value is a float32 value), multiplied by the float32 GEMM and the result
-//   narrowed. The numbers are those of a 16-bit product; the speed is float32's plus the
-//   widening, and the gain is memory: activations saved for backward take half the bytes.
-//   conv2d and its backward do the same (tensor/conv.cpp). On CUDA, cuBLAS and cuDNN take
-//   16-bit operands themselves, on tensor cores.
+//   16 bits. Two ways to get there on the CPU:
+//   - bfloat16 on CPUs with AVX512_BF16 (cpu_isa() kAvx512Bf16): mm_out and bmm multiply the
+//     16-bit operands directly with vdpbf16ps, 32 multiply-adds per instruction against the 16
+//     of a float32 FMA (cpu::gemm_bf16, Note [bf16 dot products] in tensor/cpu/bf16_gemm.h),
+//     into a float32 result rounded once. vdpbf16ps adds the two products of a pair of k one
+//     after the other and counts denormals as zero, so its results are not bitwise those of the
+//     widened path below: each float32 sum is within k roundings of float32 of the other.
+//     Whether it is faster depends on how many vdpbf16ps the CPU issues per cycle: where it
+//     issues one every two cycles against two FMAs per cycle, its peak is half float32's
+//     (bf16_gemm_bench measures both). So by default it is used only where it is measured to
+//     be faster (Note [When bf16 dot products pay] in tensor/cpu/linalg.cpp; LOOM_BF16_DOT).
+//   - Everywhere else (float16; bfloat16 without AVX512_BF16, like the AVX2 machines loom is
+//     also built and tested on, with LOOM_CPU_ISA below avx512_bf16, or where the kernel does
+//     not pay): the operands are
+//     widened to float32 (exactly: every 16-bit value is a float32 value), multiplied by the
+//     float32 GEMM and the result narrowed. The numbers are those of a 16-bit product; the
+//     speed is float32's plus the widening, and the gain is memory: activations saved for
+//     backward take half the bytes.
+//   conv2d and its backward take the widened path on every CPU (tensor/conv.cpp). AMX and
+//   AVX512-FP16 are not used yet. On CUDA, cuBLAS and cuDNN take 16-bit operands themselves, on
+//   tensor cores.
 void mm_out(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, double beta) {
   check_mm("mm", a, b);
   LOOM_CHECK(out.dim() == 2 && out.size(0) == a.size(0) && out.size(1) == b.size(1) &&
@@ -47,7 +60,8 @@ void mm_out(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, d
              " but the inputs are ", a.dtype());
   // cuda_backend().mm_out bumps out's version itself.
   if (on_cuda("mm", {out, a})) return cuda_backend().mm_out(out, a, b, alpha, beta);
-  if (is_16bit_float(a.dtype())) {  // Note [16-bit products on the CPU]
+  if (is_16bit_float(a.dtype()) && !cpu::multiplies_16bit(a.dtype())) {
+    // Note [16-bit products on the CPU]: widened.
     const Tensor out32 = beta == 0.0 ? empty(out.sizes(), kFloat32) : to_dtype(out, kFloat32);
     mm_out(out32, widened(a), widened(b), alpha, beta);
     copy_(out, out32);  // bumps out's version
@@ -84,8 +98,10 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
   LOOM_CHECK(a.dtype() == b.dtype(), DTypeError, "bmm: dtypes differ; got a=", a.dtype(),
              " b=", b.dtype());
   if (on_cuda("bmm", {a, b})) return cuda_backend().bmm(a, b);
-  // Note [16-bit products on the CPU]: the whole batch widened at once.
-  if (is_16bit_float(a.dtype())) return to_dtype(bmm(widened(a), widened(b)), a.dtype());
+  // Note [16-bit products on the CPU]: the whole batch widened at once, unless the CPU
+  // multiplies this 16-bit dtype itself.
+  if (is_16bit_float(a.dtype()) && !cpu::multiplies_16bit(a.dtype()))
+    return to_dtype(bmm(widened(a), widened(b)), a.dtype());
   return cpu::bmm(a, b);
 }
 

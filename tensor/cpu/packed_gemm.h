@@ -44,15 +44,21 @@ struct CTile {
 // Kernel<T, I>: the register tile MR x NR of the instruction set I's micro-kernel and its cache
 // blocks (KC x NR panels of B stay in L1, MC x KC blocks of A in L2, KC x NC blocks of B in
 // L2/L3), and micro_kernel(kc, a, b, c): c.out [MR, NR] = (c.accumulate ? c.in : 0) + the sum
-// over p < kc of a[p] (x) b[p], with a packed [kc, MR] and b packed [kc, NR]. Each kernel is
-// compiled for its own instructions (a target attribute where they are above the baseline),
-// never inlined, and hidden (no PLT call in the library).
+// over p < kc of a[p] (x) b[p], with a packed [kc, MR] and b packed [kc, NR]. Scalar is C's
+// type; Packed, the element of the packed panels, holds k_group consecutive k of one row of A
+// or one column of B: one float for the float kernels, two bfloat16 in a uint32 for bfloat16's
+// (Note [bf16 dot products] in tensor/cpu/bf16_gemm.h), whose panels are then
+// [ceil(kc / 2), MR] and [ceil(kc / 2), NR]. Each kernel is compiled for its own instructions
+// (a target attribute where they are above the baseline), never inlined, and hidden (no PLT
+// call in the library).
 template <typename T, CpuIsa I>
 struct Kernel;
 
 template <>
 struct Kernel<float, CpuIsa::kAvx2> {
   using Scalar = float;
+  using Packed = float;
+  static constexpr int64_t k_group = 1;
   static constexpr int64_t mr = 6, nr = 16, kc = 256, mc = 120, nc = 1536;
   static void micro_kernel(int64_t kc, const float* a, const float* b, const CTile<float>& c);
 };
@@ -60,6 +66,8 @@ struct Kernel<float, CpuIsa::kAvx2> {
 template <>
 struct Kernel<double, CpuIsa::kAvx2> {
   using Scalar = double;
+  using Packed = double;
+  static constexpr int64_t k_group = 1;
   static constexpr int64_t mr = 6, nr = 8, kc = 256, mc = 60, nc = 768;
   static void micro_kernel(int64_t kc, const double* a, const double* b, const CTile<double>& c);
 };
@@ -71,6 +79,8 @@ struct Kernel<double, CpuIsa::kAvx2> {
 template <>
 struct Kernel<float, CpuIsa::kAvx512> {
   using Scalar = float;
+  using Packed = float;
+  static constexpr int64_t k_group = 1;
   static constexpr int64_t mr = 12, nr = 32, kc = 192, mc = 144, nc = 3072;
   static void micro_kernel(int64_t kc, const float* a, const float* b, const CTile<float>& c);
 };
@@ -227,6 +237,24 @@ Kernel<double, CpuIsa::kAvx2>::micro_kernel(int64_t kc, const double* a, const d
   }
 }
 
+// The end of a 12 x 32 float tile held in 24 zmm registers, shared by the AVX-512 kernels:
+// c.out = (c.accumulate ? c.in : 0) + acc, every load before any store (as in the AVX2 kernel).
+[[gnu::always_inline, gnu::target("avx512f")]] inline void store_tile_12x32(__m512 (&acc)[12][2],
+                                                                            const CTile<float>& c) {
+#pragma GCC unroll 12
+  for (int i = 0; i < 12; ++i) {
+    if (c.accumulate) {
+      acc[i][0] = _mm512_add_ps(acc[i][0], _mm512_loadu_ps(c.in + i * c.ld_in));
+      acc[i][1] = _mm512_add_ps(acc[i][1], _mm512_loadu_ps(c.in + i * c.ld_in + 16));
+    }
+  }
+#pragma GCC unroll 12
+  for (int i = 0; i < 12; ++i) {
+    _mm512_storeu_ps(c.out + i * c.ld_out, acc[i][0]);
+    _mm512_storeu_ps(c.out + i * c.ld_out + 16, acc[i][1]);
+  }
+}
+
 // The accumulators are named registers of a fixed tile; GCC keeps all 24 in zmm registers and
 // folds each broadcast of A into its FMA ({1to16}).
 [[gnu::noinline, gnu::visibility("hidden"), gnu::target("avx512f")]] inline void
@@ -244,18 +272,7 @@ Kernel<float, CpuIsa::kAvx512>::micro_kernel(int64_t kc, const float* a, const f
       acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
     }
   }
-#pragma GCC unroll 12
-  for (int i = 0; i < 12; ++i) {
-    if (c.accumulate) {
-      acc[i][0] = _mm512_add_ps(acc[i][0], _mm512_loadu_ps(c.in + i * c.ld_in));
-      acc[i][1] = _mm512_add_ps(acc[i][1], _mm512_loadu_ps(c.in + i * c.ld_in + 16));
-    }
-  }
-#pragma GCC unroll 12
-  for (int i = 0; i < 12; ++i) {
-    _mm512_storeu_ps(c.out + i * c.ld_out, acc[i][0]);
-    _mm512_storeu_ps(c.out + i * c.ld_out + 16, acc[i][1]);
-  }
+  store_tile_12x32(acc, c);
 }
 #endif  // LOOM_PACKED_GEMM_SIMD
 
@@ -285,6 +302,7 @@ bool with_packed_kernel([[maybe_unused]] F&& f) {
 //   MR-row panels ([kc, MR] each, rows past m zero), packing into `scratch` or pointing into a
 //   pre-packed copy; pack_b(pc, kc, jc, nc, dst) packs B's block as NR-column panels ([kc, NR]
 //   each, columns past n zero). b_scratch holds KC x round_up(NC, NR), a_scratch MC x KC.
+//   (For a kernel whose k_group is 2, read ceil(kc / 2) for kc, and KC / 2 for KC.)
 // Note [Staging C]
 // When C's rows are a multiple of 4 KiB apart (a 1024-wide float matrix, or conv2d's output on
 // a 32 x 32 image), the six rows of a micro-tile fall into the same set of the L1 cache, beside
@@ -298,9 +316,11 @@ bool rows_alias(int64_t ldc) {
   return ldc * static_cast<int64_t>(sizeof(T)) % 4096 == 0;
 }
 
-template <typename B, typename ABlock, typename PackB, typename T = typename B::Scalar>
+template <typename B, typename ABlock, typename PackB, typename T = typename B::Scalar,
+          typename P = typename B::Packed>
 void packed_gemm(int64_t m, int64_t n, int64_t k, ABlock&& a_block, PackB&& pack_b, T* c,
-                 int64_t ldc, bool accumulate, T* b_scratch, T* a_scratch) {
+                 int64_t ldc, bool accumulate, P* b_scratch, P* a_scratch) {
+  static_assert(B::kc % B::k_group == 0, "a K block ends at the end of a group");
   if (k == 0 && !accumulate)
     for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, T(0));
   const bool stage = k > B::kc && rows_alias<T>(ldc);
@@ -317,6 +337,7 @@ void packed_gemm(int64_t m, int64_t n, int64_t k, ABlock&& a_block, PackB&& pack
     }
     for (int64_t pc = 0; pc < k; pc += B::kc) {
       const int64_t kc = std::min(B::kc, k - pc);
+      const int64_t depth = (kc + B::k_group - 1) / B::k_group;  // rows of a packed panel
       pack_b(pc, kc, jc, nc, b_scratch);
       // This pass reads `in` (when accumulating) and writes `out`, both [m, nc].
       const bool first = pc == 0, last = pc + kc >= k;
@@ -327,20 +348,20 @@ void packed_gemm(int64_t m, int64_t n, int64_t k, ABlock&& a_block, PackB&& pack
       const bool acc = accumulate || !first;
       for (int64_t ic = 0; ic < m; ic += B::mc) {
         const int64_t mc = std::min(B::mc, m - ic);
-        const T* a = a_block(ic, mc, pc, kc, a_scratch);
+        const P* a = a_block(ic, mc, pc, kc, a_scratch);
         for (int64_t jr = 0; jr < nc; jr += B::nr) {
           const int64_t nr = std::min(B::nr, nc - jr);
-          const T* b_panel = b_scratch + jr * kc;
+          const P* b_panel = b_scratch + jr * depth;
           for (int64_t ir = 0; ir < mc; ir += B::mr) {
             const int64_t mr = std::min(B::mr, mc - ir);
             const T* tile_in = in + (ic + ir) * ld_in + jr;
             T* tile_out = out + (ic + ir) * ld_out + jr;
             if (mr == B::mr && nr == B::nr) {
-              B::micro_kernel(kc, a + ir * kc, b_panel, {tile_in, ld_in, tile_out, ld_out, acc});
+              B::micro_kernel(kc, a + ir * depth, b_panel, {tile_in, ld_in, tile_out, ld_out, acc});
               continue;
             }
             // An edge tile: computed whole into `tile`, then the part inside C is kept.
-            B::micro_kernel(kc, a + ir * kc, b_panel, {tile, B::nr, tile, B::nr, false});
+            B::micro_kernel(kc, a + ir * depth, b_panel, {tile, B::nr, tile, B::nr, false});
             for (int64_t i = 0; i < mr; ++i)
               for (int64_t j = 0; j < nr; ++j)
                 tile_out[i * ld_out + j] =

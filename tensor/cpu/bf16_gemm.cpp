@@ -1,0 +1,289 @@
+// tensor/cpu/bf16_gemm.cpp — GEMM of bfloat16 operands summed in float32: the vdpbf16ps
+// micro-kernel, the packers that pair consecutive k (Note [bf16 dot products] in
+// tensor/cpu/bf16_gemm.h), the threads around the packed driver, and the widened path for CPUs
+// without AVX512_BF16.
+
+#include "tensor/cpu/bf16_gemm.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "tensor/cpu/gemm.h"
+#include "tensor/cpu/scratch.h"
+#include "tensor/parallel.h"
+
+namespace loom::cpu {
+
+bool bf16_dot_products() {
+#if LOOM_PACKED_GEMM_SIMD
+  return cpu_isa() >= CpuIsa::kAvx512Bf16;
+#else
+  return false;
+#endif
+}
+
+namespace {
+
+// The stored [rows, cols] bfloat16 matrix (leading dim ld) as a contiguous float32 one.
+float* widen(const BFloat16* src, int64_t rows, int64_t cols, int64_t ld, ScratchFrame& frame) {
+  float* dst = frame.get<float>(rows * cols);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) dst[i * cols + j] = src[i * ld + j];
+  return dst;
+}
+
+}  // namespace
+
+#if LOOM_PACKED_GEMM_SIMD
+
+using Bf16Kernel = Kernel<BFloat16, CpuIsa::kAvx512Bf16>;
+
+// The 24 accumulators stay in zmm registers; per pair of k, GCC loads the two vectors of B and
+// broadcasts each pair of A once for its two vdpbf16ps.
+[[gnu::noinline, gnu::visibility("hidden"), gnu::target("avx512f,avx512bf16")]] void
+Bf16Kernel::micro_kernel(int64_t kc, const uint32_t* a, const uint32_t* b, const CTile<float>& c) {
+  __m512 acc[12][2];
+#pragma GCC unroll 12
+  for (int i = 0; i < 12; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  const int64_t pairs = (kc + 1) / 2;
+  for (int64_t q = 0; q < pairs; ++q, a += 12, b += 32) {
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b), b1 = (__m512bh)_mm512_loadu_si512(b + 16);
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) {
+      const __m512bh ai = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[i]));
+      acc[i][0] = _mm512_dpbf16_ps(acc[i][0], ai, b0);
+      acc[i][1] = _mm512_dpbf16_ps(acc[i][1], ai, b1);
+    }
+  }
+  store_tile_12x32(acc, c);
+}
+
+namespace {
+
+// The pair (lo, hi) of consecutive k as the kernel reads it: lo in the low half.
+uint32_t pair_of(BFloat16 lo, BFloat16 hi) {
+  return lo.bits | static_cast<uint32_t>(hi.bits) << 16;
+}
+
+// The q-th pair of a row whose k are contiguous (memcpy: the row may be 2-byte aligned only).
+uint32_t pair_at(const BFloat16* row, int64_t q) {
+  uint32_t bits;
+  std::memcpy(&bits, row + 2 * q, sizeof bits);
+  return bits;
+}
+
+// dst[t * ld_dst + r] = pair t of row r (src + r * ld_src, k contiguous) for t < 8 and r < rows
+// (8, or 4 with the other four lanes of each row left alone): eight pairs of each of eight rows
+// turned into rows of eight, an 8 x 8 transpose of uint32 in registers.
+void transpose_pairs_8x8(const BFloat16* src, int64_t ld_src, int rows, uint32_t* dst,
+                         int64_t ld_dst) {
+  __m256i r[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i)
+    r[i] = i < rows ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i * ld_src))
+                    : _mm256_setzero_si256();
+  __m256i t[8], u[8];
+#pragma GCC unroll 4
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);  // a0 b0 a1 b1 | a4 b4 a5 b5
+    t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+  }
+#pragma GCC unroll 2
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);  // a0 b0 c0 d0 | a4 b4 c4 d4
+    u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  // Pair p of rows 0..3 is the low half of u[p % 4] for p < 4, the high half for p >= 4; rows
+  // 4..7 are the same halves of u[4 + p % 4].
+#pragma GCC unroll 8
+  for (int p = 0; p < 8; ++p) {
+    const __m256i column = p < 4 ? _mm256_permute2x128_si256(u[p % 4], u[4 + p % 4], 0x20)
+                                 : _mm256_permute2x128_si256(u[p % 4], u[4 + p % 4], 0x31);
+    if (rows == 8)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + p * ld_dst), column);
+    else
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + p * ld_dst),
+                       _mm256_castsi256_si128(column));
+  }
+}
+
+// Rows r < count (each src + r * ld_src, k contiguous) as `count` columns of a panel [pairs, ld]
+// starting at dst: the 8 x 8 transposes over whole groups of eight pairs, then one pair at a
+// time, the last half zero when kc is odd. count is a multiple of 4 (12 for A, 32 for B).
+void pack_rows_of_pairs(const BFloat16* src, int64_t ld_src, int64_t count, int64_t kc,
+                        uint32_t* dst, int64_t ld) {
+  const int64_t full = kc / 2;
+  int64_t q = 0;
+  for (; q + 8 <= full; q += 8)
+    for (int64_t r = 0; r < count; r += 8)
+      transpose_pairs_8x8(src + r * ld_src + 2 * q, ld_src, count - r >= 8 ? 8 : 4,
+                          dst + q * ld + r, ld);
+  for (; q < full; ++q)
+    for (int64_t r = 0; r < count; ++r) dst[q * ld + r] = pair_at(src + r * ld_src, q);
+  if (kc % 2 != 0)
+    for (int64_t r = 0; r < count; ++r)
+      dst[full * ld + r] = pair_of(src[r * ld_src + kc - 1], BFloat16());
+}
+
+// Two rows of the stored matrix, k = 2q and 2q + 1 (`hi` null past an odd kc), `count`
+// contiguous elements each, interleaved into `count` pairs: count a multiple of 4.
+void interleave_pair_rows(const BFloat16* lo, const BFloat16* hi, int64_t count, uint32_t* dst) {
+  int64_t j = 0;
+  for (; j + 8 <= count; j += 8) {
+    const __m128i l = _mm_loadu_si128(reinterpret_cast<const __m128i*>(lo + j));
+    const __m128i h = hi != nullptr ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi + j))
+                                    : _mm_setzero_si128();
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + j), _mm_unpacklo_epi16(l, h));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + j + 4), _mm_unpackhi_epi16(l, h));
+  }
+  for (; j < count; j += 4) {
+    const __m128i l = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(lo + j));
+    const __m128i h = hi != nullptr ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(hi + j))
+                                    : _mm_setzero_si128();
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + j), _mm_unpacklo_epi16(l, h));
+  }
+}
+
+// Any layout, one element at a time: `count` (< width) rows or columns in a panel [pairs, width]
+// whose element (q, r) pairs src[r step + 2q k_step] with the next k, zeros past count.
+void pack_pairs_strided(const BFloat16* src, int64_t step, int64_t k_step, int64_t count,
+                        int64_t kc, int64_t width, uint32_t* dst) {
+  for (int64_t q = 0; q < (kc + 1) / 2; ++q) {
+    uint32_t* row = dst + q * width;
+    const bool has_hi = 2 * q + 1 < kc;
+    for (int64_t r = 0; r < count; ++r) {
+      const BFloat16* x = src + r * step + 2 * q * k_step;
+      row[r] = pair_of(x[0], has_hi ? x[k_step] : BFloat16());
+    }
+    std::fill(row + count, row + width, 0u);
+  }
+}
+
+// A [m, kc] with A(i, p) = src[i rs + p cs] as 12-row panels of k-pairs [ceil(kc / 2), 12],
+// rows past m and the high half of an odd kc's last pair zero.
+void pack_a_pairs(const BFloat16* src, int64_t rs, int64_t cs, int64_t m, int64_t kc,
+                  uint32_t* dst) {
+  constexpr int64_t mr = Bf16Kernel::mr;
+  const int64_t pairs = (kc + 1) / 2;
+  for (int64_t i0 = 0; i0 < m; i0 += mr, dst += pairs * mr) {
+    const int64_t rows = std::min(mr, m - i0);
+    const BFloat16* panel = src + i0 * rs;
+    if (rows == mr && cs == 1) {  // rows contiguous in k: their pairs transposed
+      pack_rows_of_pairs(panel, rs, mr, kc, dst, mr);
+    } else if (rows == mr && rs == 1) {  // A stored transposed: each k's 12 rows contiguous
+      for (int64_t q = 0; q < pairs; ++q)
+        interleave_pair_rows(panel + 2 * q * cs,
+                             2 * q + 1 < kc ? panel + (2 * q + 1) * cs : nullptr, mr, dst + q * mr);
+    } else {
+      pack_pairs_strided(panel, rs, cs, rows, kc, mr, dst);
+    }
+  }
+}
+
+// B [kc, nc] with B(p, j) = src[p rs + j cs] as 32-column panels of k-pairs
+// [ceil(kc / 2), 32], columns past nc and the high half of an odd kc's last pair zero.
+void pack_b_pairs(const BFloat16* src, int64_t rs, int64_t cs, int64_t kc, int64_t nc,
+                  uint32_t* dst) {
+  constexpr int64_t nr = Bf16Kernel::nr;
+  const int64_t pairs = (kc + 1) / 2, full = nc / nr;
+  if (cs == 1) {
+    // Rows of B contiguous in j: each pair of rows, read front to back, is dealt out to the
+    // panels, 32 pairs (128 bytes) to each (as pack_b_rows deals out four float rows).
+    for (int64_t q = 0; q < pairs; ++q) {
+      const BFloat16* lo = src + 2 * q * rs;
+      const BFloat16* hi = 2 * q + 1 < kc ? lo + rs : nullptr;
+      for (int64_t panel = 0; panel < full; ++panel)
+        interleave_pair_rows(lo + panel * nr, hi == nullptr ? nullptr : hi + panel * nr, nr,
+                             dst + panel * pairs * nr + q * nr);
+    }
+  } else if (rs == 1) {  // B stored transposed: each column contiguous in k
+    for (int64_t panel = 0; panel < full; ++panel)
+      pack_rows_of_pairs(src + panel * nr * cs, cs, nr, kc, dst + panel * pairs * nr, nr);
+  } else {
+    for (int64_t panel = 0; panel < full; ++panel)
+      pack_pairs_strided(src + panel * nr * cs, cs, rs, nr, kc, nr, dst + panel * pairs * nr);
+  }
+  if (nc > full * nr)  // the last, partial panel
+    pack_pairs_strided(src + full * nr * cs, cs, rs, nc - full * nr, kc, nr,
+                       dst + full * pairs * nr);
+}
+
+// C = scale * C over [m, n]; scale = 0 writes zeros, NaNs in C included.
+void scale_rows(int64_t m, int64_t n, float scale, float* c, int64_t ldc) {
+  if (scale == 1.0f) return;
+  for (int64_t i = 0; i < m; ++i) {
+    float* row = c + i * ldc;
+    if (scale == 0.0f)
+      std::fill(row, row + n, 0.0f);
+    else
+      for (int64_t j = 0; j < n; ++j) row[j] *= scale;
+  }
+}
+
+// C += op(A) op(B) (or C = when !accumulate) by the packed driver with the vdpbf16ps kernel.
+// Threads split C by columns, whole 32-wide panels each, as cpu::gemm's float32 path does; each
+// packs its own blocks.
+void threaded_bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                        const BFloat16* a, int64_t lda, const BFloat16* b, int64_t ldb, float* c,
+                        int64_t ldc, bool accumulate) {
+  using K = Bf16Kernel;
+  const int64_t a_rs = trans_a ? 1 : lda, a_cs = trans_a ? lda : 1;
+  const int64_t b_rs = trans_b ? 1 : ldb, b_cs = trans_b ? ldb : 1;
+  const int64_t panels = (n + K::nr - 1) / K::nr, depth = K::kc / K::k_group;
+  parallel_for(0, panels, 2, [&](int64_t lo, int64_t hi) {
+    const int64_t j0 = lo * K::nr, cols = std::min(n, hi * K::nr) - j0;
+    ScratchFrame frame;
+    uint32_t* b_scratch = frame.get<uint32_t>(depth * ((K::nc + K::nr - 1) / K::nr * K::nr));
+    uint32_t* a_scratch = frame.get<uint32_t>(K::mc * depth);
+    auto a_block = [&](int64_t ic, int64_t mc, int64_t pc, int64_t kc,
+                       uint32_t* scratch) -> const uint32_t* {
+      pack_a_pairs(a + ic * a_rs + pc * a_cs, a_rs, a_cs, mc, kc, scratch);
+      return scratch;
+    };
+    auto pack_b = [&](int64_t pc, int64_t kc, int64_t jc, int64_t nc, uint32_t* dst) {
+      pack_b_pairs(b + pc * b_rs + (j0 + jc) * b_cs, b_rs, b_cs, kc, nc, dst);
+    };
+    packed_gemm<K>(m, cols, k, a_block, pack_b, c + j0, ldc, accumulate, b_scratch, a_scratch);
+  });
+}
+
+}  // namespace
+
+#endif  // LOOM_PACKED_GEMM_SIMD
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+               const BFloat16* a, int64_t lda, const BFloat16* b, int64_t ldb, float beta, float* c,
+               int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (!bf16_dot_products()) {
+    // Widened: every bfloat16 is a float32, so this is the same product in float32's GEMM.
+    ScratchFrame frame;
+    const float* a32 = widen(a, trans_a ? k : m, trans_a ? m : k, lda, frame);
+    const float* b32 = widen(b, trans_b ? n : k, trans_b ? k : n, ldb, frame);
+    gemm<float>(trans_a, trans_b, m, n, k, alpha, a32, trans_a ? m : k, b32, trans_b ? k : n, beta,
+                c, ldc);
+    return;
+  }
+#if LOOM_PACKED_GEMM_SIMD
+  if (k == 0 || alpha == 0.0f) return scale_rows(m, n, beta, c, ldc);
+  if (beta == 0.0f || alpha == 1.0f) {
+    // The product written into C (beta = 0: the first pass over K ignores C) or added to beta C;
+    // then alpha, where it is not 1, scales the float32 result.
+    if (beta != 0.0f) scale_rows(m, n, beta, c, ldc);
+    threaded_bf16_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, beta != 0.0f);
+    scale_rows(m, n, alpha, c, ldc);
+    return;
+  }
+  // Both apply: the product in scratch, then C = alpha product + beta C.
+  ScratchFrame frame;
+  float* product = frame.get<float>(m * n);
+  threaded_bf16_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, product, n, false);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      c[i * ldc + j] = alpha * product[i * n + j] + beta * c[i * ldc + j];
+#endif
+}
+
+}  // namespace loom::cpu

@@ -1,0 +1,66 @@
+// tensor/cpu/bf16_gemm.h — GEMM of bfloat16 operands with float32 accumulation. On CPUs with
+// AVX512_BF16 it runs vdpbf16ps in the packed driver of tensor/cpu/packed_gemm.h, on operands
+// packed in k-pairs (Note [bf16 dot products]); elsewhere it widens the operands to float32 for
+// cpu::gemm<float>. The matrix products of bfloat16 tensors use it (Note [16-bit products on the
+// CPU] in tensor/linalg.cpp).
+#pragma once
+
+#include <cstdint>
+
+#include "tensor/cpu/packed_gemm.h"
+#include "tensor/dtype.h"
+
+namespace loom::cpu {
+
+// Note [bf16 dot products]
+//   vdpbf16ps (AVX512_BF16) reads each 32-bit lane of its two sources as a pair of bfloat16 and
+//   adds both products of the pair to the float32 in that lane of the destination:
+//     c[j] += a[2j+1] * b[2j+1], then c[j] += a[2j] * b[2j]      for j < 16
+//   32 multiply-adds per 512-bit instruction, against 16 for a float32 FMA; how many of each
+//   issue per cycle depends on the CPU (bf16_dot_peak_gflops and fma_peak_gflops measure both),
+//   and vdpbf16ps may issue at a quarter of the FMAs' rate. The product of two bfloat16 is exact
+//   in float32; each addition is rounded to nearest even; denormal inputs and results count as
+//   zero. So the result is a float32 accumulation of 16-bit products, as the widened path's, but
+//   summed in another order and with denormals flushed: not bitwise equal to it, within k
+//   float32 roundings of it.
+//
+//   The GEMM therefore packs both operands in k-pairs: a packed element is the uint32 holding
+//   A(i, 2q) in its low half and A(i, 2q+1) in its high half (B(2q, j) and B(2q+1, j) for B),
+//   and an odd K ends in a pair whose high half is zero. An A panel is [ceil(kc / 2), 12] pairs,
+//   a B panel [ceil(kc / 2), 32]. The micro-kernel is the AVX-512 float kernel's 12 x 32 tile
+//   with a vdpbf16ps for each FMA: per pair of k, two vectors of B (32 columns), twelve pairs of
+//   A broadcast from the panel, 24 instructions into 24 accumulators. The cache blocks hold the
+//   float kernel's bytes: a B panel of 192 pairs is 24 KiB, in L1 (KC = 384 k); an A block
+//   144 x 384 bfloat16 is 108 KiB, in L2.
+//
+//   alpha is applied to the float32 result, never to a bfloat16 operand (that would round it).
+
+// Whether gemm_bf16 multiplies bfloat16 directly here: this build has the vdpbf16ps kernel and
+// cpu_isa() is kAvx512Bf16 (Note [CPU instruction sets] in tensor/cpu_info.h).
+bool bf16_dot_products();
+
+// C [m, n] (float32, row stride ldc) = alpha op(A) op(B) + beta C, op(A) [m, k] of bfloat16
+// (stored [m, k] with leading dim lda, or [k, m] when trans_a), likewise op(B) [k, n]: products
+// of bfloat16 summed in float32, by vdpbf16ps where bf16_dot_products(), else by cpu::gemm<float>
+// on the operands widened. beta = 0 ignores C (NaNs included). Threads split C's columns.
+void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+               const BFloat16* a, int64_t lda, const BFloat16* b, int64_t ldb, float beta, float* c,
+               int64_t ldc);
+
+#if LOOM_PACKED_GEMM_SIMD
+
+// The vdpbf16ps micro-kernel (Note [bf16 dot products]): C's tile is float32, the packed panels
+// hold pairs of bfloat16. Defined in bf16_gemm.cpp, compiled for AVX512F and AVX512_BF16, and
+// reached only where cpu_isa() is kAvx512Bf16.
+template <>
+struct Kernel<BFloat16, CpuIsa::kAvx512Bf16> {
+  using Scalar = float;
+  using Packed = uint32_t;
+  static constexpr int64_t k_group = 2;
+  static constexpr int64_t mr = 12, nr = 32, kc = 384, mc = 144, nc = 3072;
+  static void micro_kernel(int64_t kc, const uint32_t* a, const uint32_t* b, const CTile<float>& c);
+};
+
+#endif  // LOOM_PACKED_GEMM_SIMD
+
+}  // namespace loom::cpu
