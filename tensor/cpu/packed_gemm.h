@@ -37,6 +37,11 @@ struct CTile {
   bool accumulate;
 };
 
+// The micro-kernels' traits, below; declared in every build, so that callers name them in code
+// that with_packed_kernel never runs where the baseline lacks AVX2 and FMA.
+template <typename T, CpuIsa I>
+struct Kernel;
+
 #if LOOM_PACKED_GEMM_SIMD
 
 // ------------------------------------------------------------------ the micro-kernels
@@ -51,8 +56,6 @@ struct CTile {
 // [ceil(kc / 2), MR] and [ceil(kc / 2), NR]. Each kernel is compiled for its own instructions
 // (a target attribute where they are above the baseline), never inlined, and hidden (no PLT
 // call in the library).
-template <typename T, CpuIsa I>
-struct Kernel;
 
 template <>
 struct Kernel<float, CpuIsa::kAvx2> {
