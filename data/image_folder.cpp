@@ -9,6 +9,7 @@
 #include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <vector>
 
@@ -56,7 +57,10 @@ bool is_hidden(const fs::path& path) { return path.filename().string().starts_wi
 //   - the header's width x height may be at most kMaxPixels; the folder holds every image in
 //     memory, and a larger one is far beyond what a training set of one size holds;
 //   - a 16-bit PNM converted to other channels goes through stb's 8-bit conversion itself
-//     (stb 2.27 converts it as 8-bit samples and reads past its buffer; 2.28 fixed that).
+//     (stb 2.27 converts it as 8-bit samples and reads past its buffer; 2.28 fixed that);
+//   - a PNG's empty IDAT chunks are taken out: stb copies an empty chunk's 0 bytes to its data
+//     buffer before it has one, memcpy(NULL, ..., 0), undefined behaviour that lets the compiler
+//     drop stb's later "no IDAT" null check. An empty chunk adds no data, so the image is the same.
 #ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
 constexpr int64_t kMaxPixels = int64_t{1} << 26;  // 8192 x 8192
 #else
@@ -108,6 +112,30 @@ bool jpeg_huffman_tables_fit(const std::vector<stbi_uc>& bytes) {
   return true;
 }
 
+// Takes out a PNG's empty IDAT chunks, walking the chunks as stbi__parse_png_file does (length,
+// type, data, CRC) up to IEND; leaves any other file as it is.
+void remove_empty_png_data_chunks(std::vector<stbi_uc>& bytes) {
+  static constexpr stbi_uc kSignature[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  if (bytes.size() < sizeof kSignature ||
+      !std::equal(std::begin(kSignature), std::end(kSignature), bytes.begin()))
+    return;
+  const auto is_type = [&](size_t at, const char* type) {
+    return std::equal(type, type + 4, bytes.begin() + static_cast<std::ptrdiff_t>(at));
+  };
+  size_t at = sizeof kSignature;
+  while (at + 8 <= bytes.size() && !is_type(at + 4, "IEND")) {
+    const uint64_t length = uint64_t{bytes[at]} << 24 | uint64_t{bytes[at + 1]} << 16 |
+                            uint64_t{bytes[at + 2]} << 8 | bytes[at + 3];
+    if (length == 0 && is_type(at + 4, "IDAT")) {
+      const auto chunk = bytes.begin() + static_cast<std::ptrdiff_t>(at);
+      bytes.erase(chunk,
+                  chunk + static_cast<std::ptrdiff_t>(std::min<size_t>(12, bytes.size() - at)));
+    } else {
+      at += 12 + length;
+    }
+  }
+}
+
 struct StbiFree {
   void operator()(stbi_uc* p) const { stbi_image_free(p); }
 };
@@ -146,9 +174,10 @@ Decoded decode(const std::string& path, int channels) {
     out.error = "cannot decode image: a JPEG Huffman table has more than 256 codes";
     return out;
   }
+  remove_empty_png_data_chunks(bytes);
+  const int length = static_cast<int>(bytes.size());
   int width = 0, height = 0, file_channels = 0;
-  if (stbi_info_from_memory(bytes.data(), static_cast<int>(size), &width, &height,
-                            &file_channels) &&
+  if (stbi_info_from_memory(bytes.data(), length, &width, &height, &file_channels) &&
       int64_t{width} * height > kMaxPixels) {
     out.error = detail::str("cannot decode image: its header says ", width, " x ", height,
                             " pixels, over the limit of ", kMaxPixels);
@@ -157,9 +186,9 @@ Decoded decode(const std::string& path, int channels) {
   // A 16-bit PNM that needs other channels: stb 2.27 would convert its 16-bit samples as 8-bit
   // ones, past the end of its buffer; it is decoded to 8 bits first, then converted.
   const bool pnm16 = size >= 2 && bytes[0] == 'P' && (bytes[1] == '5' || bytes[1] == '6') &&
-                     stbi_is_16_bit_from_memory(bytes.data(), static_cast<int>(size));
-  out.pixels.reset(stbi_load_from_memory(bytes.data(), static_cast<int>(size), &width, &height,
-                                         &file_channels, pnm16 ? 0 : channels));
+                     stbi_is_16_bit_from_memory(bytes.data(), length);
+  out.pixels.reset(stbi_load_from_memory(bytes.data(), length, &width, &height, &file_channels,
+                                         pnm16 ? 0 : channels));
   if (out.pixels && pnm16 && channels && channels != file_channels)  // frees its input
     out.pixels.reset(stbi__convert_format(out.pixels.release(), file_channels, channels,
                                           static_cast<unsigned>(width),

@@ -188,6 +188,38 @@ TEST(ImageFolder, DecodesJpeg) {
   EXPECT_NEAR(folder.get(0).image.to_vector<double>()[20], 128, 2);
 }
 
+// Note [Decoding untrusted images]: stb meets an empty IDAT chunk before any data with
+// memcpy(NULL, ..., 0); ImageFolder takes such chunks out, and the image decodes as without them.
+// (The undefined behaviour itself shows only under UBSan:
+// fuzz/corpus/image/regression-png-empty-idat.png.)
+TEST(ImageFolder, EmptyPngDataChunksAddNothing) {
+  const test::ScratchDir scratch;  // Note [Test scratch directories]
+  const fs::path dir = scratch.path();
+  fs::create_directories(dir / "a");
+  write_png(dir / "a" / "1.png", 4, 3, 3, 7);
+  const std::vector<int> pixels = data::ImageFolder(dir.string()).get(0).image.to_vector<int>();
+
+  std::ifstream in(dir / "a" / "1.png", std::ios::binary);
+  std::vector<uint8_t> bytes{std::istreambuf_iterator<char>(in), {}};
+  const std::vector<uint8_t> empty_idat = {0, 0, 0, 0, 'I', 'D', 'A', 'T', 1, 2, 3, 4};
+  constexpr size_t kAfterHeader = 8 + 12 + 13;  // the signature, then IHDR's 13 bytes
+  ASSERT_GT(bytes.size(), kAfterHeader);
+  std::vector<uint8_t> padded(bytes.begin(), bytes.begin() + kAfterHeader);
+  padded.insert(padded.end(), empty_idat.begin(), empty_idat.end());
+  padded.insert(padded.end(), empty_idat.begin(), empty_idat.end());
+  padded.insert(padded.end(), bytes.begin() + kAfterHeader, bytes.end());
+  write_file(dir / "a" / "1.png", padded);
+  EXPECT_EQ(data::ImageFolder(dir.string()).get(0).image.to_vector<int>(), pixels);
+
+  // Only empty data chunks: no data at all.
+  std::vector<uint8_t> no_data(bytes.begin(), bytes.begin() + kAfterHeader);
+  no_data.insert(no_data.end(), empty_idat.begin(), empty_idat.end());
+  no_data.insert(no_data.end(), bytes.end() - 12, bytes.end());  // IEND
+  write_file(dir / "a" / "1.png", no_data);
+  EXPECT_LOOM_ERROR(data::ImageFolder(dir.string()), IOError,
+                    {(dir / "a" / "1.png").string(), "cannot decode"});
+}
+
 TEST(ImageFolder, BadFoldersRaiseIOErrorNamingThePath) {
   EXPECT_LOOM_ERROR(data::ImageFolder("/nonexistent/folder"), IOError,
                     {"/nonexistent/folder", "no such directory"});
