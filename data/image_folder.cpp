@@ -93,9 +93,13 @@ bool pnm_numbers_fit(const std::vector<stbi_uc>& bytes) {
 // stbi__process_marker would read it there (bytes past the end read as 0), so no path stb takes
 // through the file meets a table the check has not seen. True for any other format.
 bool jpeg_huffman_tables_fit(const std::vector<stbi_uc>& bytes) {
-  if (bytes.size() < 2 || bytes[0] != 0xFF || bytes[1] != 0xD8) return true;
+  // stb takes a file for a JPEG when its first marker is SOI: FF D8, after any number of FF
+  // fill bytes (stbi__get_marker skips them).
+  size_t soi = 0;
+  while (soi < bytes.size() && bytes[soi] == 0xFF) ++soi;
+  if (soi == 0 || soi >= bytes.size() || bytes[soi] != 0xD8) return true;
   const auto at = [&](size_t i) -> int { return i < bytes.size() ? bytes[i] : 0; };
-  for (size_t marker = 2; marker + 1 < bytes.size(); ++marker) {
+  for (size_t marker = soi + 1; marker + 1 < bytes.size(); ++marker) {
     if (bytes[marker] != 0xFF || bytes[marker + 1] != 0xC4) continue;
     int remaining = (at(marker + 2) << 8 | at(marker + 3)) - 2;
     size_t i = marker + 4;
