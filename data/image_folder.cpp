@@ -65,7 +65,10 @@ bool is_hidden(const fs::path& path) { return path.filename().string().starts_wi
 //     (stb 2.27 converts it as 8-bit samples and reads past its buffer; 2.28 fixed that);
 //   - a PNG's empty IDAT chunks are taken out: stb copies an empty chunk's 0 bytes to its data
 //     buffer before it has one, memcpy(NULL, ..., 0), undefined behaviour that lets the compiler
-//     drop stb's later "no IDAT" null check. An empty chunk adds no data, so the image is the same.
+//     drop stb's later "no IDAT" null check. An empty chunk adds no data, so the image is the same;
+//   - a PNG whose IDAT chunk claims more bytes than the file holds is refused: stb grows its data
+//     buffer to the claimed length (up to 2 GiB from a 69-byte file) before it finds them
+//     missing, and then fails anyway.
 #ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
 constexpr int64_t kMaxPixels = int64_t{1} << 26;  // 8192 x 8192
 #else
@@ -121,13 +124,14 @@ bool jpeg_huffman_tables_fit(const std::vector<stbi_uc>& bytes) {
   return true;
 }
 
-// Takes out a PNG's empty IDAT chunks, walking the chunks as stbi__parse_png_file does (length,
-// type, data, CRC) up to IEND; leaves any other file as it is.
-void remove_empty_png_data_chunks(std::vector<stbi_uc>& bytes) {
+// Walks a PNG's chunks as stbi__parse_png_file does (length, type, data, CRC) up to IEND, takes
+// out the empty IDAT chunks, and returns false if an IDAT chunk claims more bytes than the file
+// holds after it. Leaves any other file as it is (and returns true).
+bool tidy_png_data_chunks(std::vector<stbi_uc>& bytes) {
   static constexpr stbi_uc kSignature[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
   if (bytes.size() < sizeof kSignature ||
       !std::equal(std::begin(kSignature), std::end(kSignature), bytes.begin()))
-    return;
+    return true;
   const auto is_type = [&](size_t at, const char* type) {
     return std::equal(type, type + 4, bytes.begin() + static_cast<std::ptrdiff_t>(at));
   };
@@ -135,7 +139,9 @@ void remove_empty_png_data_chunks(std::vector<stbi_uc>& bytes) {
   while (at + 8 <= bytes.size() && !is_type(at + 4, "IEND")) {
     const uint64_t length = uint64_t{bytes[at]} << 24 | uint64_t{bytes[at + 1]} << 16 |
                             uint64_t{bytes[at + 2]} << 8 | bytes[at + 3];
-    if (length == 0 && is_type(at + 4, "IDAT")) {
+    const bool data = is_type(at + 4, "IDAT");
+    if (data && length > bytes.size() - (at + 8)) return false;
+    if (data && length == 0) {
       const auto chunk = bytes.begin() + static_cast<std::ptrdiff_t>(at);
       bytes.erase(chunk,
                   chunk + static_cast<std::ptrdiff_t>(std::min<size_t>(12, bytes.size() - at)));
@@ -143,6 +149,7 @@ void remove_empty_png_data_chunks(std::vector<stbi_uc>& bytes) {
       at += 12 + length;
     }
   }
+  return true;
 }
 
 struct StbiFree {
@@ -183,7 +190,10 @@ Decoded decode(const std::string& path, int channels) {
     out.error = "cannot decode image: a JPEG Huffman table has more than 256 codes";
     return out;
   }
-  remove_empty_png_data_chunks(bytes);
+  if (!tidy_png_data_chunks(bytes)) {
+    out.error = "cannot decode image: a PNG data chunk runs past the end of the file";
+    return out;
+  }
   const int length = static_cast<int>(bytes.size());
   int width = 0, height = 0, file_channels = 0;
   if (stbi_info_from_memory(bytes.data(), length, &width, &height, &file_channels) &&

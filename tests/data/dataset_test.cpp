@@ -190,9 +190,10 @@ TEST(ImageFolder, DecodesJpeg) {
 
 // Note [Decoding untrusted images]: stb meets an empty IDAT chunk before any data with
 // memcpy(NULL, ..., 0); ImageFolder takes such chunks out, and the image decodes as without them.
+// A chunk longer than the file is refused.
 // (The undefined behaviour itself shows only under UBSan:
 // fuzz/corpus/image/regression-png-empty-idat.png.)
-TEST(ImageFolder, EmptyPngDataChunksAddNothing) {
+TEST(ImageFolder, PngDataChunksEmptyOrPastTheEnd) {
   const test::ScratchDir scratch;  // Note [Test scratch directories]
   const fs::path dir = scratch.path();
   fs::create_directories(dir / "a");
@@ -218,6 +219,13 @@ TEST(ImageFolder, EmptyPngDataChunksAddNothing) {
   write_file(dir / "a" / "1.png", no_data);
   EXPECT_LOOM_ERROR(data::ImageFolder(dir.string()), IOError,
                     {(dir / "a" / "1.png").string(), "cannot decode"});
+
+  // A data chunk that claims 2 GiB of a short file is refused before stb allocates for it.
+  std::vector<uint8_t> overlong(bytes.begin(), bytes.begin() + kAfterHeader);
+  overlong.insert(overlong.end(), {0x7F, 0xFF, 0xFF, 0xFF, 'I', 'D', 'A', 'T', 1, 2, 3});
+  write_file(dir / "a" / "1.png", overlong);
+  EXPECT_LOOM_ERROR(data::ImageFolder(dir.string()), IOError,
+                    {(dir / "a" / "1.png").string(), "data chunk runs past the end"});
 }
 
 TEST(ImageFolder, BadFoldersRaiseIOErrorNamingThePath) {
