@@ -5,10 +5,16 @@
 // share of the gradient allreduce hidden behind backward (ReducerTimeline::overlap, median over
 // steps), the communication still waited for after backward ended, and the bucket plan.
 //
+// The ideal is measured beside it: two independent 1-rank jobs run at the same time, each a
+// plain model with no process group, and their images/s added up over the lone job's is the
+// speed-up that sharing the machine's cores, caches and memory bandwidth leaves (DDP cannot beat
+// it; the gap to it is what the allreduce costs).
+//
 // Each configuration is a fresh job: the program re-launches itself through dist::launch with
-// --worker, and rank 0 writes its step times to a file the launching process reads. The two
-// configurations alternate (1 rank, 2 ranks, 1 rank, ...) for --rounds rounds so that load from
-// other processes falls on both alike; the speed-up is the median of the per-round ratios.
+// --worker, and rank 0 (each rank, for the independent jobs) writes its step times to a file the
+// launching process reads. The three configurations alternate (1 rank, 2 independent, 2 ranks,
+// 1 rank, ...) for --rounds rounds so that load from other processes falls on all alike; the
+// speed-ups are the medians of the per-round ratios.
 //
 //   ddp_scaling_bench [--width W (32)] [--batch B (32)] [--steps S (8)] [--rounds R (3)]
 //                     [--warmup N (2)] [--bucket-mib M (DDP's default, 25)]
@@ -53,7 +59,8 @@ struct Options {
   int steps = 8, rounds = 3, warmup = 2;
   double bucket_mib = 0;  // DDPOptions::bucket_bytes in MiB; 0: DDP's default (25)
   bool worker = false;
-  std::string result;  // the worker's output file (rank 0 writes it)
+  bool independent = false;  // the worker trains alone, whatever the world size
+  std::string result;        // the worker's output file (rank 0 writes it; each rank, alone)
 };
 
 Options parse(int argc, char** argv) {
@@ -78,6 +85,8 @@ Options parse(int argc, char** argv) {
       o.bucket_mib = std::stod(next());
     else if (arg == "--worker")
       o.worker = true;
+    else if (arg == "--independent")
+      o.independent = true;
     else if (arg == "--result")
       o.result = next();
     else
@@ -98,9 +107,16 @@ Options parse(int argc, char** argv) {
 // ---------------------------------------------------------------- a worker (one rank)
 
 // What rank 0 writes: "buckets <bytes>..." then per timed step "step <ms> <overlap> <after_ms>".
+// An independent worker writes the same to <result>.<rank>, with no buckets.
 int run_worker(const Options& o) {
   loom::set_num_threads(1);
-  const dist::Environment env = dist::environment_from_env();
+  dist::Environment env = dist::environment_from_env();
+  std::string result = o.result;
+  if (o.independent) {
+    result += "." + std::to_string(env.rank);
+    env.rank = 0;
+    env.world_size = 1;
+  }
   std::shared_ptr<dist::ProcessGroup> group;
   if (env.world_size > 1) {
     auto store = dist::rendezvous(env, std::chrono::minutes(2));
@@ -123,8 +139,8 @@ int run_worker(const Options& o) {
 
   std::ofstream out;
   if (env.rank == 0) {
-    out.open(o.result);
-    LOOM_CHECK(out.good(), ValueError, "ddp_scaling_bench: cannot write ", o.result);
+    out.open(result);
+    LOOM_CHECK(out.good(), ValueError, "ddp_scaling_bench: cannot write ", result);
   }
   for (int s = 0; s < o.warmup + o.steps; ++s) {
     const auto start = Clock::now();
@@ -152,7 +168,7 @@ int run_worker(const Options& o) {
       for (const dist::Bucket& b : ddp->reducer().buckets()) out << " " << b.bytes();
     out << "\n";
     out.close();
-    LOOM_CHECK(out.good(), ValueError, "ddp_scaling_bench: cannot write ", o.result);
+    LOOM_CHECK(out.good(), ValueError, "ddp_scaling_bench: cannot write ", result);
   }
   if (group) group->barrier()->wait();  // rank 0 serves the store: it leaves last
   return 0;
@@ -194,26 +210,35 @@ int run_launcher(const Options& o, int argc, char** argv) {
   command = dist::strip_flag(command, "--rounds", /*has_value=*/true);
   command.insert(command.end(), {"--worker", "--result", path});
 
-  // One job of `world` ranks; its results, or a failure status.
-  auto run_job = [&](int world, Run& run, double& other_cores) {
+  // One job of `world` ranks, or `world` independent 1-rank jobs at once; the results of each
+  // job (rank 0's, or each independent worker's), or a failure status.
+  auto run_job = [&](int world, bool independent, std::vector<Run>& runs, double& other_cores) {
     dist::LaunchOptions launch;
     launch.nproc_per_node = world;
     launch.master_port = 0;
     launch.grace = std::chrono::milliseconds(2000);
     launch.extra_env = {{"OMP_NUM_THREADS", "1"}};
+    std::vector<std::string> job = command;
+    if (independent) job.push_back("--independent");
+    const char* what = independent ? "independent" : "rank";
     const ForeignLoad others;
-    const int status = launch_quietly(launch, command);
+    const int status = launch_quietly(launch, job);
     other_cores = others.cores();
     if (status != 0) {
-      std::fprintf(stderr, "ddp_scaling_bench: the %d-rank run failed (status %d)\n", world,
+      std::fprintf(stderr, "ddp_scaling_bench: the %d-%s run failed (status %d)\n", world, what,
                    status);
       return status;
     }
-    run = read_run(path);
-    if (run.step_ms.size() != static_cast<size_t>(o.steps)) {
-      std::fprintf(stderr, "ddp_scaling_bench: the %d-rank run wrote %zu of %d steps\n", world,
-                   run.step_ms.size(), o.steps);
-      return 1;
+    runs.clear();
+    for (int r = 0; r < (independent ? world : 1); ++r) {
+      const std::string file = independent ? path + "." + std::to_string(r) : path;
+      runs.push_back(read_run(file));
+      if (independent) std::remove(file.c_str());
+      if (runs.back().step_ms.size() != static_cast<size_t>(o.steps)) {
+        std::fprintf(stderr, "ddp_scaling_bench: the %d-%s run wrote %zu of %d steps\n", world,
+                     what, runs.back().step_ms.size(), o.steps);
+        return 1;
+      }
     }
     return 0;
   };
@@ -225,37 +250,48 @@ int run_launcher(const Options& o, int argc, char** argv) {
       static_cast<long long>(o.width), static_cast<long long>(o.batch), o.steps, o.warmup,
       o.rounds);
   std::printf(
-      "| round | 1 rank: step ms | images/s | 2 ranks (DDP): step ms | images/s | speed-up | "
-      "overlap | comm after backward ms | others' load, cores (1 rank / 2 ranks) |\n");
-  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-  std::vector<double> single_ms, double_ms, speedups, overlaps, afters;
+      "| round | 1 rank: step ms | images/s | 2 independent: images/s | ideal | 2 ranks (DDP): "
+      "step ms | images/s | speed-up | of ideal | overlap | comm after backward ms | others' "
+      "load, cores (1 / independent / DDP) |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::vector<double> single_ms, double_ms, pair_ips, ideals, speedups, of_ideal, overlaps, afters;
   std::vector<double> quiet_speedups;  // rounds in which other processes kept < kQuiet cores busy
   constexpr double kQuiet = 0.25;
   std::vector<int64_t> buckets;
   for (int round = 1; round <= o.rounds; ++round) {
-    Run one, two;
-    double others1 = 0, others2 = 0;
-    if (const int status = run_job(1, one, others1)) return status;
-    if (const int status = run_job(2, two, others2)) return status;
-    const double t1 = median(one.step_ms), t2 = median(two.step_ms);
+    std::vector<Run> one, pair, two;
+    double others1 = 0, others_pair = 0, others2 = 0;
+    if (const int status = run_job(1, false, one, others1)) return status;
+    if (const int status = run_job(2, true, pair, others_pair)) return status;
+    if (const int status = run_job(2, false, two, others2)) return status;
+    const double t1 = median(one[0].step_ms), t2 = median(two[0].step_ms);
     const double ips1 = o.batch / (t1 / 1e3), ips2 = 2 * o.batch / (t2 / 1e3);
+    double ips_pair = 0;
+    for (const Run& job : pair) ips_pair += o.batch / (median(job.step_ms) / 1e3);
     single_ms.push_back(t1);
     double_ms.push_back(t2);
+    pair_ips.push_back(ips_pair);
+    ideals.push_back(ips_pair / ips1);
     speedups.push_back(ips2 / ips1);
-    if (others1 < kQuiet && others2 < kQuiet) quiet_speedups.push_back(ips2 / ips1);
-    overlaps.push_back(median(two.overlap));
-    afters.push_back(median(two.after_ms));
-    buckets = two.bucket_bytes;
-    std::printf("| %d | %.0f | %.1f | %.0f | %.1f | %.2f | %.2f | %.1f | %.2f / %.2f |\n", round,
-                t1, ips1, t2, ips2, ips2 / ips1, overlaps.back(), afters.back(), others1, others2);
+    of_ideal.push_back(ips2 / ips_pair);
+    if (std::max({others1, others_pair, others2}) < kQuiet) quiet_speedups.push_back(ips2 / ips1);
+    overlaps.push_back(median(two[0].overlap));
+    afters.push_back(median(two[0].after_ms));
+    buckets = two[0].bucket_bytes;
+    std::printf(
+        "| %d | %.0f | %.1f | %.1f | %.2f | %.0f | %.1f | %.2f | %.2f | %.2f | %.1f | %.2f / %.2f "
+        "/ %.2f |\n",
+        round, t1, ips1, ips_pair, ideals.back(), t2, ips2, speedups.back(), of_ideal.back(),
+        overlaps.back(), afters.back(), others1, others_pair, others2);
     std::fflush(stdout);
   }
   const double t1 = median(single_ms), t2 = median(double_ms);
-  std::printf("| median | %.0f | %.1f | %.0f | %.1f | **%.2f** | %.2f | %.1f | |\n", t1,
-              o.batch / (t1 / 1e3), t2, 2 * o.batch / (t2 / 1e3), median(speedups),
-              median(overlaps), median(afters));
+  std::printf(
+      "| median | %.0f | %.1f | %.1f | %.2f | %.0f | %.1f | **%.2f** | %.2f | %.2f | %.1f | |\n",
+      t1, o.batch / (t1 / 1e3), median(pair_ips), median(ideals), t2, 2 * o.batch / (t2 / 1e3),
+      median(speedups), median(of_ideal), median(overlaps), median(afters));
   if (quiet_speedups.empty())
-    std::printf("\nno quiet round (other processes below %.2f cores in both runs)\n", kQuiet);
+    std::printf("\nno quiet round (other processes below %.2f cores in all three runs)\n", kQuiet);
   else
     std::printf("\nspeed-up over the %zu quiet rounds (other processes below %.2f cores): %.2f\n",
                 quiet_speedups.size(), kQuiet, median(quiet_speedups));
@@ -269,8 +305,10 @@ int run_launcher(const Options& o, int argc, char** argv) {
     sizes += text;
   }
   std::printf(
-      "speed-up = 2-rank images/s / 1-rank images/s (median of the per-round ratios; ideal 2, "
-      "target >= 1.8); overlap = share of the allreduce time spent while backward still ran; "
+      "speed-up = 2-rank images/s / 1-rank images/s (median of the per-round ratios; target >= "
+      "1.85); ideal = two independent 1-rank jobs' images/s added up / 1-rank images/s, what "
+      "sharing the machine leaves; of ideal = DDP's images/s / the independent jobs'; overlap = "
+      "share of the allreduce time spent while backward still ran; "
       "others' load = cores kept busy by other processes during the run (of %ld here; the "
       "2-rank job needs 2)\n"
       "DDP: %zu buckets (%s MiB), %.1f MiB of float32 gradients per step\n",

@@ -19,9 +19,13 @@
 // GPU (on a CPU with --unfused-row) a second model of the same weights that runs them one by
 // one takes each step too: the row "loom, ops one by one".
 //
+// --conv-algorithm picks loom's CPU convolutions (auto, benchmark, packed, im2col, winograd2,
+// winograd4: Conv2dAlgorithm); "benchmark" measures each layer's candidates in the warm-up step.
+//
 //   train_step_bench [--threads N (2)] [--batch B (64)] [--width W (64)] [--repeats R (7)]
 //                    [--device cpu|cuda] [--amp off|bf16|fp16] [--channels-last] [--no-fusion]
-//                    [--unfused-row] [--no-torch] [--python PATH] [--script PATH]
+//                    [--unfused-row] [--conv-algorithm A (auto)] [--no-torch] [--python PATH]
+//                    [--script PATH]
 
 #include <algorithm>
 #include <chrono>
@@ -38,6 +42,7 @@
 #include "optim/sgd.h"
 #include "stats.h"
 #include "tensor/accelerator.h"
+#include "tensor/conv.h"
 #include "torch_peer.h"
 
 namespace {
@@ -52,7 +57,7 @@ int main(int argc, char** argv) {
   int threads = 2, repeats = 7;
   int64_t batch = 64, width = 64;
   bool with_torch = true, channels_last = false, fuse = true, unfused_row = false;
-  std::string device_name = "cpu", amp = "off";
+  std::string device_name = "cpu", amp = "off", conv_algorithm = "auto";
   std::string python = LOOM_TORCH_PYTHON;
   std::string script =
       (std::filesystem::path(__FILE__).parent_path() / "train_step_torch.py").string();
@@ -77,6 +82,8 @@ int main(int argc, char** argv) {
       fuse = false;
     else if (arg == "--unfused-row")
       unfused_row = true;
+    else if (arg == "--conv-algorithm")
+      conv_algorithm = next();
     else if (arg == "--no-torch")
       with_torch = false;
     else if (arg == "--python")
@@ -87,7 +94,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: %s [--threads N] [--batch B] [--width W] [--repeats R] "
                    "[--device cpu|cuda] [--amp off|bf16|fp16] [--channels-last] [--no-fusion] "
-                   "[--unfused-row] [--no-torch] [--python PATH] [--script PATH]\n",
+                   "[--unfused-row] [--conv-algorithm A] [--no-torch] [--python PATH] "
+                   "[--script PATH]\n",
                    argv[0]);
       return 2;
     }
@@ -98,6 +106,12 @@ int main(int argc, char** argv) {
   }
   if (amp != "off" && amp != "bf16" && amp != "fp16") {
     std::fprintf(stderr, "--amp: off, bf16 or fp16, not %s\n", amp.c_str());
+    return 2;
+  }
+  try {
+    loom::kernels::set_conv2d_algorithm(loom::kernels::parse_conv2d_algorithm(conv_algorithm));
+  } catch (const loom::Error& e) {
+    std::fprintf(stderr, "--conv-algorithm: %s\n", e.what());
     return 2;
   }
   const bool mixed = amp != "off";
@@ -210,11 +224,12 @@ int main(int argc, char** argv) {
   const double loom_ips = batch / (median(loom_ms) / 1e3);
   loom::bench::print_machine();
   std::printf(
-      "ResNet-18 (CIFAR stem, width %lld) training step, batch %lld, %s, float32%s%s; median "
+      "ResNet-18 (CIFAR stem, width %lld) training step, batch %lld, %s, float32%s%s%s; median "
       "of %d\n",
       static_cast<long long>(width), static_cast<long long>(batch),
       on_gpu ? "cuda:0" : (std::to_string(threads) + " threads").c_str(),
-      channels_last ? ", channels-last" : "", fuse ? "" : ", loom unfused (--no-fusion)", repeats);
+      channels_last ? ", channels-last" : "", fuse ? "" : ", loom unfused (--no-fusion)",
+      on_gpu ? "" : (", loom's convolutions: " + conv_algorithm).c_str(), repeats);
   std::printf("| | step ms | images/s |\n|---|---|---|\n");
   std::printf("| loom | %.0f | %.1f |\n", median(loom_ms), loom_ips);
   if (on_gpu)
