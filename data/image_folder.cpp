@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -24,6 +25,13 @@
 // in every build, so Debug and fuzz builds decode as users' builds do, and the sanitizers judge
 // what follows.
 #define STBI_ASSERT(x) static_cast<void>(0)
+// stb allocates its decoders' state uninitialised: a JPEG scan that names a Huffman table the file
+// never defined decodes through whatever the heap held (an index of -63 into a table, found by
+// fuzzing). Zeroed, such a table decodes every code to symbol 0 in 0 bits, and ImageFolder
+// refuses the file before that anyway (jpeg_scans_use_defined_tables).
+#define STBI_MALLOC(size) std::calloc(1, size)
+#define STBI_REALLOC(pointer, size) std::realloc(pointer, size)
+#define STBI_FREE(pointer) std::free(pointer)
 #define STB_IMAGE_IMPLEMENTATION
 #define STBI_ONLY_PNG
 #define STBI_ONLY_JPEG
@@ -59,6 +67,8 @@ bool is_hidden(const fs::path& path) { return path.filename().string().starts_wi
 //     formats ImageFolder admits are compiled (no PSD, HDR or PIC);
 //   - a PNM header's numbers may have at most 9 digits (below 2^31), and a JPEG's Huffman
 //     tables at most 256 codes each, as stb 2.28 requires;
+//   - a JPEG scan may use only Huffman tables defined before it (stb 2.27 does not check, and
+//     decodes with a table's uninitialised memory; its allocations are zeroed as well);
 //   - the header's width x height may be at most kMaxPixels; the folder holds every image in
 //     memory, and a larger one is far beyond what a training set of one size holds;
 //   - a 16-bit PNM converted to other channels goes through stb's 8-bit conversion itself
@@ -119,6 +129,78 @@ bool jpeg_huffman_tables_fit(const std::vector<stbi_uc>& bytes) {
       if (codes > 256) return false;
       i += static_cast<size_t>(codes);
       remaining -= 17 + codes;
+    }
+  }
+  return true;
+}
+
+// Whether every scan of a JPEG uses only Huffman tables defined before it, walking the file's
+// markers as stbi__decode_jpeg_header and stbi__decode_jpeg_image do: segments by their lengths,
+// a scan's entropy-coded data up to the next marker that is not a restart (FF 00 is a stuffed
+// byte). A baseline scan decodes with its components' DC and AC tables; a progressive one with
+// the DC tables (first DC scan) or the AC tables (AC scans) only. Where the walk meets what stb
+// would refuse, it stops and leaves the verdict to stb. True for any other format.
+bool jpeg_scans_use_defined_tables(const std::vector<stbi_uc>& bytes) {
+  size_t at = 0;
+  while (at < bytes.size() && bytes[at] == 0xFF) ++at;
+  if (at == 0 || at >= bytes.size() || bytes[at] != 0xD8) return true;
+  ++at;
+  const auto u8 = [&](size_t i) -> int { return i < bytes.size() ? bytes[i] : 0; };
+  const auto u16 = [&](size_t i) { return u8(i) << 8 | u8(i + 1); };
+  bool defined[2][4] = {};  // [DC, AC][table id]
+  int frame = 0;            // the SOF marker seen: 0xC0, 0xC1 or 0xC2
+  int component_ids[4] = {-1, -1, -1, -1};
+  while (at + 1 < bytes.size()) {
+    if (bytes[at] != 0xFF) {  // stb skips a stray byte where it expects a marker
+      ++at;
+      continue;
+    }
+    while (at < bytes.size() && bytes[at] == 0xFF) ++at;  // fill bytes
+    if (at >= bytes.size()) break;
+    const int marker = bytes[at++];
+    if (marker == 0xD9) break;  // EOI
+    const size_t segment = at;
+    const int length = u16(segment);
+    if (length < 2) return true;
+    at = segment + static_cast<size_t>(length);
+    if (marker == 0xC4) {  // DHT
+      size_t i = segment + 2;
+      while (i < at) {
+        const int table = u8(i);
+        if ((table >> 4) > 1 || (table & 15) > 3) return true;
+        int codes = 0;
+        for (int k = 1; k <= 16; ++k) codes += u8(i + static_cast<size_t>(k));
+        defined[table >> 4][table & 15] = true;
+        i += 17 + static_cast<size_t>(codes);
+      }
+    } else if (marker >= 0xC0 && marker <= 0xC2) {  // SOF
+      frame = marker;
+      const int count = u8(segment + 7);
+      for (int c = 0; c < count && c < 4; ++c)
+        component_ids[c] = u8(segment + 8 + 3 * static_cast<size_t>(c));
+    } else if (marker == 0xDA) {  // SOS
+      if (frame == 0) return true;
+      const int count = u8(segment + 2);
+      if (count < 1 || count > 4) return true;
+      const size_t after = segment + 3 + 2 * static_cast<size_t>(count);
+      const int spectral_start = u8(after), successive_high = u8(after + 2) >> 4;
+      const bool progressive = frame == 0xC2;
+      const bool uses_dc = !progressive || (spectral_start == 0 && successive_high == 0);
+      const bool uses_ac = !progressive || spectral_start > 0;
+      for (int c = 0; c < count; ++c) {
+        const size_t selector = segment + 3 + 2 * static_cast<size_t>(c);
+        if (std::find(std::begin(component_ids), std::end(component_ids), u8(selector)) ==
+            std::end(component_ids))
+          return true;  // stb refuses a scan of a component the frame does not have
+        const int tables = u8(selector + 1);
+        if ((tables >> 4) > 3 || (tables & 15) > 3) return true;
+        if ((uses_dc && !defined[0][tables >> 4]) || (uses_ac && !defined[1][tables & 15]))
+          return false;
+      }
+      while (at + 1 < bytes.size() &&
+             !(bytes[at] == 0xFF && bytes[at + 1] != 0 && bytes[at + 1] != 0xFF &&
+               (bytes[at + 1] < 0xD0 || bytes[at + 1] > 0xD7)))
+        ++at;
     }
   }
   return true;
@@ -188,6 +270,10 @@ Decoded decode(const std::string& path, int channels) {
   }
   if (!jpeg_huffman_tables_fit(bytes)) {
     out.error = "cannot decode image: a JPEG Huffman table has more than 256 codes";
+    return out;
+  }
+  if (!jpeg_scans_use_defined_tables(bytes)) {
+    out.error = "cannot decode image: a JPEG scan uses a Huffman table the file does not define";
     return out;
   }
   if (!tidy_png_data_chunks(bytes)) {

@@ -188,6 +188,46 @@ TEST(ImageFolder, DecodesJpeg) {
   EXPECT_NEAR(folder.get(0).image.to_vector<double>()[20], 128, 2);
 }
 
+// A progressive JPEG (cjpeg -progressive) decodes, though its first scan names an AC table that
+// the file defines only later: a first DC scan uses only the DC tables.
+TEST(ImageFolder, DecodesProgressiveJpeg) {
+  const test::ScratchDir scratch;  // Note [Test scratch directories]
+  const fs::path dir = scratch.path();
+  fs::create_directories(dir / "only");
+  fs::copy_file(fs::path(LOOM_SOURCE_DIR) / "fuzz" / "corpus" / "image" / "progressive.jpg",
+                dir / "only" / "p.jpg");
+  data::ImageFolder folder(dir.string());
+  ASSERT_EQ(folder.image_shape(), (Shape{3, 8, 16}));
+  // The picture cjpeg was given: (16x + 7y + 60c) mod 256 at column x, row y, channel c.
+  const std::vector<double> image = folder.get(0).image.to_vector<double>();
+  EXPECT_NEAR(image[(0 * 8 + 2) * 16 + 3], (16 * 3 + 7 * 2) % 256, 12);
+  EXPECT_NEAR(image[(1 * 8 + 5) * 16 + 4], (16 * 4 + 7 * 5 + 60) % 256, 12);
+}
+
+// Note [Decoding untrusted images]: a scan that names a Huffman table the file never defines is
+// refused (stb 2.27 would decode with the table's uninitialised memory). Here the AC table 0 of
+// a baseline JPEG is relabelled as a second DC table 0.
+TEST(ImageFolder, JpegScanWithAnUndefinedHuffmanTableIsRefused) {
+  const test::ScratchDir scratch;  // Note [Test scratch directories]
+  const fs::path dir = scratch.path();
+  fs::create_directories(dir / "only");
+  std::vector<uint8_t> pixels(8 * 6 * 3, 128);
+  ASSERT_TRUE(stbi_write_jpg((dir / "only" / "a.jpg").c_str(), 8, 6, 3, pixels.data(), 95));
+  std::ifstream in(dir / "only" / "a.jpg", std::ios::binary);
+  std::vector<uint8_t> bytes{std::istreambuf_iterator<char>(in), {}};
+  in.close();
+  // stb's writer puts the four tables in one DHT segment: DC 0 (12 codes), AC 0, DC 1, AC 1.
+  const std::vector<uint8_t> dht = {0xFF, 0xC4};
+  const auto segment = std::search(bytes.begin(), bytes.end(), dht.begin(), dht.end());
+  ASSERT_NE(segment, bytes.end());
+  const auto ac0 = segment + 4 + 17 + 12;
+  ASSERT_EQ(*ac0, 0x10);
+  *ac0 = 0x00;
+  write_file(dir / "only" / "a.jpg", bytes);
+  EXPECT_LOOM_ERROR(data::ImageFolder(dir.string()), IOError,
+                    {(dir / "only" / "a.jpg").string(), "Huffman table the file does not define"});
+}
+
 // Note [Decoding untrusted images]: stb meets an empty IDAT chunk before any data with
 // memcpy(NULL, ..., 0); ImageFolder takes such chunks out, and the image decodes as without them.
 // A chunk longer than the file is refused.
