@@ -70,7 +70,8 @@ bool is_hidden(const fs::path& path) { return path.filename().string().starts_wi
 //   - a JPEG scan may use only Huffman tables defined before it (stb 2.27 does not check, and
 //     decodes with a table's uninitialised memory; its allocations are zeroed as well);
 //   - the header's width x height may be at most kMaxPixels; the folder holds every image in
-//     memory, and a larger one is far beyond what a training set of one size holds;
+//     memory, and a larger one is far beyond what a training set of one size holds (a BMP
+//     stored top-down has a negative height in its header: its magnitude counts);
 //   - a 16-bit PNM converted to other channels goes through stb's 8-bit conversion itself
 //     (stb 2.27 converts it as 8-bit samples and reads past its buffer; 2.28 fixed that);
 //   - a PNG's empty IDAT chunks are taken out: stb copies an empty chunk's 0 bytes to its data
@@ -282,10 +283,13 @@ Decoded decode(const std::string& path, int channels) {
   }
   const int length = static_cast<int>(bytes.size());
   int width = 0, height = 0, file_channels = 0;
+  // stb 2.27's BMP info gives a top-down image's height as it is stored, negative; its loader
+  // takes the magnitude.
   if (stbi_info_from_memory(bytes.data(), length, &width, &height, &file_channels) &&
-      int64_t{width} * height > kMaxPixels) {
-    out.error = detail::str("cannot decode image: its header says ", width, " x ", height,
-                            " pixels, over the limit of ", kMaxPixels);
+      std::abs(int64_t{width}) * std::abs(int64_t{height}) > kMaxPixels) {
+    out.error =
+        detail::str("cannot decode image: its header says ", std::abs(int64_t{width}), " x ",
+                    std::abs(int64_t{height}), " pixels, over the limit of ", kMaxPixels);
     return out;
   }
   // A 16-bit PNM that needs other channels: stb 2.27 would convert its 16-bit samples as 8-bit

@@ -268,6 +268,33 @@ TEST(ImageFolder, PngDataChunksEmptyOrPastTheEnd) {
                     {(dir / "a" / "1.png").string(), "data chunk runs past the end"});
 }
 
+// Note [Decoding untrusted images]: a header that claims more than 2^26 pixels is refused before
+// stb allocates them; a BMP stored top-down gives its height negative, and counts as well.
+TEST(ImageFolder, HeaderOverThePixelLimitIsRefused) {
+  const test::ScratchDir scratch;  // Note [Test scratch directories]
+  const fs::path dir = scratch.path();
+  fs::create_directories(dir / "a");
+  const auto le32 = [](std::vector<uint8_t>& out, int32_t v) {
+    for (int i = 0; i < 4; ++i)
+      out.push_back(static_cast<uint8_t>(static_cast<uint32_t>(v) >> (8 * i)));
+  };
+  for (const int32_t height : {8193, -8193}) {
+    // BITMAPFILEHEADER and BITMAPINFOHEADER of a 24-bit 8192 x |height| image, without pixels.
+    std::vector<uint8_t> bmp = {'B', 'M'};
+    le32(bmp, 54);  // file size (stb does not read it)
+    le32(bmp, 0);
+    le32(bmp, 54);  // where the pixels start
+    le32(bmp, 40);  // the info header's size
+    le32(bmp, 8192);
+    le32(bmp, height);
+    bmp.insert(bmp.end(), {1, 0, 24, 0});  // planes, bits per pixel
+    for (int i = 0; i < 6; ++i) le32(bmp, 0);
+    write_file(dir / "a" / "big.bmp", bmp);
+    EXPECT_LOOM_ERROR(data::ImageFolder(dir.string()), IOError,
+                      {(dir / "a" / "big.bmp").string(), "8192 x 8193 pixels, over the limit"});
+  }
+}
+
 TEST(ImageFolder, BadFoldersRaiseIOErrorNamingThePath) {
   EXPECT_LOOM_ERROR(data::ImageFolder("/nonexistent/folder"), IOError,
                     {"/nonexistent/folder", "no such directory"});
