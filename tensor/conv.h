@@ -56,6 +56,7 @@ Conv2dAlgorithm parse_conv2d_algorithm(std::string_view name);
 struct Conv2dChoice {
   Shape x, weight;  // [N, C, H, W] and [O, C/groups, kh, kw]
   Pair stride, padding;
+  bool channels_last;  // x was, and "packed channels-last" a candidate
   std::string pass;    // "forward", or "backward" with the gradients asked for, e.g. "dx dw"
   int threads;         // get_num_threads() then
   std::string chosen;  // "packed", "im2col", "winograd F(4x4,3x3)", ...

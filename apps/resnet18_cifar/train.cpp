@@ -565,9 +565,10 @@ void report_conv_choices(const dist::Reporter& out) {
     std::string times;
     for (const auto& [method, seconds] : c.seconds)
       times += detail::str(times.empty() ? "" : ", ", method, " ", format_ms(seconds));
-    out.say("  x %s w %s stride %lld pad %lld, %s: %s (%s)\n", detail::str(c.x).c_str(),
-            detail::str(c.weight).c_str(), static_cast<long long>(c.stride[0]),
-            static_cast<long long>(c.padding[0]), c.pass.c_str(), c.chosen.c_str(), times.c_str());
+    out.say("  x %s%s w %s stride %lld pad %lld, %s: %s (%s)\n", detail::str(c.x).c_str(),
+            c.channels_last ? " channels-last" : "", detail::str(c.weight).c_str(),
+            static_cast<long long>(c.stride[0]), static_cast<long long>(c.padding[0]),
+            c.pass.c_str(), c.chosen.c_str(), times.c_str());
   }
 }
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "tensor/copy.h"
+#include "tensor/cpu/conv_nhwc.h"
 #include "tensor/cpu/gemm.h"
 #include "tensor/cpu/packed_gemm.h"
 #include "tensor/cpu/winograd.h"
@@ -710,7 +711,8 @@ void conv2d_backward_all(const Geometry& g, const T* dout, const T* x, const T* 
 
 // The ways conv2d can compute one layer's pass: the two engines of Note [conv2d on the CPU],
 // and Winograd where the layer has its shape (winograd_fits).
-enum class Method : uint8_t { kPacked, kIm2col, kWinogradF2x2, kWinogradF4x4 };
+// kPackedNhwc is Note [conv2d in channels-last]: a candidate only for a channels-last x.
+enum class Method : uint8_t { kPacked, kIm2col, kWinogradF2x2, kWinogradF4x4, kPackedNhwc };
 
 std::string_view method_name(Method m) {
   switch (m) {
@@ -722,6 +724,8 @@ std::string_view method_name(Method m) {
       return "winograd F(2x2,3x3)";
     case Method::kWinogradF4x4:
       return "winograd F(4x4,3x3)";
+    case Method::kPackedNhwc:
+      return "packed channels-last";
   }
   return "?";
 }
@@ -735,10 +739,12 @@ bool winograd_fits(const Geometry& g, DType dtype) {
 // What a fixed algorithm (not kBenchmark) computes this layer with. kAuto: kPacked where every
 // thread gets samples (or the conv is small); else im2col + cpu::gemm, which threads each
 // product. A Winograd algorithm on a layer it does not fit takes kAuto's choice.
-Method fixed_method(Conv2dAlgorithm algorithm, const Geometry& g, const Schedule& s, DType dtype) {
+// A channels-last x that conv2d_nhwc fits (nhwc) is convolved as it is under kAuto and kPacked.
+Method fixed_method(Conv2dAlgorithm algorithm, const Geometry& g, const Schedule& s, DType dtype,
+                    bool nhwc) {
   switch (algorithm) {
     case Conv2dAlgorithm::kPacked:
-      return Method::kPacked;
+      return nhwc ? Method::kPackedNhwc : Method::kPacked;
     case Conv2dAlgorithm::kIm2colGemm:
       return Method::kIm2col;
     case Conv2dAlgorithm::kWinogradF2x2:
@@ -751,7 +757,8 @@ Method fixed_method(Conv2dAlgorithm algorithm, const Geometry& g, const Schedule
     case Conv2dAlgorithm::kBenchmark:
       break;
   }
-  return s.small || s.parts == get_num_threads() ? Method::kPacked : Method::kIm2col;
+  if (s.small || s.parts == get_num_threads()) return nhwc ? Method::kPackedNhwc : Method::kPacked;
+  return Method::kIm2col;
 }
 
 // Note [Choosing convolutions by measurement]
@@ -776,7 +783,8 @@ struct LayerKey {
   std::array<int64_t, 9> shape;  // n, c, h, w, o, kh, kw, stride h, stride w
   std::array<int64_t, 7> rest;   // pad h, pad w, groups, dilation h and w, dtype, threads
   int isa;
-  int pass;  // 0 forward; 1 + the bits of the backward's needs (dx 1, dweight 2, dbias 4)
+  int pass;   // 0 forward; 1 + the bits of the backward's needs (dx 1, dweight 2, dbias 4)
+  bool nhwc;  // x channels-last, where kPackedNhwc is a candidate
   auto operator<=>(const LayerKey&) const = default;
 };
 
@@ -793,22 +801,24 @@ std::map<LayerKey, Measured>& choices() {
   return table;
 }
 
-LayerKey layer_key(const Geometry& g, DType dtype, int pass) {
+LayerKey layer_key(const Geometry& g, DType dtype, int pass, bool nhwc) {
   return {.shape = {g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, g.stride[0], g.stride[1]},
           .rest = {g.padding[0], g.padding[1], g.groups, g.dilation[0], g.dilation[1],
                    static_cast<int64_t>(dtype), get_num_threads()},
           .isa = static_cast<int>(cpu_isa()),
-          .pass = pass};
+          .pass = pass,
+          .nhwc = nhwc};
 }
 
 // The method for this call. Under kBenchmark a layer not measured yet is measured first by
 // run(method), which computes the pass into the call's outputs; the caller then runs the
 // method returned, so the outputs are always the chosen method's.
 template <typename Run>
-Method choose_method(const Geometry& g, const Schedule& s, DType dtype, int pass, Run&& run) {
+Method choose_method(const Geometry& g, const Schedule& s, DType dtype, int pass, bool nhwc,
+                     Run&& run) {
   const Conv2dAlgorithm algorithm = kernels::get_conv2d_algorithm();
-  if (algorithm != Conv2dAlgorithm::kBenchmark) return fixed_method(algorithm, g, s, dtype);
-  const LayerKey key = layer_key(g, dtype, pass);
+  if (algorithm != Conv2dAlgorithm::kBenchmark) return fixed_method(algorithm, g, s, dtype, nhwc);
+  const LayerKey key = layer_key(g, dtype, pass, nhwc);
   {
     std::lock_guard lock(g_choices_mutex);
     if (auto it = choices().find(key); it != choices().end()) {
@@ -819,6 +829,7 @@ Method choose_method(const Geometry& g, const Schedule& s, DType dtype, int pass
   std::vector<Method> candidates{Method::kPacked, Method::kIm2col};
   if (winograd_fits(g, dtype))
     candidates.insert(candidates.end(), {Method::kWinogradF2x2, Method::kWinogradF4x4});
+  if (nhwc) candidates.push_back(Method::kPackedNhwc);
   Measured measured{.chosen = candidates.front(), .seconds = {}};
   double best = std::numeric_limits<double>::infinity();
   for (const Method m : candidates) {
@@ -927,40 +938,60 @@ void conv2d_backward_by(Method m, const Geometry& g, const Tensor& dc, const Ten
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
               const Conv2dOptions& options, const Shape& out_shape) {
-  Tensor out = empty(out_shape, x.dtype(), x.device());
+  // A channels-last x gets a channels-last result, as on cuDNN.
+  const MemoryFormat format = suggest_memory_format(x);
+  Tensor out = empty(out_shape, x.dtype(), x.device(), format);
   if (out.numel() == 0) return out;
   const Geometry g = make_geometry(x.size(0), x.size(1), x.size(2), x.size(3), weight.size(0),
                                    weight.size(2), weight.size(3), options);
   const Schedule s = schedule(g);
-  const Tensor xc = contiguous(x), wc = contiguous(weight);
-  const Tensor bc = bias.defined() ? contiguous(bias) : Tensor();
-  const auto run = [&](Method m) { conv2d_by(m, g, s, xc, wc, bc, out); };
-  run(choose_method(g, s, x.dtype(), /*pass=*/0, run));
-  // The engines work in NCHW; a channels-last x gets a channels-last result, as on cuDNN.
-  return contiguous(out, suggest_memory_format(x));
+  const auto run = [&](Method m) {
+    if (m == Method::kPackedNhwc) return conv2d_nhwc(x, weight, bias, options, out);
+    // The NCHW engines, through NCHW copies where x is channels-last (timed with them).
+    const Tensor bc = bias.defined() ? contiguous(bias) : Tensor();
+    const Tensor y = format == MemoryFormat::kContiguous ? out : empty(out_shape, x.dtype());
+    conv2d_by(m, g, s, contiguous(x), contiguous(weight), bc, y);
+    if (y.data() != out.data()) kernels::copy_(out, y);
+  };
+  const bool nhwc = conv2d_nhwc_fits(x, weight, options);
+  run(choose_method(g, s, x.dtype(), /*pass=*/0, nhwc, run));
+  return out;
 }
 
 Conv2dGrads conv2d_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
                             const Conv2dOptions& options, std::array<bool, 3> needs) {
-  // The kernels write every element; an empty batch leaves zeros.
-  const auto make = [zero = dout.numel() == 0](const Shape& shape, DType dtype, Device device) {
-    return zero ? zeros(shape, dtype, device) : empty(shape, dtype, device);
+  // dx takes x's format and dweight the weight's, as on cuDNN. The kernels write every element;
+  // an empty batch leaves zeros.
+  const auto make = [zero = dout.numel() == 0](const Tensor& like) {
+    const MemoryFormat format = suggest_memory_format(like);
+    Tensor t = empty(like.sizes(), like.dtype(), like.device(), format);
+    if (zero) kernels::fill_(t, 0);
+    return t;
   };
   Conv2dGrads grads;
-  if (needs[0]) grads.dx = make(x.sizes(), x.dtype(), x.device());
-  if (needs[1]) grads.dweight = make(weight.sizes(), x.dtype(), x.device());
-  if (needs[2]) grads.dbias = make({weight.size(0)}, x.dtype(), x.device());
+  if (needs[0]) grads.dx = make(x);
+  if (needs[1]) grads.dweight = make(weight);
+  if (needs[2]) {
+    grads.dbias = empty({weight.size(0)}, x.dtype(), x.device());
+    if (dout.numel() == 0) kernels::fill_(grads.dbias, 0);
+  }
   if (dout.numel() == 0 || (!needs[0] && !needs[1] && !needs[2])) return grads;
   const Geometry g = make_geometry(x.size(0), x.size(1), x.size(2), x.size(3), weight.size(0),
                                    weight.size(2), weight.size(3), options);
-  const Tensor dc = contiguous(dout), xc = contiguous(x), wc = contiguous(weight);
   const int pass = 1 + (needs[0] ? 1 : 0) + (needs[1] ? 2 : 0) + (needs[2] ? 4 : 0);
-  const auto run = [&](Method m) { conv2d_backward_by(m, g, dc, xc, wc, grads); };
-  run(choose_method(g, schedule(g), x.dtype(), pass, run));
-  // The engines work in NCHW; dx takes x's format and dweight the weight's, as on cuDNN.
-  if (grads.dx.defined()) grads.dx = contiguous(grads.dx, suggest_memory_format(x));
-  if (grads.dweight.defined())
-    grads.dweight = contiguous(grads.dweight, suggest_memory_format(weight));
+  const auto run = [&](Method m) {
+    if (m == Method::kPackedNhwc) return conv2d_nhwc_backward(dout, x, weight, options, grads);
+    // The NCHW engines, into NCHW gradients copied out where the formats differ.
+    const auto nchw = [](const Tensor& t) {
+      return !t.defined() || t.is_contiguous() ? t : empty(t.sizes(), t.dtype(), t.device());
+    };
+    const Conv2dGrads work{nchw(grads.dx), nchw(grads.dweight), grads.dbias};
+    conv2d_backward_by(m, g, contiguous(dout), contiguous(x), contiguous(weight), work);
+    if (work.dx.defined() && work.dx.data() != grads.dx.data()) kernels::copy_(grads.dx, work.dx);
+    if (work.dweight.defined() && work.dweight.data() != grads.dweight.data())
+      kernels::copy_(grads.dweight, work.dweight);
+  };
+  run(choose_method(g, schedule(g), x.dtype(), pass, conv2d_nhwc_fits(x, weight, options), run));
   return grads;
 }
 
@@ -982,6 +1013,7 @@ std::vector<kernels::Conv2dChoice> conv2d_choices() {
                                  .weight = {o, c / groups, kh, kw},
                                  .stride = {sh, sw},
                                  .padding = {ph, pw},
+                                 .channels_last = key.nhwc,
                                  .pass = pass,
                                  .threads = static_cast<int>(threads),
                                  .chosen = std::string(method_name(measured.chosen)),

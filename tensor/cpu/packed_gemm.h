@@ -304,8 +304,9 @@ bool with_packed_kernel([[maybe_unused]] F&& f) {
 //   a_block(ic, mc, pc, kc, scratch) returns rows [ic, ic+mc) x columns [pc, pc+kc) of A as
 //   MR-row panels ([kc, MR] each, rows past m zero), packing into `scratch` or pointing into a
 //   pre-packed copy; pack_b(pc, kc, jc, nc, dst) packs B's block as NR-column panels ([kc, NR]
-//   each, columns past n zero). b_scratch holds KC x round_up(NC, NR), a_scratch MC x KC.
-//   (For a kernel whose k_group is 2, read ceil(kc / 2) for kc, and KC / 2 for KC.)
+//   each, columns past n zero) into dst, or returns a pointer to such a block packed earlier.
+//   b_scratch holds KC x round_up(NC, NR), a_scratch MC x KC. (For a kernel whose k_group is 2,
+//   read ceil(kc / 2) for kc, and KC / 2 for KC.)
 // Note [Staging C]
 // When C's rows are a multiple of 4 KiB apart (a 1024-wide float matrix, or conv2d's output on
 // a 32 x 32 image), the six rows of a micro-tile fall into the same set of the L1 cache, beside
@@ -341,7 +342,11 @@ void packed_gemm(int64_t m, int64_t n, int64_t k, ABlock&& a_block, PackB&& pack
     for (int64_t pc = 0; pc < k; pc += B::kc) {
       const int64_t kc = std::min(B::kc, k - pc);
       const int64_t depth = (kc + B::k_group - 1) / B::k_group;  // rows of a packed panel
-      pack_b(pc, kc, jc, nc, b_scratch);
+      const P* b_block = b_scratch;
+      if constexpr (std::is_void_v<decltype(pack_b(pc, kc, jc, nc, b_scratch))>)
+        pack_b(pc, kc, jc, nc, b_scratch);
+      else
+        b_block = pack_b(pc, kc, jc, nc, b_scratch);
       // This pass reads `in` (when accumulating) and writes `out`, both [m, nc].
       const bool first = pc == 0, last = pc + kc >= k;
       const T* in = stage && !first ? staged : c + jc;
@@ -354,7 +359,7 @@ void packed_gemm(int64_t m, int64_t n, int64_t k, ABlock&& a_block, PackB&& pack
         const P* a = a_block(ic, mc, pc, kc, a_scratch);
         for (int64_t jr = 0; jr < nc; jr += B::nr) {
           const int64_t nr = std::min(B::nr, nc - jr);
-          const P* b_panel = b_scratch + jr * depth;
+          const P* b_panel = b_block + jr * depth;
           for (int64_t ir = 0; ir < mc; ir += B::mr) {
             const int64_t mr = std::min(B::mr, mc - ir);
             const T* tile_in = in + (ic + ir) * ld_in + jr;

@@ -16,6 +16,7 @@ namespace loom {
 namespace {
 
 using test::dparam;
+constexpr MemoryFormat kCL = MemoryFormat::kChannelsLast;
 using test::tensors_close;
 
 struct Config {
@@ -123,15 +124,28 @@ void check_against_naive(const Config& cf, DType dtype) {
         const std::string where = "algorithm " + std::to_string(static_cast<int>(algorithm)) +
                                   ", " + std::string(to_string(isa)) + ", threads " +
                                   std::to_string(threads);
-        const Tensor xt = x.to(dtype), wt = w.to(dtype), bt = b.to(dtype), dt = dout.to(dtype);
-        EXPECT_TRUE(tensors_close(conv2d(xt, wt, bt, cf.stride, cf.padding, cf.dilation, cf.groups),
-                                  ref.out, tol, tol))
-            << where;
-        const kernels::Conv2dGrads g =
-            kernels::conv2d_backward(dt, xt, wt, options, {true, true, true});
-        EXPECT_TRUE(tensors_close(g.dx, ref.dx, tol, tol)) << "dx, " << where;
-        EXPECT_TRUE(tensors_close(g.dweight, ref.dweight, tol, tol)) << "dweight, " << where;
-        EXPECT_TRUE(tensors_close(g.dbias, ref.dbias, tol, tol)) << "dbias, " << where;
+        // NCHW; x and dout channels-last (Note [conv2d in channels-last]); the weight too.
+        for (int formats = 0; formats < 3; ++formats) {
+          const MemoryFormat x_format = formats > 0 ? kCL : MemoryFormat::kContiguous;
+          const MemoryFormat w_format = formats > 1 ? kCL : MemoryFormat::kContiguous;
+          const std::string in = where + ", formats " + std::to_string(formats);
+          const Tensor xt = x.to(dtype).contiguous(x_format), wt = w.to(dtype).contiguous(w_format);
+          const Tensor bt = b.to(dtype), dt = dout.to(dtype).contiguous(x_format);
+          const Tensor out = conv2d(xt, wt, bt, cf.stride, cf.padding, cf.dilation, cf.groups);
+          EXPECT_TRUE(tensors_close(out, ref.out, tol, tol)) << in;
+          EXPECT_TRUE(has_memory_format(out, x_format)) << in;
+          const kernels::Conv2dGrads g =
+              kernels::conv2d_backward(dt, xt, wt, options, {true, true, true});
+          EXPECT_TRUE(tensors_close(g.dx, ref.dx, tol, tol)) << "dx, " << in;
+          EXPECT_TRUE(tensors_close(g.dweight, ref.dweight, tol, tol)) << "dweight, " << in;
+          EXPECT_TRUE(tensors_close(g.dbias, ref.dbias, tol, tol)) << "dbias, " << in;
+          EXPECT_TRUE(has_memory_format(g.dx, x_format)) << in;
+          EXPECT_TRUE(has_memory_format(g.dweight, w_format)) << in;
+          // Each gradient alone takes its own path (dx as a convolution, or by dcol).
+          const kernels::Conv2dGrads dx_only =
+              kernels::conv2d_backward(dt, xt, wt, options, {true, false, false});
+          EXPECT_TRUE(tensors_close(dx_only.dx, ref.dx, tol, tol)) << "dx alone, " << in;
+        }
       }
 }
 
@@ -305,6 +319,7 @@ TEST(Conv2dBenchmark, MeasuresEachLayerAndPassOnceAndKeepsTheFastest) {
     EXPECT_EQ(c.weight, expected[i].weight);
     EXPECT_EQ(c.pass, expected[i].pass);
     EXPECT_EQ(c.threads, 2);
+    EXPECT_FALSE(c.channels_last);
     EXPECT_EQ(c.calls, expected[i].calls);
     std::vector<std::string> names;
     double fastest = 1e30;
@@ -319,6 +334,32 @@ TEST(Conv2dBenchmark, MeasuresEachLayerAndPassOnceAndKeepsTheFastest) {
   }
   kernels::clear_conv2d_choices();
   EXPECT_TRUE(kernels::conv2d_choices().empty());
+}
+
+// A channels-last x races the channels-last engine against the NCHW ones through copies
+// (Note [conv2d in channels-last]), and answers channels-last whichever wins.
+TEST(Conv2dBenchmark, ChannelsLastRacesItsOwnEngineToo) {
+  if (cpu_isa() == CpuIsa::kGeneric) GTEST_SKIP() << "no packed kernels: no channels-last engine";
+  kernels::clear_conv2d_choices();
+  const Tensor x = randn({4, 16, 12, 12}).contiguous(kCL), w = randn({16, 16, 3, 3});
+  const kernels::Conv2dOptions same{{1, 1}, {1, 1}, {1, 1}, 1};
+  Tensor y_auto;
+  {
+    Scope scope(kernels::Conv2dAlgorithm::kAuto, cpu_isa(), 2);
+    y_auto = kernels::conv2d(x, w, Tensor(), same);
+  }
+  Scope scope(kernels::Conv2dAlgorithm::kBenchmark, cpu_isa(), 2);
+  const Tensor y = kernels::conv2d(x, w, Tensor(), same);
+  EXPECT_TRUE(has_memory_format(y, kCL));
+  EXPECT_TRUE(tensors_close(y, y_auto, 1e-4, 1e-4));
+  const std::vector<kernels::Conv2dChoice> choices = kernels::conv2d_choices();
+  ASSERT_EQ(choices.size(), 1u);
+  EXPECT_TRUE(choices[0].channels_last);
+  std::vector<std::string> names;
+  for (const auto& [name, seconds] : choices[0].seconds) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"packed", "im2col", "winograd F(2x2,3x3)",
+                                             "winograd F(4x4,3x3)", "packed channels-last"}));
+  kernels::clear_conv2d_choices();
 }
 
 TEST(Conv2dBenchmark, AlgorithmNames) {
