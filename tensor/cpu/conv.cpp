@@ -858,14 +858,15 @@ std::optional<WinogradTile> winograd_tile(Method m) {
   return std::nullopt;
 }
 
-WinogradShape winograd_shape(const Geometry& g) {
+WinogradShape winograd_shape(const Geometry& g, bool channels_last) {
   return {.n = g.n,
           .c = g.c,
           .h = g.h,
           .w = g.w,
           .k = g.o,
           .pad_h = g.padding[0],
-          .pad_w = g.padding[1]};
+          .pad_w = g.padding[1],
+          .channels_last = channels_last};
 }
 
 // run.template operator()<Engine>() with the engine of `m`: the packed one with the kernels of
@@ -879,17 +880,27 @@ void with_engine(Method m, F&& run) {
   run.template operator()<Im2colEngine>();
 }
 
+// xc and out are contiguous NCHW, or for a Winograd method with channels_last, dense NHWC
+// (Note [Winograd in channels-last] in tensor/cpu/winograd.cpp).
 void conv2d_by(Method m, const Geometry& g, const Schedule& s, const Tensor& xc, const Tensor& wc,
-               const Tensor& bc, const Tensor& out) {
+               const Tensor& bc, const Tensor& out, bool channels_last = false) {
   if (const auto tile = winograd_tile(m)) {
     float* y = out.data_ptr<float>();
-    winograd_conv2d(winograd_shape(g), *tile, xc.data_ptr<float>(), wc.data_ptr<float>(), y);
+    winograd_conv2d(winograd_shape(g, channels_last), *tile, xc.data_ptr<float>(),
+                    wc.data_ptr<float>(), y);
     if (bc.defined()) {
       const float* b = bc.data_ptr<float>();
-      parallel_for(0, g.n * g.o, 16, [&](int64_t lo, int64_t hi) {
-        for (int64_t i = lo; i < hi; ++i)
-          for (float *v = y + i * g.p, *end = v + g.p; v < end; ++v) *v += b[i % g.o];
-      });
+      if (channels_last) {
+        parallel_for(0, g.n * g.p, 16, [&](int64_t lo, int64_t hi) {
+          for (int64_t i = lo; i < hi; ++i)
+            for (int64_t o = 0; o < g.o; ++o) y[i * g.o + o] += b[o];
+        });
+      } else {
+        parallel_for(0, g.n * g.o, 16, [&](int64_t lo, int64_t hi) {
+          for (int64_t i = lo; i < hi; ++i)
+            for (float *v = y + i * g.p, *end = v + g.p; v < end; ++v) *v += b[i % g.o];
+        });
+      }
     }
     return;
   }
@@ -901,10 +912,11 @@ void conv2d_by(Method m, const Geometry& g, const Schedule& s, const Tensor& xc,
   });
 }
 
+// dc, xc and grads.dx as conv2d_by's xc and out; grads.dweight contiguous.
 void conv2d_backward_by(Method m, const Geometry& g, const Tensor& dc, const Tensor& xc,
-                        const Tensor& wc, const Conv2dGrads& grads) {
+                        const Tensor& wc, const Conv2dGrads& grads, bool channels_last = false) {
   if (const auto tile = winograd_tile(m)) {
-    const WinogradShape shape = winograd_shape(g);
+    const WinogradShape shape = winograd_shape(g, channels_last);
     const float* dy = dc.data_ptr<float>();
     if (grads.dx.defined())
       winograd_conv2d_backward_data(shape, *tile, dy, wc.data_ptr<float>(),
@@ -917,8 +929,13 @@ void conv2d_backward_by(Method m, const Geometry& g, const Tensor& dc, const Ten
       parallel_for(0, g.o, 1, [&](int64_t lo, int64_t hi) {
         for (int64_t o = lo; o < hi; ++o) {
           double sum = 0;
-          for (int64_t n = 0; n < g.n; ++n)
-            for (const float *v = dy + (n * g.o + o) * g.p, *end = v + g.p; v < end; ++v) sum += *v;
+          if (channels_last) {
+            for (int64_t i = 0; i < g.n * g.p; ++i) sum += dy[i * g.o + o];
+          } else {
+            for (int64_t n = 0; n < g.n; ++n)
+              for (const float *v = dy + (n * g.o + o) * g.p, *end = v + g.p; v < end; ++v)
+                sum += *v;
+          }
           db[o] = static_cast<float>(sum);
         }
       });
@@ -945,15 +962,17 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
   const Geometry g = make_geometry(x.size(0), x.size(1), x.size(2), x.size(3), weight.size(0),
                                    weight.size(2), weight.size(3), options);
   const Schedule s = schedule(g);
+  const bool nhwc = conv2d_nhwc_fits(x, weight, options);
   const auto run = [&](Method m) {
     if (m == Method::kPackedNhwc) return conv2d_nhwc(x, weight, bias, options, out);
-    // The NCHW engines, through NCHW copies where x is channels-last (timed with them).
     const Tensor bc = bias.defined() ? contiguous(bias) : Tensor();
+    if (nhwc && winograd_tile(m))  // Winograd reads and writes channels-last as it is
+      return conv2d_by(m, g, s, x, contiguous(weight), bc, out, /*channels_last=*/true);
+    // The NCHW engines, through NCHW copies where x is channels-last (timed with them).
     const Tensor y = format == MemoryFormat::kContiguous ? out : empty(out_shape, x.dtype());
     conv2d_by(m, g, s, contiguous(x), contiguous(weight), bc, y);
     if (y.data() != out.data()) kernels::copy_(out, y);
   };
-  const bool nhwc = conv2d_nhwc_fits(x, weight, options);
   run(choose_method(g, s, x.dtype(), /*pass=*/0, nhwc, run));
   return out;
 }
@@ -979,19 +998,26 @@ Conv2dGrads conv2d_backward(const Tensor& dout, const Tensor& x, const Tensor& w
   const Geometry g = make_geometry(x.size(0), x.size(1), x.size(2), x.size(3), weight.size(0),
                                    weight.size(2), weight.size(3), options);
   const int pass = 1 + (needs[0] ? 1 : 0) + (needs[1] ? 2 : 0) + (needs[2] ? 4 : 0);
+  const bool nhwc = conv2d_nhwc_fits(x, weight, options);
   const auto run = [&](Method m) {
     if (m == Method::kPackedNhwc) return conv2d_nhwc_backward(dout, x, weight, options, grads);
-    // The NCHW engines, into NCHW gradients copied out where the formats differ.
+    // The NCHW engines, into NCHW gradients copied out where the formats differ; Winograd on a
+    // channels-last x reads dout channels-last and writes dx (channels-last, as x) directly.
+    const bool native = nhwc && winograd_tile(m).has_value();
     const auto nchw = [](const Tensor& t) {
       return !t.defined() || t.is_contiguous() ? t : empty(t.sizes(), t.dtype(), t.device());
     };
-    const Conv2dGrads work{nchw(grads.dx), nchw(grads.dweight), grads.dbias};
-    conv2d_backward_by(m, g, contiguous(dout), contiguous(x), contiguous(weight), work);
+    const Conv2dGrads work{native ? grads.dx : nchw(grads.dx), nchw(grads.dweight), grads.dbias};
+    if (native)
+      conv2d_backward_by(m, g, contiguous(dout, MemoryFormat::kChannelsLast), x, contiguous(weight),
+                         work, /*channels_last=*/true);
+    else
+      conv2d_backward_by(m, g, contiguous(dout), contiguous(x), contiguous(weight), work);
     if (work.dx.defined() && work.dx.data() != grads.dx.data()) kernels::copy_(grads.dx, work.dx);
     if (work.dweight.defined() && work.dweight.data() != grads.dweight.data())
       kernels::copy_(grads.dweight, work.dweight);
   };
-  run(choose_method(g, schedule(g), x.dtype(), pass, conv2d_nhwc_fits(x, weight, options), run));
+  run(choose_method(g, schedule(g), x.dtype(), pass, nhwc, run));
   return grads;
 }
 

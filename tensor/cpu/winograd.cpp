@@ -121,9 +121,25 @@ namespace loom::cpu {
 //   GEMMs over the frequencies, each on one thread: 16 or 36 equal products.
 //   Scratch: U (or dU) a^2 K C floats, plus a^2 (C + K) Tb per part; none of it grows with N.
 
+// Note [Winograd in channels-last]
+//   In NHWC the channels of a pixel are contiguous and a plane is strided, so the transforms
+//   turn the other way: a group's kLanes lanes are kLanes consecutive channels of one tile
+//   (gathered as kLanes contiguous floats per pixel), not one channel of kLanes tiles. The
+//   buffers follow: V_f is [Tb x C] and M_f [Tb x K], tile-major, so a group still leaves as
+//   kLanes contiguous floats per frequency, and the GEMMs are the NCHW ones transposed:
+//       forward          M_f [Tb x K]  = V_f [Tb x C] @ U_f^T
+//       backward-data   dV_f [Tb x C]  = dM_f [Tb x K] @ U_f
+//       backward-weight dU_f [K x C]  += dM_f^T @ V_f
+//   The same products in the same order of the inner sum, so the results match NCHW's up to
+//   the GEMM's blocking (tests/tensor/winograd_test.cpp compares them). The overlap-add of dx
+//   takes whole channel groups per thread, as NCHW takes whole channels. Layers whose channel
+//   count is not a multiple of kLanes run a last group with fewer lanes. This spares conv2d the
+//   two NCHW copies per call that a channels-last Winograd layer otherwise costs.
+
 std::ostream& operator<<(std::ostream& os, const WinogradShape& s) {
   return os << "x=[" << s.n << ", " << s.c << ", " << s.h << ", " << s.w << "] weight=[" << s.k
-            << ", " << s.c << ", 3, 3] padding=(" << s.pad_h << ", " << s.pad_w << ")";
+            << ", " << s.c << ", 3, 3] padding=(" << s.pad_h << ", " << s.pad_w << ")"
+            << (s.channels_last ? " channels-last" : "");
 }
 
 namespace {
@@ -339,6 +355,66 @@ void scatter_tiles(const TilePosition* at, const Planes<float>& dst, int64_t cha
   }
 }
 
+// A dense NHWC batch of images (x, y, dx or dy): pixel (image, row, col) holds `channels`
+// contiguous floats.
+template <typename T>
+struct Pixels {
+  T* data;
+  int64_t channels, height, width;
+  T* pixel(int64_t image, int64_t row, int64_t col) const {
+    return data + ((image * height + row) * width + col) * channels;
+  }
+};
+
+// tiles [Side][Side][kLanes]: lane l holds channel first + l of the Side x Side window of the
+// tile at `at`, its top-left at the tile's pixel + offset; zeros outside the image and in the
+// lanes from `lanes` on (Note [Winograd in channels-last]).
+template <int Side>
+void gather_channels(const TilePosition& at, const Pixels<const float>& src, int64_t first,
+                     int64_t offset_h, int64_t offset_w, int lanes, float* tiles) {
+  const int64_t r0 = at.row + offset_h, c0 = at.col + offset_w;
+  for (int i = 0; i < Side; ++i) {
+    for (int j = 0; j < Side; ++j) {
+      float* lane = tiles + (i * Side + j) * kLanes;
+      const int64_t r = r0 + i, c = c0 + j;
+      if (r < 0 || r >= src.height || c < 0 || c >= src.width) {
+        for (int l = 0; l < kLanes; ++l) lane[l] = 0.0f;
+        continue;
+      }
+      const float* p = src.pixel(at.image, r, c) + first;
+      if (lanes == kLanes) {
+        for (int l = 0; l < kLanes; ++l) lane[l] = p[l];
+      } else {
+        for (int l = 0; l < kLanes; ++l) lane[l] = l < lanes ? p[l] : 0.0f;
+      }
+    }
+  }
+}
+
+// The reverse of gather_channels for the first `lanes` lanes: written (or, with kAdd, added)
+// into the pixels, what falls outside the image dropped.
+template <int Side, bool kAdd>
+void scatter_channels(const TilePosition& at, const Pixels<float>& dst, int64_t first,
+                      int64_t offset_h, int64_t offset_w, int lanes, const float* tiles) {
+  const int64_t r0 = at.row + offset_h, c0 = at.col + offset_w;
+  for (int i = 0; i < Side; ++i) {
+    const int64_t r = r0 + i;
+    if (r < 0 || r >= dst.height) continue;
+    for (int j = 0; j < Side; ++j) {
+      const int64_t c = c0 + j;
+      if (c < 0 || c >= dst.width) continue;
+      const float* lane = tiles + (i * Side + j) * kLanes;
+      float* p = dst.pixel(at.image, r, c) + first;
+      for (int l = 0; l < lanes; ++l) {
+        if constexpr (kAdd)
+          p[l] += lane[l];
+        else
+          p[l] = lane[l];
+      }
+    }
+  }
+}
+
 // Frequency-major buffers [a^2][rows][ld]: lanes [first, first + lanes) of row `row`, to and
 // from a [a^2][kLanes] group (unused lanes of a loaded group are zero). A full group moves as
 // one fixed-size copy per frequency: a variable-length std::copy is a memmove call, which cost
@@ -412,10 +488,26 @@ void inverse_transform_weight(const WinogradShape& s, const float* du, float* dw
   });
 }
 
-// v [a^2][C][block] = B^T d B for the count input tiles of x at at[0, count).
+// v [a^2][C][block] (channels-last: [a^2][block][C]) = B^T d B for the count input tiles of x
+// at at[0, count).
 template <class F>
 void transform_input(const WinogradShape& s, const Plan& p, const float* x, const TilePosition* at,
                      int64_t count, float* v) {
+  if (s.channels_last) {
+    const Pixels<const float> pixels{x, s.c, s.h, s.w};
+    const int64_t groups = groups_of(s.c);
+    parallel_for(0, count * groups, grain_for(F::aa * kLanes), [&](int64_t lo, int64_t hi) {
+      float tiles[F::aa * kLanes], out[F::aa * kLanes];
+      for (int64_t unit = lo; unit < hi; ++unit) {
+        const int64_t t = unit / groups, first = unit % groups * kLanes;
+        const int lanes = lanes_from(first, s.c);
+        gather_channels<F::a>(at[t], pixels, first, -s.pad_h, -s.pad_w, lanes, tiles);
+        sandwich<F::bt>(tiles, out);
+        store_group(out, F::aa, lanes, v, p.block, s.c, t, first);
+      }
+    });
+    return;
+  }
   const Planes<const float> planes{x, s.c, s.h, s.w};
   const int64_t groups = groups_of(count);
   parallel_for(0, s.c * groups, grain_for(F::aa * kLanes), [&](int64_t lo, int64_t hi) {
@@ -430,10 +522,26 @@ void transform_input(const WinogradShape& s, const Plan& p, const float* x, cons
   });
 }
 
-// dm [a^2][K][block] = A dY A^T for the count tiles of dy at at[0, count).
+// dm [a^2][K][block] (channels-last: [a^2][block][K]) = A dY A^T for the count tiles of dy at
+// at[0, count).
 template <class F>
 void transform_dy(const WinogradShape& s, const Plan& p, const float* dy, const TilePosition* at,
                   int64_t count, float* dm) {
+  if (s.channels_last) {
+    const Pixels<const float> pixels{dy, s.k, p.ho, p.wo};
+    const int64_t groups = groups_of(s.k);
+    parallel_for(0, count * groups, grain_for(F::aa * kLanes), [&](int64_t lo, int64_t hi) {
+      float tiles[F::m * F::m * kLanes], out[F::aa * kLanes];
+      for (int64_t unit = lo; unit < hi; ++unit) {
+        const int64_t t = unit / groups, first = unit % groups * kLanes;
+        const int lanes = lanes_from(first, s.k);
+        gather_channels<F::m>(at[t], pixels, first, 0, 0, lanes, tiles);
+        sandwich<Adjoints<F>::a>(tiles, out);
+        store_group(out, F::aa, lanes, dm, p.block, s.k, t, first);
+      }
+    });
+    return;
+  }
   const Planes<const float> planes{dy, s.k, p.ho, p.wo};
   const int64_t groups = groups_of(count);
   parallel_for(0, s.k * groups, grain_for(F::aa * kLanes), [&](int64_t lo, int64_t hi) {
@@ -448,10 +556,26 @@ void transform_dy(const WinogradShape& s, const Plan& p, const float* dy, const 
   });
 }
 
-// The count tiles of y at at[0, count) = A^T M A, from m [a^2][K][block].
+// The count tiles of y at at[0, count) = A^T M A, from m [a^2][K][block] (channels-last:
+// [a^2][block][K]).
 template <class F>
 void transform_output(const WinogradShape& s, const Plan& p, const float* m, const TilePosition* at,
                       int64_t count, float* y) {
+  if (s.channels_last) {
+    const Pixels<float> pixels{y, s.k, p.ho, p.wo};
+    const int64_t groups = groups_of(s.k);
+    parallel_for(0, count * groups, grain_for(F::aa * kLanes), [&](int64_t lo, int64_t hi) {
+      float group_in[F::aa * kLanes], tiles[F::m * F::m * kLanes];
+      for (int64_t unit = lo; unit < hi; ++unit) {
+        const int64_t t = unit / groups, first = unit % groups * kLanes;
+        const int lanes = lanes_from(first, s.k);
+        load_group(m, p.block, s.k, t, first, F::aa, lanes, group_in);
+        sandwich<F::at>(group_in, tiles);
+        scatter_channels<F::m, false>(at[t], pixels, first, 0, 0, lanes, tiles);
+      }
+    });
+    return;
+  }
   const Planes<float> planes{y, s.k, p.ho, p.wo};
   const int64_t groups = groups_of(count);
   parallel_for(0, s.k * groups, grain_for(F::aa * kLanes), [&](int64_t lo, int64_t hi) {
@@ -466,11 +590,28 @@ void transform_output(const WinogradShape& s, const Plan& p, const float* m, con
   });
 }
 
-// dx += B dV B^T for the count tiles at at[0, count), from dv [a^2][C][block]. Neighbouring
-// tiles overlap, so each thread takes whole channels.
+// dx += B dV B^T for the count tiles at at[0, count), from dv [a^2][C][block] (channels-last:
+// [a^2][block][C]). Neighbouring tiles overlap, so each thread takes whole channels (whole
+// groups of channels in channels-last).
 template <class F>
 void transform_dx(const WinogradShape& s, const Plan& p, const float* dv, const TilePosition* at,
                   int64_t count, float* dx) {
+  if (s.channels_last) {
+    const Pixels<float> pixels{dx, s.c, s.h, s.w};
+    parallel_for(0, groups_of(s.c), grain_for(count * F::aa * kLanes), [&](int64_t lo, int64_t hi) {
+      float group_in[F::aa * kLanes], tiles[F::aa * kLanes];
+      for (int64_t group = lo; group < hi; ++group) {
+        const int64_t first = group * kLanes;
+        const int lanes = lanes_from(first, s.c);
+        for (int64_t t = 0; t < count; ++t) {
+          load_group(dv, p.block, s.c, t, first, F::aa, lanes, group_in);
+          sandwich<Adjoints<F>::b>(group_in, tiles);
+          scatter_channels<F::a, true>(at[t], pixels, first, -s.pad_h, -s.pad_w, lanes, tiles);
+        }
+      }
+    });
+    return;
+  }
   const Planes<float> planes{dx, s.c, s.h, s.w};
   const int64_t groups = groups_of(count);
   parallel_for(0, s.c, grain_for(groups * F::aa * kLanes), [&](int64_t lo, int64_t hi) {
@@ -532,9 +673,15 @@ void forward(const WinogradShape& s, const float* x, const float* weight, float*
       const int64_t count = std::min(p.block, end - first);
       locate_tiles(p, first, count, at);
       transform_input<F>(s, p, x, at, count, v);
-      for_each_frequency(F::aa, [&](int64_t f) {  // M_f [K x count] = U_f [K x C] @ V_f
-        gemm<float>(false, false, s.k, count, s.c, 1.0f, u + f * s.k * s.c, s.c,
-                    v + f * s.c * p.block, p.block, 0.0f, m + f * s.k * p.block, p.block);
+      for_each_frequency(F::aa, [&](int64_t f) {
+        const float* u_f = u + f * s.k * s.c;
+        const float* v_f = v + f * s.c * p.block;
+        float* m_f = m + f * s.k * p.block;
+        if (s.channels_last)  // M_f [count x K] = V_f [count x C] @ U_f^T
+          gemm<float>(false, true, count, s.k, s.c, 1.0f, v_f, s.c, u_f, s.c, 0.0f, m_f, s.k);
+        else  // M_f [K x count] = U_f [K x C] @ V_f
+          gemm<float>(false, false, s.k, count, s.c, 1.0f, u_f, s.c, v_f, p.block, 0.0f, m_f,
+                      p.block);
       });
       transform_output<F>(s, p, m, at, count, y);
     }
@@ -562,9 +709,15 @@ void backward_data(const WinogradShape& s, const float* dy, const float* weight,
       const int64_t count = std::min(p.block, end - first);
       locate_tiles(p, first, count, at);
       transform_dy<F>(s, p, dy, at, count, dm);
-      for_each_frequency(F::aa, [&](int64_t f) {  // dV_f [C x count] = U_f^T @ dM_f
-        gemm<float>(true, false, s.c, count, s.k, 1.0f, u + f * s.k * s.c, s.c,
-                    dm + f * s.k * p.block, p.block, 0.0f, dv + f * s.c * p.block, p.block);
+      for_each_frequency(F::aa, [&](int64_t f) {
+        const float* u_f = u + f * s.k * s.c;
+        const float* dm_f = dm + f * s.k * p.block;
+        float* dv_f = dv + f * s.c * p.block;
+        if (s.channels_last)  // dV_f [count x C] = dM_f [count x K] @ U_f
+          gemm<float>(false, false, count, s.c, s.k, 1.0f, dm_f, s.k, u_f, s.c, 0.0f, dv_f, s.c);
+        else  // dV_f [C x count] = U_f^T @ dM_f
+          gemm<float>(true, false, s.c, count, s.k, 1.0f, u_f, s.c, dm_f, p.block, 0.0f, dv_f,
+                      p.block);
       });
       transform_dx<F>(s, p, dv, at, count, dx);
     }
@@ -598,9 +751,15 @@ void backward_weight(const WinogradShape& s, const float* x, const float* dy, fl
       transform_input<F>(s, p, x, at, count, v);
       transform_dy<F>(s, p, dy, at, count, dm);
       const float beta = first == begin ? 0.0f : 1.0f;
-      for_each_frequency(F::aa, [&](int64_t f) {  // dU_f [K x C] += dM_f [K x count] @ V_f^T
-        gemm<float>(false, true, s.k, s.c, count, 1.0f, dm + f * s.k * p.block, p.block,
-                    v + f * s.c * p.block, p.block, beta, du_part + f * s.k * s.c, s.c);
+      for_each_frequency(F::aa, [&](int64_t f) {
+        const float* dm_f = dm + f * s.k * p.block;
+        const float* v_f = v + f * s.c * p.block;
+        float* du_f = du_part + f * s.k * s.c;
+        if (s.channels_last)  // dU_f [K x C] += dM_f^T @ V_f, both [count x *]
+          gemm<float>(true, false, s.k, s.c, count, 1.0f, dm_f, s.k, v_f, s.c, beta, du_f, s.c);
+        else  // dU_f [K x C] += dM_f [K x count] @ V_f^T
+          gemm<float>(false, true, s.k, s.c, count, 1.0f, dm_f, p.block, v_f, p.block, beta, du_f,
+                      s.c);
       });
     }
   });

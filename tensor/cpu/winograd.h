@@ -16,17 +16,21 @@ enum class WinogradTile {
   kF4x4,  // F(4x4,3x3): 36 per 16 instead of 144 (4x); errors a few times larger
 };
 
-// The shape of a 3x3 convolution: x [N, C, H, W], weight [K, C, 3, 3], y [N, K, Ho, Wo], all
-// contiguous NCHW float32, with pad_h rows and pad_w columns of zeros on each side of x.
+// The shape of a 3x3 convolution: x [N, C, H, W], weight [K, C, 3, 3], y [N, K, Ho, Wo], with
+// pad_h rows and pad_w columns of zeros on each side of x. All float32; the weight contiguous,
+// the images (x, y and their gradients) contiguous NCHW, or with channels_last dense NHWC
+// (memory order [N, H, W, C]; Note [Winograd in channels-last]).
 struct WinogradShape {
   int64_t n = 0, c = 0, h = 0, w = 0;  // x
   int64_t k = 0;                       // output channels
   int64_t pad_h = 0, pad_w = 0;        // 0, 1 or 2
+  bool channels_last = false;
   int64_t ho() const { return h + 2 * pad_h - 2; }
   int64_t wo() const { return w + 2 * pad_w - 2; }
 };
 
-// Prints "x=[N, C, H, W] weight=[K, C, 3, 3] padding=(ph, pw)" (for error messages).
+// Prints "x=[N, C, H, W] weight=[K, C, 3, 3] padding=(ph, pw)", and " channels-last" where it
+// is (for error messages).
 std::ostream& operator<<(std::ostream& os, const WinogradShape& shape);
 
 // All three check the shape (ValueError naming the function and the shape unless the padding is

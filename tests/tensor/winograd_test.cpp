@@ -1,6 +1,7 @@
 // tests/tensor/winograd_test.cpp — Winograd convolution (tensor/cpu/winograd.h) against direct
 // loops accumulated in double: forward, backward-data and backward-weight for both tiles, on odd
-// sizes, every padding, k != c and partial blocks; the errors on bad shapes; and the accuracy
+// sizes, every padding, k != c and partial blocks, in NCHW and channels-last; the errors on bad
+// shapes; and the accuracy
 // table on the ResNet-18 layer shapes, beside loom's GEMM conv2d in float32.
 
 #include "tensor/cpu/winograd.h"
@@ -181,6 +182,59 @@ TEST(Winograd, AllPassesMatchDirectLoops) {
         EXPECT_LT(e.forward, bound(tile));
         EXPECT_LT(e.backward_data, bound(tile));
         EXPECT_LT(e.backward_weight, bound(tile));
+      }
+    }
+  }
+  set_num_threads(default_threads);
+}
+
+// v [n, c, h, w] in NHWC order, and back.
+std::vector<float> to_nhwc(const std::vector<float>& v, int64_t n, int64_t c, int64_t h,
+                           int64_t w) {
+  std::vector<float> out(v.size());
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t p = 0; p < h * w; ++p)
+        out[(i * h * w + p) * c + ch] = v[(i * c + ch) * h * w + p];
+  return out;
+}
+std::vector<float> to_nchw(const std::vector<float>& v, int64_t n, int64_t c, int64_t h,
+                           int64_t w) {
+  std::vector<float> out(v.size());
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t p = 0; p < h * w; ++p)
+        out[(i * c + ch) * h * w + p] = v[(i * h * w + p) * c + ch];
+  return out;
+}
+
+// The channels-last passes (Note [Winograd in channels-last]) against the same references: x
+// and dy given NHWC, y and dx read back from NHWC. The cases' channel counts, 1 to 64, take
+// full and partial groups of lanes, and the thread counts each path, as above.
+TEST(Winograd, ChannelsLastPassesMatchDirectLoops) {
+  const int default_threads = get_num_threads();
+  for (int threads : {1, default_threads, 3}) {
+    set_num_threads(threads);
+    uint32_t seed = 1;
+    for (const Case& cs : kCases) {
+      const WinogradShape& s = cs.shape;
+      WinogradShape nhwc = s;
+      nhwc.channels_last = true;
+      const Operands o = make_operands(s, seed += 3);
+      const std::vector<float> x = to_nhwc(o.x, s.n, s.c, s.h, s.w);
+      const std::vector<float> dy = to_nhwc(o.dy, s.n, s.k, s.ho(), s.wo());
+      for (WinogradTile tile : kTiles) {
+        SCOPED_TRACE(describe(nhwc) + " " + name(tile) + " tiles_per_block=" +
+                     std::to_string(cs.tiles_per_block) + " threads=" + std::to_string(threads));
+        std::vector<float> y(y_size(s), kNaN), dx(x_size(s), kNaN), dw(weight_size(s), kNaN);
+        winograd_conv2d(nhwc, tile, x.data(), o.w.data(), y.data(), cs.tiles_per_block);
+        winograd_conv2d_backward_data(nhwc, tile, dy.data(), o.w.data(), dx.data(),
+                                      cs.tiles_per_block);
+        winograd_conv2d_backward_weight(nhwc, tile, x.data(), dy.data(), dw.data(),
+                                        cs.tiles_per_block);
+        EXPECT_LT(relative_error(to_nchw(y, s.n, s.k, s.ho(), s.wo()), o.y), bound(tile));
+        EXPECT_LT(relative_error(to_nchw(dx, s.n, s.c, s.h, s.w), o.dx), bound(tile));
+        EXPECT_LT(relative_error(dw, o.dw), bound(tile));
       }
     }
   }
