@@ -58,7 +58,15 @@ NodeAgent::NodeAgent(const NodeAgentOptions& o) : o_(o) {
   const std::string config = "rdzv-id " + o.rdzv_id + ", " + std::to_string(o.nnodes) + " nodes, " +
                              std::to_string(o.nproc_per_node) + " workers per node, max restarts " +
                              std::to_string(o.max_restarts);
-  const std::string agreed = text(store_->compare_set("job/config", {}, bytes(config)));
+  // Node 0, which serves the store, states the job; the others read it (waiting for node 0 if
+  // they come first) and compare. Were the first writer to state it, a stranger that connected
+  // between node 0's store coming up and its write would define the job, and node 0 would be
+  // the one refused.
+  std::string agreed;
+  if (o.node_rank == 0)
+    agreed = text(store_->compare_set("job/config", {}, bytes(config)));
+  else
+    agreed = text(store_->get("job/config", o.join_timeout));
   LOOM_CHECK(agreed == config, DistError, "launcher of ", name_, ": the launchers at ",
              o.master_addr, ":", port_, " run another job (", agreed, ") than this one (", config,
              "): give every node the same --nnodes, --nproc-per-node, --max-restarts and "

@@ -205,7 +205,9 @@ TEST_F(MultiHost, LaunchersOfAnotherJobAreRefused) {
                                path("b.log"));
   EXPECT_EQ(wait_for(b, std::chrono::seconds(30)), 1);
   const std::string log = read(path("b.log"));
-  EXPECT_NE(log.find("run another job (rdzv-id one"), std::string::npos) << log;
+  EXPECT_NE(log.find("run another job (rdzv-id one"), std::string::npos)
+      << log << "\nthe first launcher's log:\n"
+      << read(path("a.log"));
   // A launcher with another secret does not get in at all.
   const pid_t c = hosts_.spawn(1,
                                "env LOOM_JOB_SECRET=another-secret-of-32-characters " + kLoomrun +
