@@ -1,8 +1,9 @@
 // bench/bf16_gemm_bench.cpp — bfloat16 GEMM 1024x1024x1024 through loom::matmul, on 1 and 2
 // threads, against float32's and against the bfloat16 product widened to float32 (the path of
 // CPUs without AVX512_BF16, Note [16-bit products on the CPU]), and as a fraction of this
-// machine's bfloat16 dot-product peak, measured by the same binary: chains of vdpbf16ps that
-// never leave the registers (32 multiply-adds each; bf16_dot_peak_gflops). Each repetition
+// machine's peak for the bfloat16 kernel in use, measured by the same binary: chains of
+// vdpbf16ps that never leave the registers (32 multiply-adds each; bf16_dot_peak_gflops), or of
+// AMX tile products where the kernel is AMX's (amx_bf16_peak_gflops). Each repetition
 // takes a peak sample, then the three GEMMs back to back; the table gives medians, and the
 // ratios are medians of the per-repetition ratios: on a shared machine the load changes between
 // repetitions, not within one.
@@ -24,13 +25,15 @@ namespace {
 using loom::bench::median;
 using Clock = std::chrono::steady_clock;
 
-// GFLOP/s of one a @ b, a [n, n].
+// GFLOP/s of a @ b, a [n, n], over four products in a row (one AMX product of 1024^3 takes a
+// few milliseconds, and the first after other work runs slower).
 double gflops(const loom::Tensor& a, const loom::Tensor& b) {
+  constexpr int kProducts = 4;
   const int64_t n = a.size(0);
   const auto start = Clock::now();
-  const loom::Tensor c = loom::matmul(a, b);
+  for (int i = 0; i < kProducts; ++i) loom::Tensor c = loom::matmul(a, b);
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  return 2.0 * n * n * n / seconds / 1e9;
+  return kProducts * 2.0 * n * n * n / seconds / 1e9;
 }
 
 struct Row {
@@ -54,7 +57,8 @@ Row measure(int64_t n, int repeats, int threads, loom::CpuIsa top) {
   gflops(a, b);
   Row row;
   for (int r = 0; r < repeats; ++r) {
-    const double peak = loom::bf16_dot_peak_gflops(threads);
+    const double peak = top >= loom::CpuIsa::kAmxBf16 ? loom::amx_bf16_peak_gflops(threads)
+                                                      : loom::bf16_dot_peak_gflops(threads);
     const double bf16 = gflops(a16, b16), wide = widened(), fp32 = gflops(a, b);
     row.bf16.push_back(bf16);
     row.widened.push_back(wide);
@@ -80,14 +84,20 @@ int main(int argc, char** argv) {
   if (top < loom::CpuIsa::kAvx512Bf16)
     std::printf("No bfloat16 dot products on this path: the bf16 column is the widened path\n");
   for (int threads : {1, 2})
-    std::printf("Peaks, %d thread(s): bf16 dot products %.1f GFLOP/s; float32 FMA %.1f\n", threads,
-                loom::bf16_dot_peak_gflops(threads), loom::fma_peak_gflops(threads));
+    std::printf(
+        "Peaks, %d thread(s): bf16 dot products %.1f GFLOP/s; AMX tiles %.1f; float32 FMA %.1f\n",
+        threads, loom::bf16_dot_peak_gflops(threads), loom::amx_bf16_peak_gflops(threads),
+        loom::fma_peak_gflops(threads));
+  std::printf("The bf16 column runs the %s kernel; its peak is the bf16 peak column's\n",
+              top >= loom::CpuIsa::kAmxBf16      ? "AMX tile"
+              : top >= loom::CpuIsa::kAvx512Bf16 ? "vdpbf16ps"
+                                                 : "widened (float32)");
   std::printf("GEMM %lldx%lldx%lld through loom::matmul (median of %d)\n",
               static_cast<long long>(n), static_cast<long long>(n), static_cast<long long>(n),
               repeats);
   std::printf(
       "| threads | bf16 GFLOP/s | bf16 widened GFLOP/s | float32 GFLOP/s | bf16 / float32 | "
-      "bf16 dot peak GFLOP/s | bf16 / peak |\n");
+      "bf16 peak GFLOP/s | bf16 / peak |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   for (int threads : {1, 2}) {
     loom::set_num_threads(threads);

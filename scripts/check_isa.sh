@@ -3,13 +3,14 @@
 # x86-64-v3) uses AVX-512 only inside the kernels dispatched by cpuid (Note [CPU instruction
 # sets] in tensor/cpu_info.h), so that it runs on a CPU with AVX2 and no AVX-512. Disassembles
 # loom's libraries and apps, and lists every function that touches an AVX-512 register (zmm,
-# the mask registers k1-k7, xmm16-31/ymm16-31, which only EVEX encodes); fails on any outside
-# the allowed ones: the AVX-512 micro-kernels (Kernel<..., CpuIsa::kAvx512...>, the float one
-# and bfloat16's vdpbf16ps one) and the 512-bit peaks (chains_512, chains_bf16_512 and their
+# the mask registers k1-k7, xmm16-31/ymm16-31, which only EVEX encodes) or an AMX tile (tmm);
+# fails on any outside the allowed ones: the AVX-512 and AMX micro-kernels (Kernel<...,
+# CpuIsa::kAvx512...> and Kernel<..., CpuIsa::kAmxBf16>: the float one, bfloat16's vdpbf16ps
+# one and its tile one) and the peaks (chains_512, chains_bf16_512, chains_amx and their
 # helper).
 set -euo pipefail
 build=${1:?usage: scripts/check_isa.sh BUILD_DIR}
-allowed='Kernel<([a-z]+|loom::BFloat16), \(loom::CpuIsa\)[23]>::|chains_(bf16_)?512\(long\)|first_lane\(float __vector\(16\)\)'
+allowed='Kernel<([a-z]+|loom::BFloat16), \(loom::CpuIsa\)[234]>::|chains_(bf16_512|512|amx)\(long\)|first_lane\(float __vector\(16\)\)'
 # The libraries (the real files, not their links) and the apps' executables.
 mapfile -t objects < <(find "$build" -maxdepth 3 -type f \( -name 'libloom*.so*' -o \
   \( -path '*/apps/*' -perm -u+x \) \) ! -name '*.cmake' | sort)
@@ -28,7 +29,7 @@ for object in "${objects[@]}"; do
     fi
   done < <(objdump -d --no-show-raw-insn -C "$object" |
     awk '/^[0-9a-f]+ <.*>:$/ { fn = substr($0, index($0, "<")) }
-         /%zmm|%k[1-7]|%[xy]mm(1[6-9]|2[0-9]|3[01])/ { if (fn != last) print fn; last = fn }')
+         /%zmm|%k[1-7]|%[xy]mm(1[6-9]|2[0-9]|3[01])|%tmm[0-7]/ { if (fn != last) print fn; last = fn }')
 done
 echo "check_isa: ${#objects[@]} objects, $seen functions with AVX-512 registers"
 exit $bad

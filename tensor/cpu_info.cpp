@@ -8,13 +8,19 @@
 #include <cpuid.h>
 #include <immintrin.h>
 #endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <vector>
 
 #include "tensor/error.h"
@@ -23,7 +29,9 @@ namespace loom {
 
 namespace {
 
-constexpr CpuIsa kIsas[] = {CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16};
+constexpr CpuIsa kIsas[] = {CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16,
+                            CpuIsa::kAmxBf16};
+constexpr CpuIsa kHighest = CpuIsa::kAmxBf16;
 
 // set_max_cpu_isa's cap, or -1 until LOOM_CPU_ISA has been read.
 std::atomic<int> g_max_isa{-1};
@@ -40,6 +48,8 @@ std::string_view to_string(CpuIsa isa) {
       return "avx512";
     case CpuIsa::kAvx512Bf16:
       return "avx512_bf16";
+    case CpuIsa::kAmxBf16:
+      return "amx_bf16";
   }
   return "?";
 }
@@ -47,18 +57,50 @@ std::string_view to_string(CpuIsa isa) {
 CpuIsa parse_cpu_isa(std::string_view name) {
   for (const CpuIsa isa : kIsas)
     if (name == to_string(isa)) return isa;
-  throw ValueError(detail::str("LOOM_CPU_ISA=", name,
-                               ": not an instruction set loom has kernels for; use generic, "
-                               "avx2, avx512 or avx512_bf16 (Note [CPU instruction sets] in "
-                               "tensor/cpu_info.h)"));
+  throw ValueError(
+      detail::str("LOOM_CPU_ISA=", name,
+                  ": not an instruction set loom has kernels for; use generic, "
+                  "avx2, avx512, avx512_bf16 or amx_bf16 (Note [CPU instruction sets] in "
+                  "tensor/cpu_info.h)"));
 }
+
+#if defined(__x86_64__)
+namespace {
+
+// Whether this CPU has AMX-TILE and AMX-BF16 (CPUID leaf 7, EDX bits 24 and 22), the OS saves
+// the tile state (XCR0 bits 17 and 18), and Linux lets this process use it: the tile data is
+// 8 KiB of state per thread, which Linux hands out only on request (arch_prctl
+// ARCH_REQ_XCOMP_PERM for XTILEDATA, once per process, before any thread touches a tile).
+bool amx_bf16_usable() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  if (((edx >> 24) & 1) == 0 || ((edx >> 22) & 1) == 0) return false;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || ((ecx >> 27) & 1) == 0) return false;  // OSXSAVE
+  unsigned xcr0_lo = 0, xcr0_hi = 0;
+  __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if ((xcr0_lo & (3u << 17)) != (3u << 17)) return false;
+#if defined(__linux__)
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+#endif
 
 CpuIsa detected_cpu_isa() {
 #if defined(__x86_64__) || defined(__i386__)
   static const CpuIsa detected = [] {
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f"))
-      return __builtin_cpu_supports("avx512bf16") ? CpuIsa::kAvx512Bf16 : CpuIsa::kAvx512;
+    if (__builtin_cpu_supports("avx512f")) {
+      if (!__builtin_cpu_supports("avx512bf16")) return CpuIsa::kAvx512;
+#if defined(__x86_64__)
+      if (amx_bf16_usable()) return CpuIsa::kAmxBf16;
+#endif
+      return CpuIsa::kAvx512Bf16;
+    }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return CpuIsa::kAvx2;
     return CpuIsa::kGeneric;
   }();
@@ -72,8 +114,7 @@ CpuIsa cpu_isa() {
   int cap = g_max_isa.load(std::memory_order_relaxed);
   if (cap < 0) {
     const char* text = std::getenv("LOOM_CPU_ISA");
-    const CpuIsa from_env =
-        text == nullptr || *text == '\0' ? CpuIsa::kAvx512Bf16 : parse_cpu_isa(text);
+    const CpuIsa from_env = text == nullptr || *text == '\0' ? kHighest : parse_cpu_isa(text);
     int unset = -1;
     g_max_isa.compare_exchange_strong(unset, static_cast<int>(from_env));
     cap = g_max_isa.load(std::memory_order_relaxed);
@@ -83,7 +124,7 @@ CpuIsa cpu_isa() {
 
 CpuIsa set_max_cpu_isa(CpuIsa isa) {
   const int before = g_max_isa.exchange(static_cast<int>(isa));
-  return before < 0 ? CpuIsa::kAvx512Bf16 : static_cast<CpuIsa>(before);
+  return before < 0 ? kHighest : static_cast<CpuIsa>(before);
 }
 
 std::string cpu_model_name() {
@@ -181,6 +222,41 @@ float chains_scalar(int64_t iterations) { LOOM_FMA_CHAINS(float, identity, std::
 [[gnu::target("avx512f,avx512bf16")]] float chains_bf16_512(int64_t iterations) {
   LOOM_FMA_CHAINS(__m512, _mm512_set1_ps, dot_bf16, first_lane)
 }
+
+// Four independent chains of tdpbf16ps on 16 x 16 float32 tiles (tmm0-3) from two A tiles and
+// two B tiles of ones (tmm4-7), three rounds of the four per iteration: twelve products of
+// 16 x 16 x 32 multiply-adds, as the FMA chains' twelve accumulators. Each thread configures
+// its tiles and releases them after.
+[[gnu::target("amx-tile,amx-bf16")]] float chains_amx(int64_t iterations) {
+  struct alignas(64) {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t bytes_per_row[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+    uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+  } config;
+  alignas(64) uint16_t ones[16 * 32];
+  std::fill(std::begin(ones), std::end(ones), uint16_t{0x3f80});  // bfloat16 1.0
+  alignas(64) float out[16 * 16];
+  _tile_loadconfig(&config);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, ones, 64);
+  _tile_loadd(5, ones, 64);
+  _tile_loadd(6, ones, 64);
+  _tile_loadd(7, ones, 64);
+  for (int64_t it = 0; it < iterations; ++it) {
+    for (int round = 0; round < 3; ++round) {
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, out, 64);
+  _tile_release();
+  return out[0];
+}
 #endif
 #undef LOOM_FMA_CHAINS
 
@@ -196,8 +272,9 @@ double timed(float (*chains)(int64_t), int threads, int64_t iterations, int lane
   return gflops(threads, iterations, lanes, seconds);
 }
 
-// sample's and peak's `bits` for 512-bit vdpbf16ps chains (0, 256 and 512 are FMAs).
-constexpr int kBf16Dots = -1;
+// sample's and peak's `bits` for 512-bit vdpbf16ps chains and for AMX tiles (0, 256 and 512
+// are FMAs).
+constexpr int kBf16Dots = -1, kAmxTiles = -2;
 
 double sample(int threads, int64_t iterations, int bits) {
 #if defined(__x86_64__)
@@ -208,6 +285,12 @@ double sample(int threads, int64_t iterations, int bits) {
   if (bits == kBf16Dots)
     return detected_cpu_isa() >= CpuIsa::kAvx512Bf16
                ? timed(chains_bf16_512, threads, iterations, 32)
+               : 0;
+  // Twelve tile products of 16 x 16 x 32 per iteration (8192 "lanes"), each some 16 cycles:
+  // a sixteenth of the iterations takes about as long as the FMA chains.
+  if (bits == kAmxTiles)
+    return detected_cpu_isa() >= CpuIsa::kAmxBf16
+               ? timed(chains_amx, threads, iterations / 16, 16 * 16 * 32)
                : 0;
 #endif
   return bits == 0 ? timed(chains_scalar, threads, iterations / 8, 1) : 0;
@@ -232,6 +315,8 @@ double fma_peak_gflops(int threads, int bits) {
 }
 
 double bf16_dot_peak_gflops(int threads) { return peak(threads, kBf16Dots); }
+
+double amx_bf16_peak_gflops(int threads) { return peak(threads, kAmxTiles); }
 
 double fma_peak_gflops(int threads) {
   const double wide = std::max(fma_peak_gflops(threads, 256), fma_peak_gflops(threads, 512));

@@ -18,16 +18,20 @@ namespace loom {
 //   and OpenBLAS do. The set in use is the highest the CPU has, capped by LOOM_CPU_ISA (or
 //   set_max_cpu_isa) so that every lower path can be run, and tested, on a CPU that has a
 //   higher one. kGeneric is the portable path: Eigen's GEMM, compiled for the baseline only.
-enum class CpuIsa { kGeneric, kAvx2, kAvx512, kAvx512Bf16 };
+//   kAmxBf16 adds the AMX tile unit's bfloat16 products (Note [bf16 products on AMX tiles] in
+//   tensor/cpu/bf16_gemm.h); it counts as present only where the kernel (Linux) lets this
+//   process use the tile registers, which it asks for once, at detection.
+enum class CpuIsa { kGeneric, kAvx2, kAvx512, kAvx512Bf16, kAmxBf16 };
 
-// "generic", "avx2", "avx512", "avx512_bf16": LOOM_CPU_ISA's names.
+// "generic", "avx2", "avx512", "avx512_bf16", "amx_bf16": LOOM_CPU_ISA's names.
 std::string_view to_string(CpuIsa isa);
 
 // LOOM_CPU_ISA's value to a set; ValueError naming the accepted names otherwise.
 CpuIsa parse_cpu_isa(std::string_view name);
 
 // The highest set this CPU runs (kAvx2 means AVX2 and FMA; kAvx512, AVX512F; kAvx512Bf16,
-// AVX512F and AVX512_BF16).
+// AVX512F and AVX512_BF16; kAmxBf16, those and AMX-TILE and AMX-BF16, enabled by the OS for
+// this process).
 CpuIsa detected_cpu_isa();
 
 // The set the kernels use: detected_cpu_isa(), capped by set_max_cpu_isa's last value or else
@@ -63,5 +67,9 @@ double fma_peak_gflops(int threads);
 // bfloat16 GEMM on a CPU with AVX512_BF16 (Note [bf16 dot products] in tensor/cpu/bf16_gemm.h);
 // 0 where the CPU (or this build) has none.
 double bf16_dot_peak_gflops(int threads);
+// bfloat16 GFLOP/s of `threads` threads each running 4 independent chains of tdpbf16ps on
+// 16 x 16 float32 tiles (16 x 16 x 32 multiply-adds each), measured as fma_peak_gflops is: the
+// peak of the AMX kernel; 0 where detected_cpu_isa() is below kAmxBf16.
+double amx_bf16_peak_gflops(int threads);
 
 }  // namespace loom

@@ -22,6 +22,14 @@ bool bf16_dot_products() {
 #endif
 }
 
+bool amx_bf16_products() {
+#if LOOM_PACKED_GEMM_SIMD && defined(__x86_64__)
+  return cpu_isa() >= CpuIsa::kAmxBf16;
+#else
+  return false;
+#endif
+}
+
 namespace {
 
 // The stored [rows, cols] bfloat16 matrix (leading dim ld) as a contiguous float32 one.
@@ -222,6 +230,153 @@ void scale_rows(int64_t m, int64_t n, float scale, float* c, int64_t ldc) {
   }
 }
 
+}  // namespace
+
+#if defined(__x86_64__)
+
+using AmxKernel = Kernel<BFloat16, CpuIsa::kAmxBf16>;
+
+// Per 32 k: A's two tiles (rows 64 bytes apart), B's two (rows 128 bytes apart), four products.
+[[gnu::noinline, gnu::visibility("hidden"), gnu::target("amx-tile,amx-bf16")]] void
+AmxKernel::micro_kernel(int64_t kc, const AmxChunk* a, const AmxChunk* b, const CTile<float>& c) {
+  const int64_t ld_in = c.ld_in * int64_t{sizeof(float)},
+                ld_out = c.ld_out * int64_t{sizeof(float)};
+  if (c.accumulate) {
+    _tile_loadd(0, c.in, ld_in);
+    _tile_loadd(1, c.in + 16, ld_in);
+    _tile_loadd(2, c.in + 16 * c.ld_in, ld_in);
+    _tile_loadd(3, c.in + 16 * c.ld_in + 16, ld_in);
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  const int64_t chunks = (kc + k_group - 1) / k_group;
+  for (int64_t q = 0; q < chunks; ++q, a += mr, b += nr) {
+    _tile_loadd(4, a, 64);
+    _tile_loadd(5, a + 16, 64);
+    _tile_loadd(6, b, 128);
+    _tile_loadd(7, b->pairs + 16, 128);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c.out, ld_out);
+  _tile_stored(1, c.out + 16, ld_out);
+  _tile_stored(2, c.out + 16 * c.ld_out, ld_out);
+  _tile_stored(3, c.out + 16 * c.ld_out + 16, ld_out);
+}
+
+namespace {
+
+// The tile shapes of the AMX kernel: tmm0-7 all 16 rows of 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t bytes_per_row[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+
+[[gnu::target("amx-tile")]] void configure_tiles() {
+  static const TileConfig config;
+  _tile_loadconfig(&config);
+}
+
+[[gnu::target("amx-tile")]] void release_tiles() { _tile_release(); }
+
+// A [m, kc] with A(i, p) = src[i rs + p cs] as 32-row AMX panels [ceil(kc / 32)][32 rows]
+// of 32 k, zeros past m and kc.
+void pack_a_amx(const BFloat16* src, int64_t rs, int64_t cs, int64_t m, int64_t kc, AmxChunk* dst) {
+  constexpr int64_t mr = AmxKernel::mr, group = AmxKernel::k_group;
+  const int64_t chunks = (kc + group - 1) / group;
+  for (int64_t i0 = 0; i0 < m; i0 += mr, dst += chunks * mr) {
+    const int64_t rows = std::min(mr, m - i0);
+    for (int64_t q = 0; q < chunks; ++q) {
+      const int64_t k0 = q * group, width = std::min(group, kc - k0);
+      for (int64_t r = 0; r < mr; ++r) {
+        auto* row = reinterpret_cast<BFloat16*>(dst[q * mr + r].pairs);
+        const BFloat16* from = src + (i0 + r) * rs + k0 * cs;
+        if (r >= rows) {
+          std::fill(row, row + group, BFloat16());
+          continue;
+        }
+        if (cs == 1) {
+          std::memcpy(row, from, static_cast<size_t>(width) * sizeof(BFloat16));
+        } else {
+          for (int64_t p = 0; p < width; ++p) row[p] = from[p * cs];
+        }
+        std::fill(row + width, row + group, BFloat16());
+      }
+    }
+  }
+}
+
+// B [kc, nc] with B(p, j) = src[p rs + j cs] as 32-column AMX panels [ceil(kc / 32)][16
+// pairs][32 columns], zeros past nc and kc.
+void pack_b_amx(const BFloat16* src, int64_t rs, int64_t cs, int64_t kc, int64_t nc,
+                AmxChunk* dst) {
+  constexpr int64_t nr = AmxKernel::nr, group = AmxKernel::k_group;
+  const int64_t chunks = (kc + group - 1) / group;
+  for (int64_t j0 = 0; j0 < nc; j0 += nr, dst += chunks * nr) {
+    const int64_t cols = std::min(nr, nc - j0);
+    for (int64_t q = 0; q < chunks; ++q) {
+      uint32_t* chunk = dst[q * nr].pairs;  // [16 pairs][32 columns]
+      for (int64_t t = 0; t < group / 2; ++t) {
+        const int64_t k = q * group + 2 * t;
+        uint32_t* pair_row = chunk + t * nr;
+        if (k >= kc) {
+          std::fill(pair_row, pair_row + nr, 0u);
+          continue;
+        }
+        const BFloat16* lo = src + k * rs + j0 * cs;
+        const BFloat16* hi = k + 1 < kc ? lo + rs : nullptr;
+        if (cs == 1 && cols == nr) {
+          interleave_pair_rows(lo, hi, nr, pair_row);
+          continue;
+        }
+        for (int64_t j = 0; j < cols; ++j)
+          pair_row[j] = pair_of(lo[j * cs], hi != nullptr ? hi[j * cs] : BFloat16());
+        std::fill(pair_row + cols, pair_row + nr, 0u);
+      }
+    }
+  }
+}
+
+// As threaded_bf16_gemm, with the AMX kernel: each thread configures its tiles first and
+// releases them last.
+void threaded_amx_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                       const BFloat16* a, int64_t lda, const BFloat16* b, int64_t ldb, float* c,
+                       int64_t ldc, bool accumulate) {
+  using K = AmxKernel;
+  const int64_t a_rs = trans_a ? 1 : lda, a_cs = trans_a ? lda : 1;
+  const int64_t b_rs = trans_b ? 1 : ldb, b_cs = trans_b ? ldb : 1;
+  const int64_t panels = (n + K::nr - 1) / K::nr, depth = K::kc / K::k_group;
+  parallel_for(0, panels, 2, [&](int64_t lo, int64_t hi) {
+    const int64_t j0 = lo * K::nr, cols = std::min(n, hi * K::nr) - j0;
+    ScratchFrame frame;
+    AmxChunk* b_scratch = frame.get<AmxChunk>(depth * ((K::nc + K::nr - 1) / K::nr * K::nr));
+    AmxChunk* a_scratch = frame.get<AmxChunk>(K::mc * depth);
+    auto a_block = [&](int64_t ic, int64_t mc, int64_t pc, int64_t kc,
+                       AmxChunk* scratch) -> const AmxChunk* {
+      pack_a_amx(a + ic * a_rs + pc * a_cs, a_rs, a_cs, mc, kc, scratch);
+      return scratch;
+    };
+    auto pack_b = [&](int64_t pc, int64_t kc, int64_t jc, int64_t nc, AmxChunk* dst) {
+      pack_b_amx(b + pc * b_rs + (j0 + jc) * b_cs, b_rs, b_cs, kc, nc, dst);
+    };
+    configure_tiles();
+    packed_gemm<K>(m, cols, k, a_block, pack_b, c + j0, ldc, accumulate, b_scratch, a_scratch);
+    release_tiles();
+  });
+}
+
+}  // namespace
+
+#endif  // defined(__x86_64__)
+
+namespace {
+
 // C += op(A) op(B) (or C = when !accumulate) by the packed driver with the vdpbf16ps kernel.
 // Threads split C by columns, whole 32-wide panels each, as cpu::gemm's float32 path does; each
 // packs its own blocks.
@@ -268,21 +423,26 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
   }
 #if LOOM_PACKED_GEMM_SIMD
   if (k == 0 || alpha == 0.0f) return scale_rows(m, n, beta, c, ldc);
+  // The kernel: tiles where the CPU has AMX, else vdpbf16ps.
+  auto* product = &threaded_bf16_gemm;
+#if defined(__x86_64__)
+  if (amx_bf16_products()) product = &threaded_amx_gemm;
+#endif
   if (beta == 0.0f || alpha == 1.0f) {
     // The product written into C (beta = 0: the first pass over K ignores C) or added to beta C;
     // then alpha, where it is not 1, scales the float32 result.
     if (beta != 0.0f) scale_rows(m, n, beta, c, ldc);
-    threaded_bf16_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, beta != 0.0f);
+    product(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, beta != 0.0f);
     scale_rows(m, n, alpha, c, ldc);
     return;
   }
   // Both apply: the product in scratch, then C = alpha product + beta C.
   ScratchFrame frame;
-  float* product = frame.get<float>(m * n);
-  threaded_bf16_gemm(trans_a, trans_b, m, n, k, a, lda, b, ldb, product, n, false);
+  float* product_c = frame.get<float>(m * n);
+  product(trans_a, trans_b, m, n, k, a, lda, b, ldb, product_c, n, false);
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j)
-      c[i * ldc + j] = alpha * product[i * n + j] + beta * c[i * ldc + j];
+      c[i * ldc + j] = alpha * product_c[i * n + j] + beta * c[i * ldc + j];
 #endif
 }
 

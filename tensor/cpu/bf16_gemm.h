@@ -1,6 +1,7 @@
 // tensor/cpu/bf16_gemm.h — GEMM of bfloat16 operands with float32 accumulation. On CPUs with
-// AVX512_BF16 it runs vdpbf16ps in the packed driver of tensor/cpu/packed_gemm.h, on operands
-// packed in k-pairs (Note [bf16 dot products]); elsewhere it widens the operands to float32 for
+// AMX it runs tdpbf16ps on tiles (Note [bf16 products on AMX tiles]); on CPUs with AVX512_BF16,
+// vdpbf16ps; both in the packed driver of tensor/cpu/packed_gemm.h, on operands packed in
+// k-pairs (Note [bf16 dot products]); elsewhere it widens the operands to float32 for
 // cpu::gemm<float>. The matrix products of bfloat16 tensors use it (Note [16-bit products on the
 // CPU] in tensor/linalg.cpp).
 #pragma once
@@ -35,13 +36,39 @@ namespace loom::cpu {
 //
 //   alpha is applied to the float32 result, never to a bfloat16 operand (that would round it).
 
+// Note [bf16 products on AMX tiles]
+//   AMX adds eight tile registers of up to 16 rows of 64 bytes and tdpbf16ps, which multiplies
+//   two of them as matrices of bfloat16 pairs into a third of float32: for a 16 x 16 C tile,
+//       C[i][j] += sum over t < 16 of A[i][2t] B[2t][j] + A[i][2t+1] B[2t+1][j]
+//   16 x 16 x 32 = 8192 multiply-adds per instruction, with the pair rule of vdpbf16ps (each
+//   pair's products added to the float32 in turn, round to nearest even, denormals as zero).
+//   Measured on the Intel Xeon of docs/cpu_speed.md: 3.1 TFLOP/s on one core from registers,
+//   14 times its float32 FMA peak.
+//   The micro-tile is 32 x 32 of C in four accumulator tiles (tmm0-3), two tiles of A (rows
+//   0-15 and 16-31, tmm4-5) and two of B (columns 0-15 and 16-31, tmm6-7): per 32 k, four tile
+//   loads and four tdpbf16ps. The packed element is a chunk of 32 k (16 pairs, 64 bytes), so
+//   the driver's panels are [ceil(kc / 32), 32] chunks:
+//   - an A panel's chunk q holds its 32 rows one after another, each row's 32 k contiguous (a
+//     tile row is a row of A: the rows are 64 bytes apart);
+//   - a B panel's chunk q holds the 16 pairs of k one after another, each as 32 columns of
+//     pairs (a tile row is a pair of k across 16 columns: the rows are 128 bytes apart).
+//   k past kc, rows past m and columns past n are zero. C's tiles are loaded from C (strided)
+//   and stored back: no float32 work outside the tile unit. Each thread sets its tile shapes
+//   (ldtilecfg) once per GEMM and releases the tiles after (tilerelease), so no tile state
+//   outlives a call. Blocks: a B panel of KC = 512 is 32 KiB (L1 holds it and streams A), an A
+//   block of MC = 128 rows 128 KiB (L2).
+
 // Whether gemm_bf16 multiplies bfloat16 directly here: this build has the vdpbf16ps kernel and
-// cpu_isa() is kAvx512Bf16 (Note [CPU instruction sets] in tensor/cpu_info.h).
+// cpu_isa() is kAvx512Bf16 or above (Note [CPU instruction sets] in tensor/cpu_info.h).
 bool bf16_dot_products();
+
+// Whether it does so on AMX tiles: cpu_isa() is kAmxBf16 (Note [bf16 products on AMX tiles]).
+bool amx_bf16_products();
 
 // C [m, n] (float32, row stride ldc) = alpha op(A) op(B) + beta C, op(A) [m, k] of bfloat16
 // (stored [m, k] with leading dim lda, or [k, m] when trans_a), likewise op(B) [k, n]: products
-// of bfloat16 summed in float32, by vdpbf16ps where bf16_dot_products(), else by cpu::gemm<float>
+// of bfloat16 summed in float32, by tdpbf16ps where amx_bf16_products(), by vdpbf16ps where
+// bf16_dot_products(), else by cpu::gemm<float>
 // on the operands widened. beta = 0 ignores C (NaNs included). Threads split C's columns.
 void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                const BFloat16* a, int64_t lda, const BFloat16* b, int64_t ldb, float beta, float* c,
@@ -59,6 +86,25 @@ struct Kernel<BFloat16, CpuIsa::kAvx512Bf16> {
   static constexpr int64_t k_group = 2;
   static constexpr int64_t mr = 12, nr = 32, kc = 384, mc = 144, nc = 3072;
   static void micro_kernel(int64_t kc, const uint32_t* a, const uint32_t* b, const CTile<float>& c);
+};
+
+// The packed element of the AMX kernel, 64 bytes (Note [bf16 products on AMX tiles]): the 32
+// elements of an A panel's chunk are its 32 rows of 32 k; those of a B panel's chunk, its 16
+// pairs of k across 32 columns.
+struct alignas(64) AmxChunk {
+  uint32_t pairs[16];
+};
+
+// The tdpbf16ps micro-kernel (Note [bf16 products on AMX tiles]), defined in bf16_gemm.cpp,
+// compiled for AMX-TILE and AMX-BF16, reached only where cpu_isa() is kAmxBf16 and only on a
+// thread whose tiles gemm_bf16 has configured.
+template <>
+struct Kernel<BFloat16, CpuIsa::kAmxBf16> {
+  using Scalar = float;
+  using Packed = AmxChunk;
+  static constexpr int64_t k_group = 32;
+  static constexpr int64_t mr = 32, nr = 32, kc = 512, mc = 128, nc = 3072;
+  static void micro_kernel(int64_t kc, const AmxChunk* a, const AmxChunk* b, const CTile<float>& c);
 };
 
 #endif  // LOOM_PACKED_GEMM_SIMD

@@ -99,8 +99,9 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 //   is faster. Elsewhere it may issue as fast as the FMAs, and then it doubles the rate. So the
 //   default is decided by measurement, once per process: the kernel is used when the dot-product
 //   peak on one thread is at least 1.25 times the float32 FMA peak (bf16_dot_peak_gflops and
-//   fma_peak_gflops, a few milliseconds each). The two paths give different bits
-//   (Note [bf16 dot products]), so LOOM_BF16_DOT=on|off fixes the choice where that matters.
+//   fma_peak_gflops, a few milliseconds each). On AMX the kernel is the tile one, measured the
+//   same way (amx_bf16_peak_gflops: 14 times float32 on that Xeon). The two paths give different
+//   bits (Note [bf16 dot products]), so LOOM_BF16_DOT=on|off fixes the choice where that matters.
 namespace {
 
 constexpr double kBf16DotPays = 1.25;
@@ -135,12 +136,18 @@ Bf16DotPolicy set_bf16_dot_policy(Bf16DotPolicy policy) {
 }
 
 double bf16_dot_speedup() {
-  static const double speedup = [] {
-    if (detected_cpu_isa() < CpuIsa::kAvx512Bf16) return 0.0;
+  const CpuIsa isa = cpu_isa();
+  if (isa < CpuIsa::kAvx512Bf16) return 0.0;
+  const auto ratio = [](double peak) {
     const double fma = fma_peak_gflops(1);
-    return fma > 0 ? bf16_dot_peak_gflops(1) / fma : 0.0;
-  }();
-  return speedup;
+    return fma > 0 ? peak / fma : 0.0;
+  };
+  if (isa >= CpuIsa::kAmxBf16) {
+    static const double amx = ratio(amx_bf16_peak_gflops(1));
+    return amx;
+  }
+  static const double dot = ratio(bf16_dot_peak_gflops(1));
+  return dot;
 }
 
 bool multiplies_16bit(DType dtype) {

@@ -24,8 +24,9 @@ bool multiplies_16bit(DType dtype);
 enum class Bf16DotPolicy { kAuto, kOn, kOff };
 Bf16DotPolicy bf16_dot_policy();
 Bf16DotPolicy set_bf16_dot_policy(Bf16DotPolicy policy);  // returns the previous one
-// The measured ratio of the bfloat16 dot-product peak to the float32 FMA peak on one thread
-// (0 without AVX512_BF16); measured once per process, on first use.
+// The measured ratio of the bfloat16 kernel's peak to the float32 FMA peak on one thread, for
+// the kernel cpu_isa() picks: AMX tiles (amx_bf16_peak_gflops) at kAmxBf16, vdpbf16ps
+// (bf16_dot_peak_gflops) at kAvx512Bf16, 0 below. Each measured once per process, on first use.
 double bf16_dot_speedup();
 
 }  // namespace loom::cpu

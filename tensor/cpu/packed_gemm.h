@@ -280,12 +280,13 @@ Kernel<float, CpuIsa::kAvx512>::micro_kernel(int64_t kc, const float* a, const f
 #endif  // LOOM_PACKED_GEMM_SIMD
 
 // Calls f.template operator()<I>() with the instruction set whose packed kernels run here
-// (kAvx512 for kAvx512Bf16 too) and returns true; false on the generic path (Eigen's GEMM), or
-// in a build without the kernels.
+// (kAvx512 for kAvx512Bf16 and kAmxBf16 too) and returns true; false on the generic path (Eigen's
+// GEMM), or in a build without the kernels.
 template <typename F>
 bool with_packed_kernel([[maybe_unused]] F&& f) {
 #if LOOM_PACKED_GEMM_SIMD
   switch (cpu_isa()) {
+    case CpuIsa::kAmxBf16:
     case CpuIsa::kAvx512Bf16:
     case CpuIsa::kAvx512:
       f.template operator()<CpuIsa::kAvx512>();

@@ -1,9 +1,11 @@
-// tests/tensor/bf16_gemm_test.cpp — Note [bf16 dot products]: cpu::gemm_bf16's vdpbf16ps kernel
-// against float64 and against the widened float32 path, on shapes at the edges of its tiles and
+// tests/tensor/bf16_gemm_test.cpp — Note [bf16 dot products] and Note [bf16 products on AMX
+// tiles]: cpu::gemm_bf16's vdpbf16ps and AMX kernels, each against float64 and against the
+// widened float32 path, on shapes at the edges of its tiles and
 // blocks (odd k among them), both layouts of each operand, alpha and beta, 1 and 2 threads; mm,
 // addmm and bmm of bfloat16 tensors through it (Note [16-bit products on the CPU]); and, on every
 // CPU, the widened path that a CPU without AVX512_BF16 takes, or one capped below avx512_bf16,
-// bit for bit. The kernel's tests skip where the CPU lacks AVX512_BF16, saying so.
+// bit for bit. The kernels' tests run each kernel the CPU has (capping cpu_isa() at avx512_bf16
+// for vdpbf16ps) and skip where it has neither, saying so.
 
 #include "tensor/cpu/bf16_gemm.h"
 
@@ -44,6 +46,15 @@ class Scope {
   if (detected_cpu_isa() < CpuIsa::kAvx512Bf16)                                             \
   GTEST_SKIP() << "this CPU has " << cpu_vector_isa() << ", no AVX512_BF16: the vdpbf16ps " \
                << "kernel cannot run here (the widened path's tests still do)"
+
+// The instruction sets whose bfloat16 kernels this CPU runs: avx512_bf16 (vdpbf16ps), and
+// amx_bf16 (tiles) above it.
+std::vector<CpuIsa> kernel_isas() {
+  std::vector<CpuIsa> isas;
+  for (const CpuIsa isa : {CpuIsa::kAvx512Bf16, CpuIsa::kAmxBf16})
+    if (isa <= detected_cpu_isa()) isas.push_back(isa);
+  return isas;
+}
 
 // One GEMM problem: bfloat16 operands as stored (A [m, k] or [k, m] when ta, likewise B) and a
 // float32 C, with its float64 reference alpha op(A) op(B) + beta C and, per element, the bound
@@ -129,67 +140,79 @@ const std::vector<Shape3> kShapes = {{1, 1, 1},     {12, 32, 2},    {13, 33, 3},
 
 TEST(Bf16Gemm, TheKernelIsWithinFloat32RoundingOfFloat64AndOfTheWidenedPath) {
   SKIP_WITHOUT_BF16();
-  for (const int threads : {1, 2}) {
-    Scope scope(CpuIsa::kAvx512Bf16, threads);
-    ASSERT_TRUE(cpu::bf16_dot_products());
-    for (const Shape3& s : kShapes)
-      for (const bool ta : {false, true})
-        for (const bool tb : {false, true}) {
-          const Problem p(ta, tb, s.m, s.n, s.k, 1.0f, 0.0f);
-          const Tensor c = p.run(), widened = p.widened();
-          EXPECT_TRUE(within_bound(c, p.want, p.bound, 1.0)) << p.name() << ", " << threads;
-          // Each is within its bound of float64, so within twice of the other.
-          EXPECT_TRUE(within_bound(c, widened.to_vector<double>(), p.bound, 2.0))
-              << p.name() << ", " << threads << " threads, against the widened path";
-        }
-  }
+  for (const CpuIsa isa : kernel_isas())
+    for (const int threads : {1, 2}) {
+      Scope scope(isa, threads);
+      ASSERT_TRUE(cpu::bf16_dot_products());
+      ASSERT_EQ(cpu::amx_bf16_products(), isa == CpuIsa::kAmxBf16);
+      for (const Shape3& s : kShapes)
+        for (const bool ta : {false, true})
+          for (const bool tb : {false, true}) {
+            const Problem p(ta, tb, s.m, s.n, s.k, 1.0f, 0.0f);
+            const std::string where =
+                detail::str(p.name(), ", ", to_string(isa), ", ", threads, " threads");
+            const Tensor c = p.run(), widened = p.widened();
+            EXPECT_TRUE(within_bound(c, p.want, p.bound, 1.0)) << where;
+            // Each is within its bound of float64, so within twice of the other.
+            EXPECT_TRUE(within_bound(c, widened.to_vector<double>(), p.bound, 2.0))
+                << where << ", against the widened path";
+          }
+    }
 }
 
 TEST(Bf16Gemm, AlphaScalesTheFloat32ResultAndBetaC) {
   SKIP_WITHOUT_BF16();
-  Scope scope(CpuIsa::kAvx512Bf16, 2);
-  struct Scalars {
-    float alpha, beta;
-  };
-  // alpha alone, beta alone, both (the product staged apart), and C ignored when beta is 0.
-  for (const Scalars s : {Scalars{0.5f, 0.0f}, Scalars{1.0f, 1.0f}, Scalars{1.0f, -1.5f},
-                          Scalars{-2.0f, 0.25f}, Scalars{0.0f, 2.0f}})
-    for (const bool ta : {false, true}) {
-      const Problem p(ta, !ta, 50, 70, 401, s.alpha, s.beta);
-      EXPECT_TRUE(within_bound(p.run(), p.want, p.bound, 1.0)) << p.name();
-    }
-  Problem nan_c(false, false, 13, 40, 9, 1.0f, 0.0f);
-  nan_c.c0.fill_(std::nan(""));
-  EXPECT_TRUE(within_bound(nan_c.run(), nan_c.want, nan_c.bound, 1.0)) << "beta 0 ignores NaN";
-  // k = 0: C = beta C.
-  const Problem empty(false, false, 4, 40, 0, 1.0f, 0.5f);
-  EXPECT_TRUE(within_bound(empty.run(), empty.want, empty.bound, 1.0)) << empty.name();
+  for (const CpuIsa isa : kernel_isas()) {
+    Scope scope(isa, 2);
+    struct Scalars {
+      float alpha, beta;
+    };
+    // alpha alone, beta alone, both (the product staged apart), and C ignored when beta is 0.
+    for (const Scalars s : {Scalars{0.5f, 0.0f}, Scalars{1.0f, 1.0f}, Scalars{1.0f, -1.5f},
+                            Scalars{-2.0f, 0.25f}, Scalars{0.0f, 2.0f}})
+      for (const bool ta : {false, true}) {
+        const Problem p(ta, !ta, 50, 70, 401, s.alpha, s.beta);
+        EXPECT_TRUE(within_bound(p.run(), p.want, p.bound, 1.0)) << p.name() << to_string(isa);
+      }
+    Problem nan_c(false, false, 13, 40, 9, 1.0f, 0.0f);
+    nan_c.c0.fill_(std::nan(""));
+    EXPECT_TRUE(within_bound(nan_c.run(), nan_c.want, nan_c.bound, 1.0))
+        << "beta 0 ignores NaN, " << to_string(isa);
+    // k = 0: C = beta C.
+    const Problem empty(false, false, 4, 40, 0, 1.0f, 0.5f);
+    EXPECT_TRUE(within_bound(empty.run(), empty.want, empty.bound, 1.0))
+        << empty.name() << to_string(isa);
+  }
 }
 
 TEST(Bf16Gemm, ThreadsSplitColumnsSoTheBitsDoNotDependOnThem) {
   SKIP_WITHOUT_BF16();
   const Problem p(false, true, 100, 333, 500, 1.0f, 1.0f);
-  Tensor one, two;
-  {
-    Scope scope(CpuIsa::kAvx512Bf16, 1);
-    one = p.run();
+  for (const CpuIsa isa : kernel_isas()) {
+    Tensor one, two;
+    {
+      Scope scope(isa, 1);
+      one = p.run();
+    }
+    {
+      Scope scope(isa, 2);
+      two = p.run();
+    }
+    EXPECT_TRUE(same_bits(one, two)) << to_string(isa);
   }
-  {
-    Scope scope(CpuIsa::kAvx512Bf16, 2);
-    two = p.run();
-  }
-  EXPECT_TRUE(same_bits(one, two));
 }
 
 TEST(Bf16Gemm, TheKernelSumsInAnotherOrderThanTheWidenedPath) {
   SKIP_WITHOUT_BF16();
   // Evidence that the kernel ran: 512-long sums in pairs differ in some bits from the float32
   // GEMM's, and stay within the bound.
-  Scope scope(CpuIsa::kAvx512Bf16, 2);
   const Problem p(false, false, 64, 96, 512, 1.0f, 0.0f);
-  const Tensor c = p.run(), widened = p.widened();
-  EXPECT_FALSE(same_bits(c, widened));
-  EXPECT_TRUE(within_bound(c, widened.to_vector<double>(), p.bound, 2.0));
+  for (const CpuIsa isa : kernel_isas()) {
+    Scope scope(isa, 2);
+    const Tensor c = p.run(), widened = p.widened();
+    EXPECT_FALSE(same_bits(c, widened)) << to_string(isa);
+    EXPECT_TRUE(within_bound(c, widened.to_vector<double>(), p.bound, 2.0)) << to_string(isa);
+  }
 }
 
 TEST(Bf16Gemm, DenormalsCountAsZeroInTheKernel) {
@@ -198,12 +221,12 @@ TEST(Bf16Gemm, DenormalsCountAsZeroInTheKernel) {
   const Tensor a = full({1, 2}, 1e-39).to(kBFloat16), b = full({2, 32}, 1.0).to(kBFloat16);
   ASSERT_NE(a.to_vector<double>()[0], 0.0);
   Tensor c = zeros({1, 32});
-  {
-    Scope scope(CpuIsa::kAvx512Bf16, 1);
+  for (const CpuIsa isa : kernel_isas()) {
+    Scope scope(isa, 1);
     cpu::gemm_bf16(false, false, 1, 32, 2, 1.0f, a.data_ptr<BFloat16>(), 2, b.data_ptr<BFloat16>(),
                    32, 0.0f, c.data_ptr<float>(), 32);
+    EXPECT_EQ(c.to_vector<double>()[0], 0.0) << to_string(isa);
   }
-  EXPECT_EQ(c.to_vector<double>()[0], 0.0);
   {
     Scope scope(CpuIsa::kAvx512, 1);
     cpu::gemm_bf16(false, false, 1, 32, 2, 1.0f, a.data_ptr<BFloat16>(), 2, b.data_ptr<BFloat16>(),
@@ -234,9 +257,10 @@ Reference reference_mm(const Tensor& a, const Tensor& b, double alpha = 1, doubl
   return r;
 }
 
-TEST(Bf16Gemm, MmAddmmAndBmmOfBfloat16TensorsUseTheKernel) {
-  SKIP_WITHOUT_BF16();
-  Scope scope(CpuIsa::kAvx512Bf16, 2);
+// mm (each operand also as a transposed view), addmm and bmm of bfloat16 through the kernel of
+// `isa`, within the bound of a float32 evaluation rounded once.
+void mm_addmm_and_bmm_use_the_kernel(CpuIsa isa) {
+  Scope scope(isa, 2);
   const cpu::Bf16DotPolicy policy = cpu::set_bf16_dot_policy(cpu::Bf16DotPolicy::kOn);
   EXPECT_TRUE(cpu::multiplies_16bit(kBFloat16));
   EXPECT_FALSE(cpu::multiplies_16bit(kFloat16));
@@ -276,21 +300,39 @@ TEST(Bf16Gemm, MmAddmmAndBmmOfBfloat16TensorsUseTheKernel) {
   cpu::set_bf16_dot_policy(policy);
 }
 
+TEST(Bf16Gemm, MmAddmmAndBmmOfBfloat16TensorsUseTheKernel) {
+  SKIP_WITHOUT_BF16();
+  for (const CpuIsa isa : kernel_isas()) {
+    SCOPED_TRACE(to_string(isa));
+    mm_addmm_and_bmm_use_the_kernel(isa);
+  }
+}
+
 // Note [When bf16 dot products pay]: by default the kernel is used where its measured peak is
 // at least 1.25 times float32's; on and off override the measurement.
+// Each kernel has its own measured speed-up: AMX's is its tile peak's.
 TEST(Bf16Gemm, TheKernelIsUsedWhereItIsMeasuredFasterUnlessForced) {
   SKIP_WITHOUT_BF16();
-  Scope scope(CpuIsa::kAvx512Bf16, 1);
-  const double speedup = cpu::bf16_dot_speedup();
-  EXPECT_GT(speedup, 0);
-  EXPECT_EQ(cpu::bf16_dot_speedup(), speedup) << "measured once";
-  const cpu::Bf16DotPolicy policy = cpu::set_bf16_dot_policy(cpu::Bf16DotPolicy::kAuto);
-  EXPECT_EQ(cpu::multiplies_16bit(kBFloat16), speedup >= 1.25) << "speedup " << speedup;
-  cpu::set_bf16_dot_policy(cpu::Bf16DotPolicy::kOff);
-  EXPECT_FALSE(cpu::multiplies_16bit(kBFloat16));
-  cpu::set_bf16_dot_policy(cpu::Bf16DotPolicy::kOn);
-  EXPECT_TRUE(cpu::multiplies_16bit(kBFloat16));
-  cpu::set_bf16_dot_policy(policy);
+  std::vector<double> speedups;
+  for (const CpuIsa isa : kernel_isas()) {
+    Scope scope(isa, 1);
+    const double speedup = cpu::bf16_dot_speedup();
+    speedups.push_back(speedup);
+    EXPECT_GT(speedup, 0) << to_string(isa);
+    EXPECT_EQ(cpu::bf16_dot_speedup(), speedup) << "measured once";
+    const cpu::Bf16DotPolicy policy = cpu::set_bf16_dot_policy(cpu::Bf16DotPolicy::kAuto);
+    EXPECT_EQ(cpu::multiplies_16bit(kBFloat16), speedup >= 1.25)
+        << to_string(isa) << ": speedup " << speedup;
+    cpu::set_bf16_dot_policy(cpu::Bf16DotPolicy::kOff);
+    EXPECT_FALSE(cpu::multiplies_16bit(kBFloat16));
+    cpu::set_bf16_dot_policy(cpu::Bf16DotPolicy::kOn);
+    EXPECT_TRUE(cpu::multiplies_16bit(kBFloat16));
+    cpu::set_bf16_dot_policy(policy);
+  }
+  if (speedups.size() == 2) {
+    EXPECT_NE(speedups[0], speedups[1]) << "one measurement per kernel";
+  }
+  const cpu::Bf16DotPolicy policy = cpu::bf16_dot_policy();
   {
     Scope capped(CpuIsa::kAvx512, 1);  // forced on, but the CPU path in use has no kernel
     cpu::set_bf16_dot_policy(cpu::Bf16DotPolicy::kOn);
@@ -339,10 +381,12 @@ TEST(Bf16Gemm, BadOperandsNameTheOpAndTheShapes) {
 }
 
 TEST(Bf16Gemm, TheDotProductPeakIsMeasuredWhereTheCpuHasIt) {
-  const double peak = bf16_dot_peak_gflops(1);
-  std::printf("[ measured ] 1 thread: bf16 dot products %.1f GFLOP/s, 512-bit FMA %.1f\n", peak,
-              fma_peak_gflops(1, 512));
+  const double peak = bf16_dot_peak_gflops(1), amx = amx_bf16_peak_gflops(1);
+  std::printf(
+      "[ measured ] 1 thread: bf16 dot products %.1f GFLOP/s, AMX tiles %.1f, 512-bit FMA %.1f\n",
+      peak, amx, fma_peak_gflops(1, 512));
   EXPECT_EQ(peak > 0, detected_cpu_isa() >= CpuIsa::kAvx512Bf16);
+  EXPECT_EQ(amx > 0, detected_cpu_isa() >= CpuIsa::kAmxBf16);
 }
 
 }  // namespace

@@ -14,7 +14,8 @@
 namespace loom {
 namespace {
 
-constexpr CpuIsa kAll[] = {CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16};
+constexpr CpuIsa kAll[] = {CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16,
+                           CpuIsa::kAmxBf16};
 
 // Caps cpu_isa() for one scope.
 class IsaCap {
@@ -29,7 +30,7 @@ class IsaCap {
 TEST(CpuIsa, NamesRoundTripAndAnUnknownOneIsAValueError) {
   for (const CpuIsa isa : kAll) EXPECT_EQ(parse_cpu_isa(to_string(isa)), isa);
   EXPECT_LOOM_ERROR(parse_cpu_isa("avx3"), ValueError,
-                    {"LOOM_CPU_ISA=avx3", "generic, avx2, avx512 or avx512_bf16"});
+                    {"LOOM_CPU_ISA=avx3", "generic, avx2, avx512, avx512_bf16 or amx_bf16"});
   EXPECT_LOOM_ERROR(parse_cpu_isa(""), ValueError, {"LOOM_CPU_ISA="});
 }
 
@@ -47,6 +48,10 @@ TEST(CpuIsa, TheCapLowersThePathAndNeverRaisesIt) {
   EXPECT_EQ(detected >= CpuIsa::kAvx512Bf16, described.find("BF16") != std::string::npos)
       << described;
   EXPECT_EQ(detected == CpuIsa::kAvx2, described == "AVX2 + FMA") << described;
+  // AMX counts only where the CPU has it (the OS may still refuse it: then kAvx512Bf16).
+  if (detected >= CpuIsa::kAmxBf16) {
+    EXPECT_NE(described.find("AMX-BF16"), std::string::npos) << described;
+  }
 }
 
 TEST(CpuIsa, EachWidthsPeakIsMeasuredWhereTheCpuHasIt) {
