@@ -9,6 +9,7 @@
 #include "tensor/checks.h"
 #include "tensor/copy.h"
 #include "tensor/cpu/conv.h"
+#include "tensor/cpu/conv_bf16.h"
 #include "tensor/cuda_backend.h"
 
 namespace loom::kernels {
@@ -106,7 +107,9 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
               const Conv2dOptions& options) {
   const Shape out_shape = conv2d_output_shape(x, weight, bias, options);
   if (on_cuda("conv2d", {x, weight, bias})) return cuda_backend().conv2d(x, weight, bias, options);
-  if (is_16bit_float(x.dtype())) {  // Note [16-bit products on the CPU] (tensor/linalg.cpp)
+  if (is_16bit_float(x.dtype())) {          // Note [16-bit products on the CPU] (tensor/linalg.cpp)
+    if (cpu::conv2d_bf16_fits(x, options))  // Note [bf16 convolutions]
+      return cpu::conv2d_bf16(x, weight, bias, options, out_shape);
     return to_dtype(conv2d(widened(x), widened(weight), widened(bias), options), x.dtype());
   }
   return cpu::conv2d(x, weight, bias, options, out_shape);
@@ -122,7 +125,9 @@ Conv2dGrads conv2d_backward(const Tensor& dout, const Tensor& x, const Tensor& w
              "conv2d_backward: dtypes differ; got dout=", dout.dtype(), " x=", x.dtype());
   if (on_cuda("conv2d_backward", {dout, x, weight}))
     return cuda_backend().conv2d_backward(dout, x, weight, options, needs);
-  if (is_16bit_float(x.dtype())) {  // Note [16-bit products on the CPU] (tensor/linalg.cpp)
+  if (is_16bit_float(x.dtype())) {          // Note [16-bit products on the CPU] (tensor/linalg.cpp)
+    if (cpu::conv2d_bf16_fits(x, options))  // Note [bf16 convolutions]
+      return cpu::conv2d_bf16_backward(dout, x, weight, options, needs);
     Conv2dGrads grads = conv2d_backward(widened(dout), widened(x), widened(weight), options, needs);
     for (Tensor* g : {&grads.dx, &grads.dweight, &grads.dbias})
       if (g->defined()) *g = to_dtype(*g, x.dtype());

@@ -47,8 +47,10 @@ void check_mm(const char* op, const Tensor& a, const Tensor& b) {
 //     float32 GEMM and the result narrowed. The numbers are those of a 16-bit product; the
 //     speed is float32's plus the widening, and the gain is memory: activations saved for
 //     backward take half the bytes.
-//   conv2d and its backward take the widened path on every CPU (tensor/conv.cpp). AMX and
-//   AVX512-FP16 are not used yet. On CUDA, cuBLAS and cuDNN take 16-bit operands themselves, on
+//   On CPUs with AMX the bfloat16 kernel is the tile one (Note [bf16 products on AMX tiles]),
+//   and conv2d of bfloat16 runs on the same products (Note [bf16 convolutions] in
+//   tensor/cpu/conv_bf16.cpp) wherever mm does; float16 and grouped convolutions widen.
+//   AVX512-FP16 is not used yet. On CUDA, cuBLAS and cuDNN take 16-bit operands themselves, on
 //   tensor cores.
 void mm_out(const Tensor& out, const Tensor& a, const Tensor& b, double alpha, double beta) {
   check_mm("mm", a, b);

@@ -303,10 +303,22 @@ void pack_a_amx(const BFloat16* src, int64_t rs, int64_t cs, int64_t m, int64_t 
         }
         if (cs == 1) {
           std::memcpy(row, from, static_cast<size_t>(width) * sizeof(BFloat16));
-        } else {
+          std::fill(row + width, row + group, BFloat16());
+        } else if (rs != 1) {
           for (int64_t p = 0; p < width; ++p) row[p] = from[p * cs];
+          std::fill(row + width, row + group, BFloat16());
         }
-        std::fill(row + width, row + group, BFloat16());
+      }
+      if (cs != 1 && rs == 1) {
+        // A stored transposed: each k's rows are contiguous, so read them k by k and deal them
+        // out to the rows (the rows past m were zeroed above).
+        auto* rows_of = reinterpret_cast<BFloat16*>(dst[q * mr].pairs);  // [32 rows][32 k]
+        for (int64_t p = 0; p < width; ++p) {
+          const BFloat16* column = src + i0 + (k0 + p) * cs;
+          for (int64_t r = 0; r < rows; ++r) rows_of[r * group + p] = column[r];
+        }
+        for (int64_t r = 0; r < rows; ++r)
+          std::fill(rows_of + r * group + width, rows_of + (r + 1) * group, BFloat16());
       }
     }
   }
@@ -335,9 +347,21 @@ void pack_b_amx(const BFloat16* src, int64_t rs, int64_t cs, int64_t kc, int64_t
           interleave_pair_rows(lo, hi, nr, pair_row);
           continue;
         }
+        if (rs == 1 && cs != 1 && hi != nullptr) continue;  // a transposed B's pairs: below
         for (int64_t j = 0; j < cols; ++j)
           pair_row[j] = pair_of(lo[j * cs], hi != nullptr ? hi[j * cs] : BFloat16());
         std::fill(pair_row + cols, pair_row + nr, 0u);
+      }
+      if (rs == 1 && cs != 1) {
+        // B stored transposed: each column's k are contiguous, so its whole pairs are read as
+        // uint32 and dealt out to the pair rows.
+        const int64_t whole = std::min(group, kc - q * group) / 2;
+        for (int64_t j = 0; j < cols; ++j) {
+          const BFloat16* column = src + (j0 + j) * cs + q * group;
+          for (int64_t t = 0; t < whole; ++t) chunk[t * nr + j] = pair_at(column, t);
+        }
+        for (int64_t t = 0; t < whole; ++t)
+          std::fill(chunk + t * nr + cols, chunk + (t + 1) * nr, 0u);
       }
     }
   }

@@ -1,0 +1,256 @@
+// tensor/cpu/conv_bf16.cpp — Note [bf16 convolutions]: conv2d and its gradients of bfloat16
+// tensors as im2col and GEMMs of bfloat16 (cpu::gemm_bf16).
+
+#include "tensor/cpu/conv_bf16.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "tensor/copy.h"
+#include "tensor/cpu/bf16_gemm.h"
+#include "tensor/cpu/linalg.h"
+#include "tensor/cpu/scratch.h"
+#include "tensor/parallel.h"
+
+namespace loom::cpu {
+
+// Note [bf16 convolutions]
+//   Under bf16 autocast every convolution gets bfloat16 operands. Widened to float32 (the path
+//   of Note [16-bit products on the CPU]) they run at float32's speed plus the widening; on a
+//   CPU whose bfloat16 products are faster than its float32 FMAs (AMX tiles, 14 times here:
+//   Note [bf16 products on AMX tiles]) the convolution should run on those products. So a
+//   bfloat16 layer is lowered to matrix products of bfloat16, as the im2col engine lowers a
+//   float32 one, with the images taken a chunk at a time:
+//       col   [K, B P] = the patches of B images (K = C kh kw, P = Ho Wo), bfloat16
+//       y     [O, B P] = W [O, K] @ col                         (float32, + bias, rounded once)
+//       dcol  [K, B P] = W^T @ dY [O, B P]     dx = col2im(dcol) (float32 sums, rounded once)
+//       dW    [O, K]  += dY @ col^T            over the chunks   (float32, rounded once at the end)
+//   The products of bfloat16 are exact in float32 and summed in float32, and each result is
+//   rounded to bfloat16 once, which is the widened path's rule; the sums run in another order,
+//   so the bits may differ in the last place of bfloat16 (conv_bf16_test bounds both against
+//   float64). B is chosen so that a chunk has at least kMinColumns columns (the GEMM splits its
+//   columns over the threads) and col at most kMaxColBytes. x and dy are read as contiguous
+//   NCHW (a channels-last operand is copied first); groups other than 1 keep the widened path.
+
+namespace {
+
+constexpr int64_t kMinColumns = 2048;
+constexpr int64_t kMaxColBytes = int64_t{32} << 20;
+
+struct Geometry {
+  int64_t n, c, h, w, o, kh, kw, ho, wo;
+  kernels::Pair stride, padding, dilation;
+  int64_t k() const { return c * kh * kw; }
+  int64_t p() const { return ho * wo; }
+};
+
+Geometry geometry(const Tensor& x, const Tensor& weight, const kernels::Conv2dOptions& o,
+                  const Shape& out_shape) {
+  return {x.size(0),      x.size(1),    x.size(2),    x.size(3), weight.size(0), weight.size(2),
+          weight.size(3), out_shape[2], out_shape[3], o.stride,  o.padding,      o.dilation};
+}
+
+// Images per chunk (Note [bf16 convolutions]).
+int64_t chunk_images(const Geometry& g) {
+  const int64_t by_columns = (kMinColumns + g.p() - 1) / g.p();
+  const int64_t by_bytes =
+      std::max<int64_t>(1, kMaxColBytes / std::max<int64_t>(1, g.k() * g.p() * 2));
+  return std::clamp<int64_t>(std::min(by_columns, by_bytes), 1, std::max<int64_t>(g.n, 1));
+}
+
+// The output columns [lo, hi) whose input column ow s - p + kj d lies inside the image.
+std::pair<int64_t, int64_t> valid_columns(const Geometry& g, int64_t kj) {
+  const int64_t offset = kj * g.dilation[1] - g.padding[1];
+  int64_t lo = 0;
+  while (lo < g.wo && lo * g.stride[1] + offset < 0) ++lo;
+  int64_t hi = g.wo;
+  while (hi > lo && (hi - 1) * g.stride[1] + offset >= g.w) --hi;
+  return {lo, hi};
+}
+
+// col [K, count P] (row stride ld) = the patches of images [first, first + count) of x.
+void im2col(const Geometry& g, const BFloat16* x, int64_t first, int64_t count, BFloat16* col,
+            int64_t ld) {
+  const int64_t kk = g.kh * g.kw;
+  parallel_for(0, g.k() * count, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, g.p())),
+               [&](int64_t lo, int64_t hi) {
+                 for (int64_t unit = lo; unit < hi; ++unit) {
+                   const int64_t row = unit / count, image = unit % count;
+                   const int64_t c = row / kk, ki = row % kk / g.kw, kj = row % g.kw;
+                   const BFloat16* plane = x + ((first + image) * g.c + c) * g.h * g.w;
+                   BFloat16* out = col + row * ld + image * g.p();
+                   const auto [lo_col, hi_col] = valid_columns(g, kj);
+                   for (int64_t oh = 0; oh < g.ho; ++oh) {
+                     const int64_t ih = oh * g.stride[0] - g.padding[0] + ki * g.dilation[0];
+                     BFloat16* dst = out + oh * g.wo;
+                     if (ih < 0 || ih >= g.h) {
+                       std::fill(dst, dst + g.wo, BFloat16());
+                       continue;
+                     }
+                     // Input column of output column ow: ow s + offset.
+                     const BFloat16* src = plane + ih * g.w;
+                     const int64_t offset = kj * g.dilation[1] - g.padding[1];
+                     std::fill(dst, dst + lo_col, BFloat16());
+                     if (g.stride[1] == 1) {
+                       std::copy(src + lo_col + offset, src + hi_col + offset, dst + lo_col);
+                     } else {
+                       for (int64_t ow = lo_col; ow < hi_col; ++ow)
+                         dst[ow] = src[ow * g.stride[1] + offset];
+                     }
+                     std::fill(dst + hi_col, dst + g.wo, BFloat16());
+                   }
+                 }
+               });
+}
+
+// dx planes of images [first, first + count) (float32, zeroed here) += col2im(dcol [K, count
+// P]); each (image, channel) plane on one thread.
+void col2im(const Geometry& g, const float* dcol, int64_t ld, int64_t count, float* dx) {
+  const int64_t kk = g.kh * g.kw;
+  std::vector<std::pair<int64_t, int64_t>> columns;
+  for (int64_t kj = 0; kj < g.kw; ++kj) columns.push_back(valid_columns(g, kj));
+  parallel_for(0, count * g.c, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t unit = lo; unit < hi; ++unit) {
+      const int64_t image = unit / g.c, c = unit % g.c;
+      float* plane = dx + unit * g.h * g.w;
+      std::fill(plane, plane + g.h * g.w, 0.0f);
+      for (int64_t tap = 0; tap < kk; ++tap) {
+        const int64_t ki = tap / g.kw, kj = tap % g.kw;
+        const float* src = dcol + (c * kk + tap) * ld + image * g.p();
+        for (int64_t oh = 0; oh < g.ho; ++oh) {
+          const int64_t ih = oh * g.stride[0] - g.padding[0] + ki * g.dilation[0];
+          if (ih < 0 || ih >= g.h) continue;
+          float* row = plane + ih * g.w;
+          const float* from = src + oh * g.wo;
+          const int64_t offset = kj * g.dilation[1] - g.padding[1];
+          const auto [lo_col, hi_col] = columns[kj];
+          if (g.stride[1] == 1) {
+            for (int64_t ow = lo_col; ow < hi_col; ++ow) row[ow + offset] += from[ow];
+          } else {
+            for (int64_t ow = lo_col; ow < hi_col; ++ow) row[ow * g.stride[1] + offset] += from[ow];
+          }
+        }
+      }
+    }
+  });
+}
+
+// dst [O, count P] (bfloat16) = the planes of images [first, first + count) of y [N, O, P].
+void gather_planes(const Geometry& g, const BFloat16* y, int64_t first, int64_t count,
+                   BFloat16* dst) {
+  parallel_for(0, g.o * count, 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t unit = lo; unit < hi; ++unit) {
+      const int64_t o = unit / count, image = unit % count;
+      const BFloat16* src = y + ((first + image) * g.o + o) * g.p();
+      std::copy(src, src + g.p(), dst + o * count * g.p() + image * g.p());
+    }
+  });
+}
+
+Tensor nchw(const Tensor& t) { return kernels::contiguous(t); }
+
+}  // namespace
+
+bool conv2d_bf16_fits(const Tensor& x, const kernels::Conv2dOptions& options) {
+  return x.dtype() == kBFloat16 && options.groups == 1 && multiplies_16bit(kBFloat16);
+}
+
+Tensor conv2d_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                   const kernels::Conv2dOptions& options, const Shape& out_shape) {
+  const Geometry g = geometry(x, weight, options, out_shape);
+  const MemoryFormat format = suggest_memory_format(x);
+  Tensor y = empty(out_shape, kBFloat16);
+  const Tensor xc = nchw(x), wc = nchw(weight);
+  const Tensor bc = bias.defined() ? kernels::contiguous(kernels::to_dtype(bias, kFloat32)) : bias;
+  const BFloat16* xp = xc.data_ptr<BFloat16>();
+  const BFloat16* wp = wc.data_ptr<BFloat16>();
+  const float* bp = bc.defined() ? bc.data_ptr<float>() : nullptr;
+  BFloat16* yp = y.data_ptr<BFloat16>();
+  const int64_t chunk = chunk_images(g), p = g.p();
+  ScratchFrame frame;
+  BFloat16* col = frame.get<BFloat16>(g.k() * chunk * p);
+  float* out = frame.get<float>(g.o * chunk * p);
+  for (int64_t first = 0; first < g.n; first += chunk) {
+    const int64_t count = std::min(chunk, g.n - first), cols = count * p;
+    im2col(g, xp, first, count, col, cols);
+    gemm_bf16(false, false, g.o, cols, g.k(), 1.0f, wp, g.k(), col, cols, 0.0f, out, cols);
+    parallel_for(0, count * g.o, 16, [&](int64_t lo, int64_t hi) {
+      for (int64_t unit = lo; unit < hi; ++unit) {
+        const int64_t image = unit / g.o, o = unit % g.o;
+        const float* src = out + o * cols + image * p;
+        BFloat16* dst = yp + ((first + image) * g.o + o) * p;
+        const float b = bp != nullptr ? bp[o] : 0.0f;
+        for (int64_t i = 0; i < p; ++i) dst[i] = BFloat16(src[i] + b);
+      }
+    });
+  }
+  return format == MemoryFormat::kContiguous ? y : kernels::contiguous(y, format);
+}
+
+kernels::Conv2dGrads conv2d_bf16_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
+                                          const kernels::Conv2dOptions& options,
+                                          std::array<bool, 3> needs) {
+  const Geometry g = geometry(x, weight, options, dout.sizes());
+  const Tensor dc = nchw(dout), xc = nchw(x), wc = nchw(weight);
+  const BFloat16* dyp = dc.data_ptr<BFloat16>();
+  const BFloat16* xp = xc.data_ptr<BFloat16>();
+  const BFloat16* wp = wc.data_ptr<BFloat16>();
+  const int64_t chunk = chunk_images(g), p = g.p(), k = g.k();
+  kernels::Conv2dGrads grads;
+  Tensor dx = needs[0] ? empty(x.sizes(), kBFloat16) : Tensor();
+  ScratchFrame frame;
+  BFloat16* dy = frame.get<BFloat16>(g.o * chunk * p);
+  BFloat16* col = needs[1] ? frame.get<BFloat16>(k * chunk * p) : nullptr;
+  float* dcol = needs[0] ? frame.get<float>(k * chunk * p) : nullptr;
+  float* dx_chunk = needs[0] ? frame.get<float>(chunk * g.c * g.h * g.w) : nullptr;
+  std::vector<float> dw(needs[1] ? static_cast<size_t>(g.o * k) : 0, 0.0f);
+  for (int64_t first = 0; first < g.n; first += chunk) {
+    const int64_t count = std::min(chunk, g.n - first), cols = count * p;
+    gather_planes(g, dyp, first, count, dy);
+    if (needs[1]) {  // dW [O, K] += dY [O, cols] @ col^T
+      im2col(g, xp, first, count, col, cols);
+      gemm_bf16(false, true, g.o, k, cols, 1.0f, dy, cols, col, cols, first == 0 ? 0.0f : 1.0f,
+                dw.data(), k);
+    }
+    if (needs[0]) {  // dcol [K, cols] = W^T @ dY, then col2im
+      gemm_bf16(true, false, k, cols, g.o, 1.0f, wp, k, dy, cols, 0.0f, dcol, cols);
+      col2im(g, dcol, cols, count, dx_chunk);
+      BFloat16* dst = dx.data_ptr<BFloat16>() + first * g.c * g.h * g.w;
+      const int64_t size = count * g.c * g.h * g.w;
+      parallel_for(0, size, kParallelGrain, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) dst[i] = BFloat16(dx_chunk[i]);
+      });
+    }
+  }
+  if (needs[0]) {
+    if (g.n == 0) kernels::fill_(dx, 0);
+    grads.dx = suggest_memory_format(x) == MemoryFormat::kContiguous
+                   ? dx
+                   : kernels::contiguous(dx, suggest_memory_format(x));
+  }
+  if (needs[1]) {
+    Tensor dweight = empty(weight.sizes(), kBFloat16);
+    BFloat16* dst = dweight.data_ptr<BFloat16>();
+    for (int64_t i = 0; i < g.o * k; ++i) dst[i] = BFloat16(g.n == 0 ? 0.0f : dw[i]);
+    grads.dweight = suggest_memory_format(weight) == MemoryFormat::kContiguous
+                        ? dweight
+                        : kernels::contiguous(dweight, suggest_memory_format(weight));
+  }
+  if (needs[2]) {  // the sum of dY over the batch and the pixels, in double
+    grads.dbias = empty({g.o}, kBFloat16);
+    BFloat16* db = grads.dbias.data_ptr<BFloat16>();
+    parallel_for(0, g.o, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t o = lo; o < hi; ++o) {
+        double sum = 0;
+        for (int64_t n = 0; n < g.n; ++n) {
+          const BFloat16* v = dyp + (n * g.o + o) * p;
+          for (int64_t i = 0; i < p; ++i) sum += static_cast<float>(v[i]);
+        }
+        db[o] = BFloat16(static_cast<float>(sum));
+      }
+    });
+  }
+  return grads;
+}
+
+}  // namespace loom::cpu

@@ -1,0 +1,185 @@
+// tests/tensor/conv_bf16_test.cpp — Note [bf16 convolutions]: conv2d and its three gradients of
+// bfloat16 tensors on the bfloat16 products (AMX tiles and vdpbf16ps, each where the CPU has
+// it), against float64 within the bound of a float32 evaluation rounded once to bfloat16, on
+// strides, paddings, dilations, 1x1 and 5x5 kernels, several chunks of images, channels-last
+// operands and an empty batch; and when the path is taken. Skips where the CPU has no bfloat16
+// products, saying so.
+
+#include "tensor/cpu/conv_bf16.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "tensor/conv.h"
+#include "tensor/cpu/linalg.h"
+#include "tensor/cpu_info.h"
+#include "test_util.h"
+
+namespace loom {
+namespace {
+
+constexpr double kU32 = 0x1p-24, kU16 = 0x1p-8;
+
+// Caps cpu_isa(), sets the bfloat16 product policy and the threads for one scope.
+class Scope {
+ public:
+  Scope(CpuIsa isa, cpu::Bf16DotPolicy policy, int threads)
+      : isa_(set_max_cpu_isa(isa)),
+        policy_(cpu::set_bf16_dot_policy(policy)),
+        threads_(get_num_threads()) {
+    set_num_threads(threads);
+  }
+  ~Scope() {
+    set_num_threads(threads_);
+    cpu::set_bf16_dot_policy(policy_);
+    set_max_cpu_isa(isa_);
+  }
+
+ private:
+  CpuIsa isa_;
+  cpu::Bf16DotPolicy policy_;
+  int threads_;
+};
+
+std::vector<CpuIsa> kernel_isas() {
+  std::vector<CpuIsa> isas;
+  for (const CpuIsa isa : {CpuIsa::kAvx512Bf16, CpuIsa::kAmxBf16})
+    if (isa <= detected_cpu_isa()) isas.push_back(isa);
+  return isas;
+}
+
+#define SKIP_WITHOUT_BF16()                                                                  \
+  if (detected_cpu_isa() < CpuIsa::kAvx512Bf16)                                              \
+  GTEST_SKIP() << "this CPU has " << cpu_vector_isa() << ", no bfloat16 products: bfloat16 " \
+               << "convolutions take the widened path here (conv_test covers it)"
+
+// Every element of got within the bound of a float32 sum of `terms` products, rounded once to
+// bfloat16, of want (float64) whose products' magnitudes sum to magnitude.
+::testing::AssertionResult within_bound(const Tensor& got, const Tensor& want,
+                                        const Tensor& magnitude, double terms) {
+  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>(),
+                            m = magnitude.to_vector<double>();
+  if (g.size() != w.size()) return ::testing::AssertionFailure() << "sizes differ";
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double f = (terms + 2) * kU32 * m[i];
+    const double bound = f + kU16 * (std::fabs(w[i]) + f);
+    if (!(std::fabs(g[i] - w[i]) <= bound))
+      return ::testing::AssertionFailure()
+             << "element " << i << ": " << g[i] << " vs " << w[i] << ", bound " << bound;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+struct Config {
+  int64_t n, c, h, w, o, kh, kw;
+  kernels::Conv2dOptions options;
+  std::string name;
+};
+
+const std::vector<Config> kConfigs = {
+    {2, 3, 7, 6, 4, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, "3x3 'same'"},
+    {3, 5, 9, 8, 6, 3, 3, {{2, 2}, {1, 1}, {1, 1}, 1}, "stride 2"},
+    {2, 4, 9, 10, 3, 3, 2, {{1, 2}, {2, 1}, {2, 2}, 1}, "dilation 2, asymmetric"},
+    {2, 6, 5, 5, 7, 1, 1, {}, "1x1"},
+    {2, 4, 8, 8, 5, 5, 5, {{1, 1}, {2, 2}, {1, 1}, 1}, "5x5"},
+    {5, 3, 32, 32, 4, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, "chunks of 2 images"},
+    {2, 40, 6, 6, 33, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, "K and O past a tile"},
+    {3, 2, 3, 3, 3, 3, 3, {{1, 1}, {0, 0}, {1, 1}, 1}, "1x1 output"},
+};
+
+// The forward and the three gradients of one config on the path in scope, against float64.
+void check(const Config& cf, MemoryFormat format) {
+  manual_seed(cf.n * 131 + cf.c * 17 + cf.o);
+  const Tensor x = randn({cf.n, cf.c, cf.h, cf.w}).to(kBFloat16).contiguous(format);
+  const Tensor w = randn({cf.o, cf.c, cf.kh, cf.kw}).to(kBFloat16);
+  const Tensor b = randn({cf.o}).to(kBFloat16);
+  ASSERT_TRUE(cpu::conv2d_bf16_fits(x, cf.options));
+  const Tensor y = kernels::conv2d(x, w, b, cf.options);
+  EXPECT_EQ(y.dtype(), kBFloat16);
+  EXPECT_TRUE(has_memory_format(y, format));
+  const Tensor x64 = x.to(kFloat64), w64 = w.to(kFloat64), b64 = b.to(kFloat64);
+  const double taps = static_cast<double>(cf.c * cf.kh * cf.kw);
+  EXPECT_TRUE(within_bound(y, kernels::conv2d(x64, w64, b64, cf.options),
+                           kernels::conv2d(x64.abs(), w64.abs(), b64.abs(), cf.options), taps + 1))
+      << "forward";
+
+  const Tensor dy = randn(y.sizes()).to(kBFloat16).contiguous(format);
+  const kernels::Conv2dGrads g = kernels::conv2d_backward(dy, x, w, cf.options, {true, true, true});
+  const Tensor dy64 = dy.to(kFloat64);
+  const kernels::Conv2dGrads want =
+      kernels::conv2d_backward(dy64, x64, w64, cf.options, {true, true, true});
+  const kernels::Conv2dGrads magnitude =
+      kernels::conv2d_backward(dy64.abs(), x64.abs(), w64.abs(), cf.options, {true, true, true});
+  const double pixels = static_cast<double>(cf.n * y.size(2) * y.size(3));
+  EXPECT_TRUE(within_bound(g.dx, want.dx, magnitude.dx, static_cast<double>(cf.o) * cf.kh * cf.kw))
+      << "dx";
+  EXPECT_TRUE(within_bound(g.dweight, want.dweight, magnitude.dweight, pixels)) << "dweight";
+  EXPECT_TRUE(within_bound(g.dbias, want.dbias, magnitude.dbias, pixels)) << "dbias";
+  EXPECT_TRUE(has_memory_format(g.dx, format));
+  for (const Tensor* t : {&g.dx, &g.dweight, &g.dbias}) EXPECT_EQ(t->dtype(), kBFloat16);
+  // One gradient alone.
+  const kernels::Conv2dGrads dx_only =
+      kernels::conv2d_backward(dy, x, w, cf.options, {true, false, false});
+  EXPECT_FALSE(dx_only.dweight.defined());
+  EXPECT_TRUE(
+      within_bound(dx_only.dx, want.dx, magnitude.dx, static_cast<double>(cf.o) * cf.kh * cf.kw))
+      << "dx alone";
+}
+
+TEST(Conv2dBf16, EachKernelIsWithinABfloat16RoundingOfFloat64) {
+  SKIP_WITHOUT_BF16();
+  for (const CpuIsa isa : kernel_isas())
+    for (const int threads : {1, 2}) {
+      Scope scope(isa, cpu::Bf16DotPolicy::kOn, threads);
+      for (const Config& cf : kConfigs)
+        for (const MemoryFormat format : {MemoryFormat::kContiguous, MemoryFormat::kChannelsLast}) {
+          SCOPED_TRACE(cf.name + ", " + std::string(to_string(isa)) + ", " +
+                       std::to_string(threads) + " threads" +
+                       (format == MemoryFormat::kChannelsLast ? ", channels-last" : ""));
+          check(cf, format);
+        }
+    }
+}
+
+TEST(Conv2dBf16, AnEmptyBatchGivesZeroGradients) {
+  SKIP_WITHOUT_BF16();
+  Scope scope(detected_cpu_isa(), cpu::Bf16DotPolicy::kOn, 2);
+  const kernels::Conv2dOptions options{{1, 1}, {1, 1}, {1, 1}, 1};
+  const Tensor x = zeros({0, 3, 5, 5}).to(kBFloat16), w = randn({4, 3, 3, 3}).to(kBFloat16);
+  EXPECT_EQ(kernels::conv2d(x, w, Tensor(), options).sizes(), (Shape{0, 4, 5, 5}));
+  const kernels::Conv2dGrads g = kernels::conv2d_backward(zeros({0, 4, 5, 5}).to(kBFloat16), x, w,
+                                                          options, {true, true, true});
+  EXPECT_EQ(g.dx.sizes(), x.sizes());
+  for (const double v : g.dweight.to_vector<double>()) EXPECT_EQ(v, 0.0);
+  for (const double v : g.dbias.to_vector<double>()) EXPECT_EQ(v, 0.0);
+}
+
+// The path is taken for bfloat16 with one group where the products are in use; float16, groups,
+// LOOM_BF16_DOT=off and a CPU path without bfloat16 products keep the widened one, bit for bit.
+TEST(Conv2dBf16, ThePathIsTakenWhereItFits) {
+  const kernels::Conv2dOptions one{{1, 1}, {1, 1}, {1, 1}, 1}, two{{1, 1}, {1, 1}, {1, 1}, 2};
+  manual_seed(9);
+  const Tensor x = randn({2, 4, 6, 6}).to(kBFloat16), w = randn({6, 4, 3, 3}).to(kBFloat16);
+  EXPECT_FALSE(cpu::conv2d_bf16_fits(x.to(kFloat16), one));
+  EXPECT_FALSE(cpu::conv2d_bf16_fits(x.to(kFloat32), one));
+  {
+    Scope capped(CpuIsa::kAvx512, cpu::Bf16DotPolicy::kOn, 2);
+    EXPECT_FALSE(cpu::conv2d_bf16_fits(x, one));
+  }
+  if (detected_cpu_isa() < CpuIsa::kAvx512Bf16) return;
+  Scope scope(detected_cpu_isa(), cpu::Bf16DotPolicy::kOn, 2);
+  EXPECT_TRUE(cpu::conv2d_bf16_fits(x, one));
+  EXPECT_FALSE(cpu::conv2d_bf16_fits(x, two));
+  Tensor widened;
+  {
+    Scope off(detected_cpu_isa(), cpu::Bf16DotPolicy::kOff, 2);
+    EXPECT_FALSE(cpu::conv2d_bf16_fits(x, one));
+    widened = kernels::conv2d(x, w, Tensor(), one);
+  }
+  const Tensor want = kernels::conv2d(x.to(kFloat32), w.to(kFloat32), Tensor(), one).to(kBFloat16);
+  EXPECT_EQ(widened.to_vector<double>(), want.to_vector<double>());
+}
+
+}  // namespace
+}  // namespace loom
