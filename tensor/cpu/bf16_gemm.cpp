@@ -230,6 +230,46 @@ void scale_rows(int64_t m, int64_t n, float scale, float* c, int64_t ldc) {
   }
 }
 
+// C += op(A) op(B) (or C = when !accumulate) by the packed driver with kernel K, whose panels
+// pack_a(src, rs, cs, m, kc, dst) and pack_b(src, rs, cs, kc, nc, dst) fill. Threads split C by
+// columns, whole NR-wide panels each, as cpu::gemm's float32 path does; each packs its own
+// blocks, and calls enter() before its products and leave() after (the AMX kernel sets and
+// releases its tiles there).
+template <typename K, typename PackA, typename PackB, typename Enter, typename Leave>
+void threaded_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BFloat16* a,
+                   int64_t lda, const BFloat16* b, int64_t ldb, float* c, int64_t ldc,
+                   bool accumulate, PackA pack_a, PackB pack_b, Enter enter, Leave leave) {
+  using P = typename K::Packed;
+  const int64_t a_rs = trans_a ? 1 : lda, a_cs = trans_a ? lda : 1;
+  const int64_t b_rs = trans_b ? 1 : ldb, b_cs = trans_b ? ldb : 1;
+  const int64_t panels = (n + K::nr - 1) / K::nr, depth = K::kc / K::k_group;
+  parallel_for(0, panels, 2, [&](int64_t lo, int64_t hi) {
+    const int64_t j0 = lo * K::nr, cols = std::min(n, hi * K::nr) - j0;
+    ScratchFrame frame;
+    P* b_scratch = frame.get<P>(depth * ((K::nc + K::nr - 1) / K::nr * K::nr));
+    P* a_scratch = frame.get<P>(K::mc * depth);
+    auto a_block = [&](int64_t ic, int64_t mc, int64_t pc, int64_t kc, P* scratch) -> const P* {
+      pack_a(a + ic * a_rs + pc * a_cs, a_rs, a_cs, mc, kc, scratch);
+      return scratch;
+    };
+    auto b_block = [&](int64_t pc, int64_t kc, int64_t jc, int64_t nc, P* dst) {
+      pack_b(b + pc * b_rs + (j0 + jc) * b_cs, b_rs, b_cs, kc, nc, dst);
+    };
+    enter();
+    packed_gemm<K>(m, cols, k, a_block, b_block, c + j0, ldc, accumulate, b_scratch, a_scratch);
+    leave();
+  });
+}
+
+// C += op(A) op(B) (or C = when !accumulate) with the vdpbf16ps kernel.
+void threaded_bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                        const BFloat16* a, int64_t lda, const BFloat16* b, int64_t ldb, float* c,
+                        int64_t ldc, bool accumulate) {
+  threaded_gemm<Bf16Kernel>(
+      trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, accumulate, pack_a_pairs, pack_b_pairs,
+      [] {}, [] {});
+}
+
 }  // namespace
 
 #if defined(__x86_64__)
@@ -367,68 +407,17 @@ void pack_b_amx(const BFloat16* src, int64_t rs, int64_t cs, int64_t kc, int64_t
   }
 }
 
-// As threaded_bf16_gemm, with the AMX kernel: each thread configures its tiles first and
-// releases them last.
+// C += op(A) op(B) (or C = when !accumulate) on AMX tiles.
 void threaded_amx_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                        const BFloat16* a, int64_t lda, const BFloat16* b, int64_t ldb, float* c,
                        int64_t ldc, bool accumulate) {
-  using K = AmxKernel;
-  const int64_t a_rs = trans_a ? 1 : lda, a_cs = trans_a ? lda : 1;
-  const int64_t b_rs = trans_b ? 1 : ldb, b_cs = trans_b ? ldb : 1;
-  const int64_t panels = (n + K::nr - 1) / K::nr, depth = K::kc / K::k_group;
-  parallel_for(0, panels, 2, [&](int64_t lo, int64_t hi) {
-    const int64_t j0 = lo * K::nr, cols = std::min(n, hi * K::nr) - j0;
-    ScratchFrame frame;
-    AmxChunk* b_scratch = frame.get<AmxChunk>(depth * ((K::nc + K::nr - 1) / K::nr * K::nr));
-    AmxChunk* a_scratch = frame.get<AmxChunk>(K::mc * depth);
-    auto a_block = [&](int64_t ic, int64_t mc, int64_t pc, int64_t kc,
-                       AmxChunk* scratch) -> const AmxChunk* {
-      pack_a_amx(a + ic * a_rs + pc * a_cs, a_rs, a_cs, mc, kc, scratch);
-      return scratch;
-    };
-    auto pack_b = [&](int64_t pc, int64_t kc, int64_t jc, int64_t nc, AmxChunk* dst) {
-      pack_b_amx(b + pc * b_rs + (j0 + jc) * b_cs, b_rs, b_cs, kc, nc, dst);
-    };
-    configure_tiles();
-    packed_gemm<K>(m, cols, k, a_block, pack_b, c + j0, ldc, accumulate, b_scratch, a_scratch);
-    release_tiles();
-  });
+  threaded_gemm<AmxKernel>(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, accumulate,
+                           pack_a_amx, pack_b_amx, configure_tiles, release_tiles);
 }
 
 }  // namespace
 
 #endif  // defined(__x86_64__)
-
-namespace {
-
-// C += op(A) op(B) (or C = when !accumulate) by the packed driver with the vdpbf16ps kernel.
-// Threads split C by columns, whole 32-wide panels each, as cpu::gemm's float32 path does; each
-// packs its own blocks.
-void threaded_bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                        const BFloat16* a, int64_t lda, const BFloat16* b, int64_t ldb, float* c,
-                        int64_t ldc, bool accumulate) {
-  using K = Bf16Kernel;
-  const int64_t a_rs = trans_a ? 1 : lda, a_cs = trans_a ? lda : 1;
-  const int64_t b_rs = trans_b ? 1 : ldb, b_cs = trans_b ? ldb : 1;
-  const int64_t panels = (n + K::nr - 1) / K::nr, depth = K::kc / K::k_group;
-  parallel_for(0, panels, 2, [&](int64_t lo, int64_t hi) {
-    const int64_t j0 = lo * K::nr, cols = std::min(n, hi * K::nr) - j0;
-    ScratchFrame frame;
-    uint32_t* b_scratch = frame.get<uint32_t>(depth * ((K::nc + K::nr - 1) / K::nr * K::nr));
-    uint32_t* a_scratch = frame.get<uint32_t>(K::mc * depth);
-    auto a_block = [&](int64_t ic, int64_t mc, int64_t pc, int64_t kc,
-                       uint32_t* scratch) -> const uint32_t* {
-      pack_a_pairs(a + ic * a_rs + pc * a_cs, a_rs, a_cs, mc, kc, scratch);
-      return scratch;
-    };
-    auto pack_b = [&](int64_t pc, int64_t kc, int64_t jc, int64_t nc, uint32_t* dst) {
-      pack_b_pairs(b + pc * b_rs + (j0 + jc) * b_cs, b_rs, b_cs, kc, nc, dst);
-    };
-    packed_gemm<K>(m, cols, k, a_block, pack_b, c + j0, ldc, accumulate, b_scratch, a_scratch);
-  });
-}
-
-}  // namespace
 
 #endif  // LOOM_PACKED_GEMM_SIMD
 

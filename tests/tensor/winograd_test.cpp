@@ -188,23 +188,16 @@ TEST(Winograd, AllPassesMatchDirectLoops) {
   set_num_threads(default_threads);
 }
 
-// v [n, c, h, w] in NHWC order, and back.
-std::vector<float> to_nhwc(const std::vector<float>& v, int64_t n, int64_t c, int64_t h,
-                           int64_t w) {
+// v [n, c, h, w] from NCHW order to NHWC (to_nhwc), or back.
+std::vector<float> reorder(const std::vector<float>& v, int64_t n, int64_t c, int64_t h, int64_t w,
+                           bool to_nhwc) {
   std::vector<float> out(v.size());
   for (int64_t i = 0; i < n; ++i)
     for (int64_t ch = 0; ch < c; ++ch)
-      for (int64_t p = 0; p < h * w; ++p)
-        out[(i * h * w + p) * c + ch] = v[(i * c + ch) * h * w + p];
-  return out;
-}
-std::vector<float> to_nchw(const std::vector<float>& v, int64_t n, int64_t c, int64_t h,
-                           int64_t w) {
-  std::vector<float> out(v.size());
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t ch = 0; ch < c; ++ch)
-      for (int64_t p = 0; p < h * w; ++p)
-        out[(i * c + ch) * h * w + p] = v[(i * h * w + p) * c + ch];
+      for (int64_t p = 0; p < h * w; ++p) {
+        const int64_t nchw = (i * c + ch) * h * w + p, nhwc = (i * h * w + p) * c + ch;
+        out[to_nhwc ? nhwc : nchw] = v[to_nhwc ? nchw : nhwc];
+      }
   return out;
 }
 
@@ -221,8 +214,8 @@ TEST(Winograd, ChannelsLastPassesMatchDirectLoops) {
       WinogradShape nhwc = s;
       nhwc.channels_last = true;
       const Operands o = make_operands(s, seed += 3);
-      const std::vector<float> x = to_nhwc(o.x, s.n, s.c, s.h, s.w);
-      const std::vector<float> dy = to_nhwc(o.dy, s.n, s.k, s.ho(), s.wo());
+      const std::vector<float> x = reorder(o.x, s.n, s.c, s.h, s.w, true);
+      const std::vector<float> dy = reorder(o.dy, s.n, s.k, s.ho(), s.wo(), true);
       for (WinogradTile tile : kTiles) {
         SCOPED_TRACE(describe(nhwc) + " " + name(tile) + " tiles_per_block=" +
                      std::to_string(cs.tiles_per_block) + " threads=" + std::to_string(threads));
@@ -232,8 +225,8 @@ TEST(Winograd, ChannelsLastPassesMatchDirectLoops) {
                                       cs.tiles_per_block);
         winograd_conv2d_backward_weight(nhwc, tile, x.data(), dy.data(), dw.data(),
                                         cs.tiles_per_block);
-        EXPECT_LT(relative_error(to_nchw(y, s.n, s.k, s.ho(), s.wo()), o.y), bound(tile));
-        EXPECT_LT(relative_error(to_nchw(dx, s.n, s.c, s.h, s.w), o.dx), bound(tile));
+        EXPECT_LT(relative_error(reorder(y, s.n, s.k, s.ho(), s.wo(), false), o.y), bound(tile));
+        EXPECT_LT(relative_error(reorder(dx, s.n, s.c, s.h, s.w, false), o.dx), bound(tile));
         EXPECT_LT(relative_error(dw, o.dw), bound(tile));
       }
     }
