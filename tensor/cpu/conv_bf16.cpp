@@ -4,6 +4,7 @@
 #include "tensor/cpu/conv_bf16.h"
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "tensor/copy.h"
@@ -91,6 +92,10 @@ void im2col(const Geometry& g, const BFloat16* x, int64_t first, int64_t count, 
                      const BFloat16* src = plane + ih * g.w;
                      const int64_t offset = kj * g.dilation[1] - g.padding[1];
                      std::fill(dst, dst + lo_col, BFloat16());
+                     if (lo_col >= hi_col) {  // the tap lies in the padding for every column
+                       std::fill(dst + lo_col, dst + g.wo, BFloat16());
+                       continue;
+                     }
                      if (g.stride[1] == 1) {
                        std::copy(src + lo_col + offset, src + hi_col + offset, dst + lo_col);
                      } else {

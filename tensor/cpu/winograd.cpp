@@ -130,8 +130,8 @@ namespace loom::cpu {
 //       forward          M_f [Tb x K]  = V_f [Tb x C] @ U_f^T
 //       backward-data   dV_f [Tb x C]  = dM_f [Tb x K] @ U_f
 //       backward-weight dU_f [K x C]  += dM_f^T @ V_f
-//   The same products in the same order of the inner sum, so the results match NCHW's up to
-//   the GEMM's blocking (tests/tensor/winograd_test.cpp compares them). The overlap-add of dx
+//   The results match NCHW's up to float32 rounding (the GEMMs block their sums differently);
+//   tests/tensor/winograd_test.cpp checks both layouts against float64. The overlap-add of dx
 //   takes whole channel groups per thread, as NCHW takes whole channels. Layers whose channel
 //   count is not a multiple of kLanes run a last group with fewer lanes. This spares conv2d the
 //   two NCHW copies per call that a channels-last Winograd layer otherwise costs.

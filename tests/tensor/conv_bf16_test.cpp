@@ -86,6 +86,7 @@ const std::vector<Config> kConfigs = {
     {5, 3, 32, 32, 4, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, "chunks of 2 images"},
     {2, 40, 6, 6, 33, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, "K and O past a tile"},
     {3, 2, 3, 3, 3, 3, 3, {{1, 1}, {0, 0}, {1, 1}, 1}, "1x1 output"},
+    {2, 3, 3, 4, 2, 3, 3, {{1, 1}, {3, 3}, {1, 1}, 1}, "taps wholly in the padding"},
 };
 
 // The forward and the three gradients of one config on the path in scope, against float64.
