@@ -30,8 +30,12 @@ namespace loom::cpu {
 //   rounded to bfloat16 once, which is the widened path's rule; the sums run in another order,
 //   so the bits may differ in the last place of bfloat16 (conv_bf16_test bounds both against
 //   float64). B is chosen so that a chunk has at least kMinColumns columns (the GEMM splits its
-//   columns over the threads) and col at most kMaxColBytes. x and dy are read as contiguous
-//   NCHW (a channels-last operand is copied first); groups other than 1 keep the widened path.
+//   columns over the threads) and col at most kMaxColBytes. With stride 1 and at least 16 input
+//   channels, dx is instead the forward convolution of dY with the weight flipped and its
+//   channels swapped (Note [dx as a convolution] in tensor/cpu/conv.cpp): no float32 dcol and
+//   no col2im, whose overlap-add took a tenth of the bf16 ResNet-18 step. x and dy are read as
+//   contiguous NCHW (a channels-last operand is copied first); groups other than 1 keep the widened
+//   path.
 
 namespace {
 
@@ -154,6 +158,24 @@ void gather_planes(const Geometry& g, const BFloat16* y, int64_t first, int64_t 
 
 Tensor nchw(const Tensor& t) { return kernels::contiguous(t); }
 
+// Note [dx as a convolution]: where it applies, and the weight it convolves dY with,
+// W'[c, o, kh-1-ki, kw-1-kj] = W[o, c, ki, kj].
+bool dx_as_conv(const Geometry& g) {
+  return g.stride == kernels::Pair{1, 1} && g.c >= 16 &&
+         g.padding[0] <= g.dilation[0] * (g.kh - 1) && g.padding[1] <= g.dilation[1] * (g.kw - 1);
+}
+
+Tensor flipped_weight(const Geometry& g, const BFloat16* w) {
+  Tensor flipped = empty({g.c, g.o, g.kh, g.kw}, kBFloat16);
+  BFloat16* dst = flipped.data_ptr<BFloat16>();
+  const int64_t kk = g.kh * g.kw;
+  for (int64_t o = 0; o < g.o; ++o)
+    for (int64_t c = 0; c < g.c; ++c)
+      for (int64_t tap = 0; tap < kk; ++tap)
+        dst[(c * g.o + o) * kk + (kk - 1 - tap)] = w[(o * g.c + c) * kk + tap];
+  return flipped;
+}
+
 }  // namespace
 
 bool conv2d_bf16_fits(const Tensor& x, const kernels::Conv2dOptions& options) {
@@ -202,14 +224,26 @@ kernels::Conv2dGrads conv2d_bf16_backward(const Tensor& dout, const Tensor& x, c
   const BFloat16* wp = wc.data_ptr<BFloat16>();
   const int64_t chunk = chunk_images(g), p = g.p(), k = g.k();
   kernels::Conv2dGrads grads;
-  Tensor dx = needs[0] ? empty(x.sizes(), kBFloat16) : Tensor();
+  const bool dx_by_conv = needs[0] && dx_as_conv(g);
+  const bool dx_by_dcol = needs[0] && !dx_by_conv;
+  Tensor dx;
+  if (dx_by_conv) {
+    const kernels::Conv2dOptions flipped{
+        {1, 1},
+        {g.dilation[0] * (g.kh - 1) - g.padding[0], g.dilation[1] * (g.kw - 1) - g.padding[1]},
+        g.dilation,
+        1};
+    dx = conv2d_bf16(dc, flipped_weight(g, wp), Tensor(), flipped, x.sizes());
+  } else if (needs[0]) {
+    dx = empty(x.sizes(), kBFloat16);
+  }
   ScratchFrame frame;
   BFloat16* dy = frame.get<BFloat16>(g.o * chunk * p);
   BFloat16* col = needs[1] ? frame.get<BFloat16>(k * chunk * p) : nullptr;
-  float* dcol = needs[0] ? frame.get<float>(k * chunk * p) : nullptr;
-  float* dx_chunk = needs[0] ? frame.get<float>(chunk * g.c * g.h * g.w) : nullptr;
+  float* dcol = dx_by_dcol ? frame.get<float>(k * chunk * p) : nullptr;
+  float* dx_chunk = dx_by_dcol ? frame.get<float>(chunk * g.c * g.h * g.w) : nullptr;
   std::vector<float> dw(needs[1] ? static_cast<size_t>(g.o * k) : 0, 0.0f);
-  for (int64_t first = 0; first < g.n; first += chunk) {
+  for (int64_t first = 0; first < g.n && (needs[1] || dx_by_dcol); first += chunk) {
     const int64_t count = std::min(chunk, g.n - first), cols = count * p;
     gather_planes(g, dyp, first, count, dy);
     if (needs[1]) {  // dW [O, K] += dY [O, cols] @ col^T
@@ -217,7 +251,7 @@ kernels::Conv2dGrads conv2d_bf16_backward(const Tensor& dout, const Tensor& x, c
       gemm_bf16(false, true, g.o, k, cols, 1.0f, dy, cols, col, cols, first == 0 ? 0.0f : 1.0f,
                 dw.data(), k);
     }
-    if (needs[0]) {  // dcol [K, cols] = W^T @ dY, then col2im
+    if (dx_by_dcol) {  // dcol [K, cols] = W^T @ dY, then col2im
       gemm_bf16(true, false, k, cols, g.o, 1.0f, wp, k, dy, cols, 0.0f, dcol, cols);
       col2im(g, dcol, cols, count, dx_chunk);
       BFloat16* dst = dx.data_ptr<BFloat16>() + first * g.c * g.h * g.w;
@@ -228,7 +262,7 @@ kernels::Conv2dGrads conv2d_bf16_backward(const Tensor& dout, const Tensor& x, c
     }
   }
   if (needs[0]) {
-    if (g.n == 0) kernels::fill_(dx, 0);
+    if (g.n == 0 && dx_by_dcol) kernels::fill_(dx, 0);
     grads.dx = suggest_memory_format(x) == MemoryFormat::kContiguous
                    ? dx
                    : kernels::contiguous(dx, suggest_memory_format(x));

@@ -85,6 +85,11 @@ const std::vector<Config> kConfigs = {
     {2, 4, 8, 8, 5, 5, 5, {{1, 1}, {2, 2}, {1, 1}, 1}, "5x5"},
     {5, 3, 32, 32, 4, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, "chunks of 2 images"},
     {2, 40, 6, 6, 33, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, "K and O past a tile"},
+    // 16+ input channels at stride 1: dx as a convolution of dy (Note [bf16 convolutions])
+    {2, 16, 7, 6, 5, 3, 2, {{1, 1}, {2, 1}, {2, 2}, 1}, "dx by convolution, dilated"},
+    {2, 16, 5, 5, 7, 1, 1, {}, "dx by convolution, 1x1"},
+    {2, 17, 8, 8, 6, 5, 5, {{1, 1}, {1, 2}, {1, 1}, 1}, "dx by convolution, 5x5"},
+    {2, 16, 5, 5, 3, 3, 3, {{1, 1}, {3, 3}, {1, 1}, 1}, "16 channels, padding past the kernel"},
     {3, 2, 3, 3, 3, 3, 3, {{1, 1}, {0, 0}, {1, 1}, 1}, "1x1 output"},
     {2, 3, 3, 4, 2, 3, 3, {{1, 1}, {3, 3}, {1, 1}, 1}, "taps wholly in the padding"},
 };
