@@ -29,40 +29,68 @@ class AllreduceHook : public CommHook {
  public:
   std::string name() const override { return "allreduce"; }
   PendingReduction start(ProcessGroup& group, GradBucket& bucket) override {
-    return {group.allreduce(bucket.buffer, ReduceOp::Sum), nullptr};
+    return {group.allreduce(bucket.buffer, ReduceOp::Sum), nullptr, nullptr, false};
   }
 };
 
-// Each rank's buffer travels in 16 bits; the sum is taken in float32 on every rank.
+// Note [16-bit gradient communication] (ddp.h).
 class CompressHook : public CommHook {
  public:
-  explicit CompressHook(DType wire) : wire_(wire) {}
+  CompressHook(DType wire, CompressedSum sum) : wire_(wire), sum_(sum) {}
   std::string name() const override {
-    return wire_ == kFloat16 ? "fp16_compress" : "bf16_compress";
+    return std::string(wire_ == kFloat16 ? "fp16" : "bf16") +
+           (sum_ == CompressedSum::kFloat32 ? "_compress" : "_compress_allreduce");
   }
   PendingReduction start(ProcessGroup& group, GradBucket& bucket) override {
-    Tensor buffer = bucket.buffer;
-    Tensor compressed = k::to_dtype(buffer, wire_);
-    std::vector<Tensor> gathered;
-    for (int r = 0; r < group.size(); ++r)
-      gathered.push_back(empty(compressed.sizes(), wire_, buffer.device()));
-    auto work = group.allgather(gathered, compressed);
-    return {work, [buffer, gathered] {
-              Tensor sum = zeros(buffer.sizes(), kFloat32, buffer.device());
-              for (const Tensor& g : gathered) k::add_(sum, k::to_dtype(g, kFloat32));
-              k::copy_(buffer, sum);
-            }};
+    return sum_ == CompressedSum::kFloat32 ? exchange(group, bucket.buffer)
+                                           : allreduce(group, bucket.buffer);
   }
 
  private:
+  // An all-to-all of 16-bit pieces, float32 sums, an all-gather of the 16-bit sums.
+  PendingReduction exchange(ProcessGroup& group, const Tensor& buffer) const {
+    const int64_t ranks = group.size(), numel = buffer.numel();
+    const int64_t piece = (numel + ranks - 1) / ranks;
+    Tensor sent = zeros({piece * ranks}, wire_, buffer.device());  // padded to N pieces
+    k::copy_(sent.narrow(0, 0, numel), buffer);
+    Tensor received = empty({piece * ranks}, wire_, buffer.device());
+    auto work = group.alltoall(received, sent);
+    auto gather = [&group, buffer, sent, received, piece, ranks, numel] {
+      Tensor sum = k::to_dtype(received.narrow(0, 0, piece), kFloat32);
+      for (int64_t r = 1; r < ranks; ++r)
+        k::add_(sum, k::to_dtype(received.narrow(0, r * piece, piece), kFloat32));
+      // This rank's piece of the result is its own piece of `sent`: an all-gather in place.
+      Tensor mine = sent.narrow(0, group.rank() * piece, piece);
+      k::copy_(mine, sum);
+      PendingReduction last{group.allgather_into_tensor(sent, mine), nullptr, nullptr, false};
+      last.finish = [buffer, sent, numel] { k::copy_(buffer, sent.narrow(0, 0, numel)); };
+      return last;
+    };
+    return {std::move(work), nullptr, std::move(gather), false};
+  }
+
+  // PyTorch's: divide first, allreduce the 16-bit buffer.
+  PendingReduction allreduce(ProcessGroup& group, const Tensor& buffer) const {
+    Tensor scaled = k::clone(buffer);
+    k::mul_scalar_(scaled, 1.0 / group.size());
+    Tensor wire = k::to_dtype(scaled, wire_);
+    auto work = group.allreduce(wire, ReduceOp::Sum);
+    return {std::move(work), [buffer, wire] { k::copy_(buffer, wire); }, nullptr, true};
+  }
+
   DType wire_;
+  CompressedSum sum_;
 };
 
 }  // namespace
 
 std::shared_ptr<CommHook> allreduce_hook() { return std::make_shared<AllreduceHook>(); }
-std::shared_ptr<CommHook> fp16_compress_hook() { return std::make_shared<CompressHook>(kFloat16); }
-std::shared_ptr<CommHook> bf16_compress_hook() { return std::make_shared<CompressHook>(kBFloat16); }
+std::shared_ptr<CommHook> fp16_compress_hook(CompressedSum sum) {
+  return std::make_shared<CompressHook>(kFloat16, sum);
+}
+std::shared_ptr<CommHook> bf16_compress_hook(CompressedSum sum) {
+  return std::make_shared<CompressHook>(kBFloat16, sum);
+}
 
 std::function<bool(bool)> found_inf_agreement(std::shared_ptr<ProcessGroup> group, Device device) {
   LOOM_CHECK(group != nullptr, ValueError, "found_inf_agreement: the process group is null");
@@ -395,12 +423,20 @@ void Reducer::mark_ready(size_t i) {
 void Reducer::launch_ready_buckets() {
   while (next_launch_ < buckets_.size() && pending_[next_launch_] == 0) {
     Bucket& b = buckets_[next_launch_];
-    GradBucket view{static_cast<int>(next_launch_), b.buffer, &b.names};
     timeline_.launched[next_launch_] = steady_seconds() - backward_start_;
-    if (zero_stage_ > 0)  // Note [ZeRO stages]: each rank keeps its piece of the sum
-      inflight_.push_back({group_->reduce_scatter_tensor(b.shard, b.buffer, ReduceOp::Sum), {}});
-    else
+    if (zero_stage_ > 0) {  // Note [ZeRO stages]: each rank keeps its piece of the sum
+      inflight_.push_back(
+          {group_->reduce_scatter_tensor(b.shard, b.buffer, ReduceOp::Sum), {}, {}, false});
+    } else {
+      GradBucket view{static_cast<int>(next_launch_),
+                      static_cast<int>(buckets_.size()),
+                      b.buffer,
+                      &b.names,
+                      {},
+                      b.offsets};
+      for (size_t i : b.params) view.gradients.push_back(views_[i]);
       inflight_.push_back(hook_->start(*group_, view));
+    }
     ++next_launch_;
   }
   if (zero_stage_ == 2) release_reduced_buffers();
@@ -425,12 +461,25 @@ void Reducer::finalize() {
     throw ValueError(msg.str());
   }
   NoGradGuard no_grad;
+  // Hooks of several rounds: each bucket's next round is launched once its round completed,
+  // buckets in plan order (the same collectives in the same order on every rank).
+  for (bool more = true; more;) {
+    more = false;
+    for (PendingReduction& r : inflight_)
+      if (r.then) {
+        r.work->wait();
+        PendingReduction next = r.then();
+        r = std::move(next);
+        more = more || static_cast<bool>(r.then);
+      }
+  }
   const double average = 1.0 / group_->size();
   for (size_t b = 0; b < inflight_.size(); ++b) {
     inflight_[b].work->wait();
     if (inflight_[b].finish) inflight_[b].finish();
     // The sum over ranks, divided by their number: under ZeRO this rank's piece only.
-    k::mul_scalar_(zero_stage_ > 0 ? buckets_[b].shard : buckets_[b].buffer, average);
+    if (!inflight_[b].averaged)
+      k::mul_scalar_(zero_stage_ > 0 ? buckets_[b].shard : buckets_[b].buffer, average);
     const double done = inflight_[b].work->finished_at();
     timeline_.completed[b] = (done > 0 ? done : steady_seconds()) - backward_start_;
   }

@@ -43,16 +43,25 @@ namespace loom::dist {
 // A bucket as a communication hook sees it: the flat gradients of its parameters.
 struct GradBucket {
   int index = 0;
-  Tensor buffer;                                    // 1-D, the parameters' gradients back to back
+  int count = 1;  // buckets in the plan: index count - 1 is the iteration's last
+  Tensor buffer;  // 1-D, the parameters' gradients back to back
   const std::vector<std::string>* names = nullptr;  // the parameters, in buffer order
+  std::vector<Tensor> gradients;  // the parameters' .grad: views of `buffer`, stored as they are
+  std::vector<int64_t> offsets;   // where each starts in `buffer`
+  bool is_last() const { return index == count - 1; }
 };
 
 // What a hook started: the communication's handle, and what to do once it completed so that
 // `buffer` holds the sum over ranks of every rank's buffer (finish may be empty). The reducer
-// then divides by the world size (Note [The bucketed reducer], step 3).
+// then divides by the world size (Note [The bucketed reducer], step 3), unless `averaged` says
+// that finish left the average already. A hook of several rounds (the 16-bit exchange, PowerSGD)
+// sets `then` instead of finish: once `work` completed, the reducer calls it to launch the next
+// round and takes the round it returns in this one's place, until a round has no `then`.
 struct PendingReduction {
   std::shared_ptr<Work> work;
   std::function<void()> finish;
+  std::function<PendingReduction()> then;
+  bool averaged = false;
 };
 
 class CommHook {
@@ -64,10 +73,23 @@ class CommHook {
 
 // allreduce(sum) in the buffer's dtype: the default.
 std::shared_ptr<CommHook> allreduce_hook();
-// The gradients travel in float16 / bfloat16 (half the bytes); every rank's compressed buffer
-// is gathered and summed in float32, so only the rounding to 16 bits is lost, never the sum.
-std::shared_ptr<CommHook> fp16_compress_hook();
-std::shared_ptr<CommHook> bf16_compress_hook();
+
+// Note [16-bit gradient communication]
+// The gradients travel in float16 or bfloat16, half float32's bytes, summed one of two ways:
+// - kFloat32 (the default): an all-to-all hands rank r piece r of every rank's 16-bit buffer;
+//   rank r sums its N pieces in float32 and rounds the sum to 16 bits once; an all-gather of
+//   the 16-bit sums gives every rank all of them. Each rank sends (N-1)/N of its 16-bit buffer
+//   twice, (N-1)/N x 2 bytes per gradient in all: half of a float32 allreduce's 2 (N-1)/N x 4.
+//   Two roundings per element whatever N: each gradient's to 16 bits, and the sum's.
+// - kWire (PyTorch's fp16_compress_hook and bf16_compress_hook): each rank divides by N in
+//   float32, rounds to 16 bits, and the 16-bit buffer is allreduced, the sums rounded to 16 bits
+//   at every step of the ring: the same bytes, N roundings per element, and small gradients
+//   divided by N sink into float16's subnormals (bfloat16 keeps float32's range).
+// tests/dist/ddp_test.cpp measures both against the exact float64 average at 4 ranks: kFloat32's
+// error is the smaller; docs/decisions.md has the figures.
+enum class CompressedSum { kFloat32, kWire };
+std::shared_ptr<CommHook> fp16_compress_hook(CompressedSum sum = CompressedSum::kFloat32);
+std::shared_ptr<CommHook> bf16_compress_hook(CompressedSum sum = CompressedSum::kFloat32);
 
 // For GradScaler::set_found_inf_agreement under DDP: an allreduce(max) of each rank's found-inf
 // flag, so that every rank skips the same steps. `device` is where the flag travels (the

@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/rendezvous/context.h>
@@ -577,6 +578,27 @@ class ProcessGroupGloo final : public ProcessGroup {
     return enqueue("reduce_scatter", describe_tensor(out) + ", " + to_string(op),
                    /*full_sync=*/true, [this, out, inputs, op](uint32_t tag, Milliseconds timeout) {
                      ring_reduce_scatter(out, inputs, op, tag, timeout);
+                   });
+  }
+  std::shared_ptr<Work> alltoall(Tensor out, Tensor input) override {
+    check_tensor("alltoall", input);
+    check_tensor("alltoall", out);
+    check_alltoall("gloo", out, input, size_);
+    count("alltoall", static_cast<int64_t>(input.nbytes()));
+    return enqueue("alltoall", describe_tensor(input), /*full_sync=*/true,
+                   [this, out, input](uint32_t tag, Milliseconds timeout) {
+                     const size_t nbytes = input.nbytes();
+                     if (nbytes == 0) return;
+                     if (size_ == 1) {
+                       std::memcpy(out.data(), input.data(), nbytes);
+                       return;
+                     }
+                     gloo::AlltoallOptions opts(state_->context);
+                     opts.setInput(static_cast<uint8_t*>(input.data()), nbytes);
+                     opts.setOutput(static_cast<uint8_t*>(out.data()), nbytes);
+                     opts.setTag(tag);
+                     opts.setTimeout(timeout);
+                     gloo::alltoall(opts);
                    });
   }
   std::shared_ptr<Work> barrier() override {

@@ -57,6 +57,14 @@ class HostStagingGroup : public ProcessGroup {
     std::vector<std::pair<Tensor, Tensor>> unused;
     return staged(inner_->reduce_scatter(host_out, to_host(inputs, &unused), op), std::move(back));
   }
+  std::shared_ptr<Work> alltoall(Tensor out, Tensor input) override {
+    if (!(out.defined() && out.is_cuda()) && !(input.defined() && input.is_cuda()))
+      return inner_->alltoall(out, input);
+    Tensor host_out = on_host(out);
+    std::vector<std::pair<Tensor, Tensor>> back;
+    if (out.defined() && out.is_cuda()) back.emplace_back(out, host_out);
+    return staged(inner_->alltoall(host_out, on_host(input)), std::move(back));
+  }
   std::shared_ptr<Work> barrier() override { return inner_->barrier(); }
   // The inner group counts what moved (Note [Bytes moved]).
   CollectiveCounters counters() const override { return inner_->counters(); }

@@ -466,6 +466,30 @@ class ProcessGroupNCCL final : public ProcessGroup {
         after);
   }
 
+  // One NCCL group of a send and a receive per peer (NCCL has no all-to-all of its own): grouped,
+  // every rank's sends and receives are posted together, so none waits on another's order.
+  std::shared_ptr<Work> alltoall(Tensor out, Tensor input) override {
+    check_tensor("alltoall", input, device_);
+    check_tensor("alltoall", out, device_);
+    check_alltoall("nccl", out, input, size_);
+    count("alltoall", static_cast<int64_t>(input.nbytes()));
+    const size_t piece = input.nbytes() / static_cast<size_t>(size_);
+    return enqueue("alltoall", describe_tensor(input), /*collective=*/true, /*full_sync=*/true,
+                   {out, input}, [&](ncclComm_t comm, cudaStream_t s) {
+                     if (piece == 0) return ncclSuccess;
+                     const auto* in = static_cast<const uint8_t*>(input.data());
+                     auto* to = static_cast<uint8_t*>(out.data());
+                     ncclResult_t result = ncclGroupStart();
+                     for (int r = 0; r < size_ && result == ncclSuccess; ++r) {
+                       result = ncclSend(in + r * piece, piece, ncclUint8, r, comm, s);
+                       if (result == ncclSuccess)
+                         result = ncclRecv(to + r * piece, piece, ncclUint8, r, comm, s);
+                     }
+                     const ncclResult_t ended = ncclGroupEnd();
+                     return result != ncclSuccess ? result : ended;
+                   });
+  }
+
   // An allreduce of one int32 on the device; the host then waits for it (up to the timeout,
   // after which the watchdog has failed it): when barrier() returns, every rank has reached it
   // and this rank's work queued before it has finished.

@@ -93,11 +93,22 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor(Tensor out, Tensor inp
   return reduce_scatter(out.view({out.numel()}), pieces_of(input, size_, out.numel()), op);
 }
 
+void check_alltoall(const char* backend, const Tensor& out, const Tensor& input, int size) {
+  LOOM_CHECK(out.defined() && input.defined(), ValueError, "alltoall: expected defined tensors");
+  LOOM_CHECK(out.dtype() == input.dtype() && out.numel() == input.numel(), ShapeError,
+             "alltoall: out and input must be alike; got out=", out.dtype(), " ", out.sizes(),
+             " input=", input.dtype(), " ", input.sizes());
+  LOOM_CHECK(input.numel() % size == 0, ShapeError, "alltoall: the input's ", input.numel(),
+             " elements do not split into ", size, " equal pieces (sizes ", input.sizes(), ")");
+  LOOM_CHECK(out.numel() == 0 || !out.is_alias_of(input), ValueError,
+             "alltoall: out and input share storage; the ", backend, " backend needs them apart");
+}
+
 int64_t bus_bytes(const std::string& op, int64_t payload, int size) {
   const double n = size;
   if (size <= 1) return 0;
   if (op == "allreduce") return static_cast<int64_t>(2.0 * (n - 1) / n * payload + 0.5);
-  if (op == "reduce_scatter" || op == "allgather")
+  if (op == "reduce_scatter" || op == "allgather" || op == "alltoall")
     return static_cast<int64_t>((n - 1) / n * payload + 0.5);
   if (op == "broadcast" || op == "send") return payload;
   return 0;

@@ -53,6 +53,7 @@ class Work {
 //   allreduce       2 (N-1)/N x payload   a reduce-scatter, then an all-gather
 //   reduce_scatter    (N-1)/N x payload   each rank passes on N-1 of the N pieces
 //   allgather         (N-1)/N x payload   likewise
+//   alltoall          (N-1)/N x payload   each rank keeps 1 of its N pieces, sends the others
 //   broadcast               1 x payload   a pipelined chain forwards the whole tensor
 //   send                    1 x payload   (recv and barrier: 0)
 // These are the figures of the ZeRO paper's argument: DDP's allreduce of Psi gradients moves
@@ -75,6 +76,9 @@ int64_t bus_bytes(const std::string& op, int64_t payload, int size);
 
 // True when `parts` lie back to back in one storage, in order: a flat buffer's pieces.
 bool lie_back_to_back(const std::vector<Tensor>& parts);
+
+// What every backend's alltoall checks first (ShapeError, ValueError; `backend` names it).
+void check_alltoall(const char* backend, const Tensor& out, const Tensor& input, int size);
 
 struct ProcessGroupOptions {
   Milliseconds timeout{std::chrono::minutes(5)};
@@ -104,6 +108,10 @@ class ProcessGroup {
   // out = op over ranks of inputs[rank()] (each rank gives size() inputs shaped like out).
   virtual std::shared_ptr<Work> reduce_scatter(Tensor out, std::vector<Tensor> inputs,
                                                ReduceOp op = ReduceOp::Sum) = 0;
+  // PyTorch's all_to_all_single with even splits: `input` is size() pieces of input.numel() /
+  // size() elements, piece r for rank r, and piece r of `out` is what rank r sent this rank.
+  // out and input: contiguous, alike in dtype and numel, distinct storage.
+  virtual std::shared_ptr<Work> alltoall(Tensor out, Tensor input) = 0;
   virtual std::shared_ptr<Work> barrier() = 0;
   virtual std::shared_ptr<Work> send(Tensor t, int dst, int tag = 0) = 0;
   virtual std::shared_ptr<Work> recv(Tensor t, int src, int tag = 0) = 0;
