@@ -51,7 +51,7 @@ class Optimizer {
   // The number of steps parameter i has taken with a gradient (0 before its first).
   int64_t param_steps(size_t i) const;
   // The bytes the state buffers hold (SGD's momentum, Adam's moments), for memory reports.
-  int64_t state_bytes() const;
+  virtual int64_t state_bytes() const;
   // The momentum a one-cycle schedule cycles (PyTorch's cycle_momentum): SGD's momentum, Adam's
   // beta1. The base class has none (NotImplementedError).
   virtual double momentum() const;
