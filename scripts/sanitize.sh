@@ -4,7 +4,8 @@
 #   address (the default): AddressSanitizer, LeakSanitizer and UndefinedBehaviorSanitizer in
 #     build-sanitize; every test that is not slow.
 #   thread: ThreadSanitizer in build-tsan (-O1 -g); the tests of threads and processes:
-#     tests/dist/ (DDP, ZeRO, the gloo process group, the TCPStore, loomrun, TensorBoard,
+#     tests/dist/ (DDP and its hooks, DataParallel's replica threads, the Horovod-style
+#     optimizer, ZeRO, the gloo process group, the TCPStore, loomrun, TensorBoard,
 #     gpt_train on several ranks) but those that train ResNet-18 or measure memory for minutes,
 #     and the data loader. Only those tests and the programs they run are built. OpenMP
 #     runs one thread (OMP_NUM_THREADS=1): Debian's libgomp is not built for TSan, so TSan cannot
@@ -38,7 +39,8 @@ fi
 # only (docs/fuzzing.md): resnet18_cifar_app, memory_cap, loomplan_app and store_stranger, which
 # train ResNet-18 in child processes (minutes under TSan), and memory_plan.
 tsan_tests=(ddp_amp_test ddp_test gloo_stuck_worker_test launch_test process_group_test store_test
-            tensorboard_test zero_test gpt_train_app_test loader_test)
+            tensorboard_test zero_test gpt_train_app_test loader_test comm_hooks_test horovod_test
+            data_parallel_test)
 build=${LOOM_BUILD_DIR:-build-tsan}
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
   -DLOOM_SANITIZE=thread -DLOOM_CUDA=OFF -DLOOM_BUILD_BENCH=OFF -DLOOM_TORCH_PYTHON= \
