@@ -23,6 +23,18 @@
 // batch and the metrics live on the GPU, and the group is nccl (or gloo, with --backend gloo,
 // which stages the buckets through host memory and lets ranks share one GPU).
 //
+// Note [resnet18_cifar's strategies]
+// --strategy picks how the gradients are averaged, the ways docs/inside.md compares:
+//   dp       DataParallel (Note [DataParallel]): one process, no launcher; --nproc N makes N
+//            replicas on threads of it, each on a chunk of --batch-size (the global batch).
+//   horovod  every rank trains the bare model; DistributedOptimizer (Note [Horovod-style
+//            averaging]) averages the gradients in step(), after backward. Rank 0's weights
+//            and optimizer state are broadcast at the start (after a resume too).
+//   ddp      the default: DistributedDataParallel's buckets, overlapped with backward.
+//   zero1-3  --zero 1, 2, 3 (Note [resnet18_cifar under ZeRO]).
+// Every one of them steps as one process on the global batch would (dp, horovod and ddp to
+// rounding; batch norm's statistics are each replica's or rank's own, but with --sync-bn).
+//
 // Note [resnet18_cifar in mixed precision]
 // --amp fp16|bf16 runs the forward (and evaluation) in an autocast region: convolutions and the
 // classifier's product in 16 bits; on a GPU batch norm (with float32 statistics), ReLU and the
@@ -55,9 +67,11 @@
 #include "data/loader.h"
 #include "data/sha256.h"
 #include "data/synthetic.h"
+#include "dist/data_parallel.h"
 #include "dist/ddp.h"
 #include "dist/fsdp.h"
 #include "dist/health.h"
+#include "dist/horovod.h"
 #include "dist/job.h"
 #include "dist/memory_plan.h"
 #include "dist/memory_report.h"
@@ -136,18 +150,21 @@ dist::Totals evaluate(nn::Module& model, data::DataLoader& loader, BatchUploader
 }
 
 // ResNet-18 for the dataset's images and classes, on the job's device.
-std::shared_ptr<nn::ResNet> make_model(const Options& o, const Data& data, const dist::Job& job,
-                                       const dist::Reporter& out) {
+std::shared_ptr<nn::ResNet> build_model(const Options& o, const Data& data, const dist::Job& job) {
   const Shape image = data.train.transforms.output_shape(data.train.dataset->image_shape());
   auto model = nn::resnet18({.width = o.width,
                              .in_channels = image[0],
                              .num_classes = data.train.dataset->num_classes(),
                              .fuse_bn_relu = o.fuse_bn_relu});
-  if (!o.fuse_bn_relu) out.say("batch norm, add and ReLU run one by one (--no-fusion)\n");
   model->to(job.device);
   // Weights in the order NHWC convolutions read, before the optimizer and DDP see them.
   if (o.channels_last) model->to(MemoryFormat::kChannelsLast);
   return model;
+}
+std::shared_ptr<nn::ResNet> make_model(const Options& o, const Data& data, const dist::Job& job,
+                                       const dist::Reporter& out) {
+  if (!o.fuse_bn_relu) out.say("batch norm, add and ReLU run one by one (--no-fusion)\n");
+  return build_model(o, data, job);
 }
 
 // A rank's loaders: its DistributedSampler share of the training set (all of it in a job of
@@ -404,12 +421,16 @@ struct EpochSummary {
   int64_t peak_bytes = 0, steps = 0, skipped = 0;
   double overlap = -1;  // -1: no DDP
   bool complete = true;
+  // Per step: the collectives' bus bytes of this rank (Note [Bytes moved]), or under dp what
+  // went through device 0 (Note [DataParallel]).
+  double bytes_per_step = 0;
 };
 // The epoch's summary: the training metrics summed over the ranks (one allreduce), `test` as
 // evaluated, the throughput, time and memory.
 EpochSummary summarise(const dist::Job& job, int64_t epoch, const EpochMeter& meter,
                        const dist::Totals& test, const data::DataLoader& train_loader,
-                       const dist::StepTimeline& timeline, bool ddp, int64_t steps, bool complete) {
+                       const dist::StepTimeline& timeline, bool ddp, int64_t steps, bool complete,
+                       double bytes_per_step) {
   return {.epoch = epoch + 1,
           .train = dist::sum_over_ranks(job, meter.train.read()),
           .test = test,
@@ -421,7 +442,8 @@ EpochSummary summarise(const dist::Job& job, int64_t epoch, const EpochMeter& me
           .steps = steps,
           .skipped = meter.skipped,
           .overlap = ddp && meter.speed.steps() > 0 ? timeline.epoch_overlap() : -1,
-          .complete = complete};
+          .complete = complete,
+          .bytes_per_step = bytes_per_step};
 }
 
 void report_epoch(dist::Reporter& out, const Options& o, const dist::Job& job,
@@ -467,7 +489,10 @@ void report_epoch(dist::Reporter& out, const Options& o, const dist::Job& job,
               .add("amp", o.amp)
               .add("loss_scale", scaler.get_scale())
               .add("skipped_steps", e.skipped)
-              .add("complete", e.complete));
+              .add("complete", e.complete)
+              .add("strategy", o.strategy)
+              .add("bytes_per_step", e.bytes_per_step)
+              .add("overlap", e.overlap));
 }
 
 // A GPU may still be working on the epoch's last steps: their time belongs to training.
@@ -590,9 +615,22 @@ double run(const Options& o) {
   const double lr = o.train.lr * (o.scale_lr ? job.world : 1);
   // Under ZeRO the optimizer takes this rank's pieces: the sharding wrapper comes first.
   Sharded sharded = shard_for_the_job(o, job, model, lr);
+  // Horovod-style (Note [resnet18_cifar's strategies]): rank 0's weights, then the optimizer
+  // that averages in step().
+  const bool horovod = o.strategy == "horovod";
+  if (horovod) {
+    LOOM_CHECK(job.parallel(), ValueError,
+               "--strategy horovod averages across ranks: give --nproc N or --gpus N with N > 1");
+    LOOM_CHECK(o.comm_dtype == "fp32", ValueError, "--comm-dtype ", o.comm_dtype,
+               " compresses DDP's buckets; --strategy horovod sends float32 (use ddp)");
+    if (o.sync_bn) dist::convert_sync_batchnorm(*model, job.group);
+    dist::broadcast_parameters(*job.group, model->state_dict());
+  }
   const std::unique_ptr<optim::Optimizer> optimizer =
       sharded.optimizer ? std::move(sharded.optimizer)
-                        : dist::make_optimizer(o.train, model->parameters(), lr);
+      : horovod         ? std::make_unique<dist::DistributedOptimizer>(
+                      dist::make_optimizer(o.train, model->parameters(), lr), job.group)
+                : dist::make_optimizer(o.train, model->parameters(), lr);
   const auto schedule =
       make_schedule(o, *optimizer, lr, std::max<int64_t>(1, steps_per_epoch * o.epochs));
   // fp16 only: bf16 has float32's exponent range (Note [resnet18_cifar in mixed precision]).
@@ -604,6 +642,7 @@ double run(const Options& o) {
   const optim::Resumed resumed =
       resume(o, checkpoints, *model, *optimizer, *schedule, saved_scaler, out);
   optim::TrainingProgress progress = resumed.progress;
+  if (horovod) dist::broadcast_optimizer_state(*job.group, *optimizer);
   open_reports(out, o, *model, data, /*append=*/!resumed.path.empty());
 
   BatchUploader upload;  // batches reach a GPU without stopping the host
@@ -611,17 +650,37 @@ double run(const Options& o) {
   if (o.eval_only)
     return evaluate_only(o, *model, *loaders.test, upload, job, format, progress, out);
 
-  // The network the training steps run through: the model, or DDP or FSDP around it.
-  const auto ddp = o.zero > 0 ? sharded.ddp : wrap_for_the_job(o, job, model, scaler);
+  // The network the training steps run through: the model, or DDP, FSDP or DataParallel
+  // around it.
+  const bool dp = o.strategy == "dp";
+  const auto ddp = o.zero > 0        ? sharded.ddp
+                   : (horovod || dp) ? nullptr
+                                     : wrap_for_the_job(o, job, model, scaler);
   const auto fsdp = sharded.fsdp;
-  if (o.zero > 0 && scaler.is_enabled())
+  const auto data_parallel =
+      dp ? std::make_shared<dist::DataParallel>(model, o.dp_devices,
+                                                [&] { return build_model(o, data, job); })
+         : nullptr;
+  if ((o.zero > 0 || horovod) && scaler.is_enabled())
     scaler.set_found_inf_agreement(dist::found_inf_agreement(job.group, job.device));
   const dist::DataParallelism parallel{.ddp = ddp.get(), .zero = sharded.zero, .fsdp = fsdp.get()};
   const dist::TrainingMemoryExplainer explain_out_of_memory(*model, *optimizer, parallel);
-  nn::Module& net = fsdp  ? static_cast<nn::Module&>(*fsdp)
-                    : ddp ? static_cast<nn::Module&>(*ddp)
-                          : *model;
+  nn::Module& net = fsdp            ? static_cast<nn::Module&>(*fsdp)
+                    : ddp           ? static_cast<nn::Module&>(*ddp)
+                    : data_parallel ? static_cast<nn::Module&>(*data_parallel)
+                                    : *model;
   describe(out, o, job, lr, ddp.get(), scaler, steps_per_epoch);
+  if (data_parallel)
+    out.say(
+        "DataParallel: %d replicas on threads of this process, %d threads each, chunks of "
+        "about %lld images (Note [DataParallel])\n",
+        o.dp_devices, std::max(1, get_num_threads() / o.dp_devices),
+        static_cast<long long>((o.batch_size + o.dp_devices - 1) / o.dp_devices));
+  if (horovod)
+    out.say(
+        "Horovod-style: world size %d, gradients averaged in step() after backward, fusion "
+        "buffers of %lld MiB (Note [Horovod-style averaging])\n",
+        job.world, static_cast<long long>(dist::DistributedOptimizerOptions{}.fusion_bytes >> 20));
   if (sharded.zero) out.say("%s", dist::first_line(sharded.zero->plan()).c_str());
   if (fsdp) out.say("%s", dist::first_line(fsdp->plan()).c_str());
   // FSDP: every unit gathered while the whole model is evaluated.
@@ -643,6 +702,7 @@ double run(const Options& o) {
     EpochMeter meter(job.device);
     timeline.begin_epoch();
     timeline.restart();
+    double epoch_bytes = 0;  // EpochSummary::bytes_per_step
     // One optimizer step per `micro` micro-batches (Note [Gradient accumulation]).
     while (const int64_t micro = step_size(o.train, progress, batches_per_epoch)) {
       memory.before_step(job.device);
@@ -672,6 +732,8 @@ double run(const Options& o) {
         // Under DDP, each full bucket's allreduce starts during the last micro-batch's backward.
         scaler.scale(micro > 1 ? loss / static_cast<double>(micro) : loss).backward();
         timeline.mark("backward");
+        if (data_parallel)
+          epoch_bytes += static_cast<double>(data_parallel->last_report().through_device0());
         meter.train.add(loss, logits, y);
         images += batch->labels.size(0);
       }
@@ -693,7 +755,12 @@ double run(const Options& o) {
         timeline.end_step(fsdp->timeline());  // each unit's gathers and reduce-scatter
       else
         timeline.end_step(ddp ? &ddp->reducer() : nullptr);
-      if (job.parallel()) dist::accumulate(moved, job.group->counters());
+      if (job.parallel()) {
+        const dist::CollectiveCounters step_moved = job.group->counters();
+        dist::accumulate(moved, step_moved);
+        for (const auto& [op, stats] : step_moved)
+          epoch_bytes += static_cast<double>(stats.bus_bytes);
+      }
 
       if (auto report = memory.after_step(stepped, *model, *optimizer, parallel, job.device))
         out.say("%s", report->c_str());
@@ -712,8 +779,9 @@ double run(const Options& o) {
     if (!stopped) progress.epoch = epoch + 1, progress.batch = 0;
     test = evaluate_model();
     report_epoch(out, o, job, scaler,
-                 summarise(job, epoch, meter, *test, *loaders.train, timeline, job.parallel(),
-                           progress.step, !stopped));
+                 summarise(job, epoch, meter, *test, *loaders.train, timeline,
+                           job.parallel() && !horovod, progress.step, !stopped,
+                           epoch_bytes / std::max<int64_t>(1, meter.speed.steps())));
     if (!stopped) checkpoints.save_epoch(progress);
   }
   if (!test) test = evaluate_model();  // no epoch left
@@ -724,7 +792,19 @@ double run(const Options& o) {
     out.say(
         "collectives of rank %d over %lld training steps (%s; bus bytes: Note [Bytes moved]):\n%s",
         job.rank, static_cast<long long>(progress.step - resumed.progress.step),
-        dist::strategy_name(o.zero).c_str(), dist::format_counters(moved).c_str());
+        horovod ? "Horovod-style: every gradient allreduced in step(), after backward"
+                : dist::strategy_name(o.zero).c_str(),
+        dist::format_counters(moved).c_str());
+  if (data_parallel && progress.step > resumed.progress.step) {
+    const dist::DataParallelReport& r = data_parallel->last_report();
+    out.say(
+        "DataParallel's last step through device 0 (Note [DataParallel]): weights out %.2f MiB, "
+        "batch chunks out %.2f MiB, outputs in %.3f MiB, gradients in %.2f MiB; device 0 held "
+        "%.2f MiB of batch and output, each other replica %.2f MiB\n",
+        r.broadcast_bytes / 1048576.0, r.scatter_bytes / 1048576.0, r.gather_bytes / 1048576.0,
+        r.reduce_bytes / 1048576.0, r.device0_activation_bytes / 1048576.0,
+        r.other_activation_bytes / 1048576.0);
+  }
   out.say("test accuracy %.2f%%\n", 100 * test->accuracy());
   return test->accuracy();
 }

@@ -43,8 +43,12 @@ struct Options {
   std::string backend = "gloo";  // nccl by default with --gpus
   bool sync_bn = false;          // batch statistics over all ranks
   int zero = 0;  // ZeRO stage: 0 DDP, 1 and 2 ZeroRedundancyOptimizer, 3 FullyShardedDataParallel
-  bool scale_lr = false;         // lr x world size (the linear scaling rule)
-  int max_restarts = 0;          // restart the workers from the last checkpoint after a failure
+  // How the gradients are averaged (Note [resnet18_cifar's strategies] in train.cpp): dp,
+  // horovod, ddp (the default), zero1, zero2, zero3 (--strategy zeroN is --zero N).
+  std::string strategy = "ddp";
+  int dp_devices = 1;     // --strategy dp: replicas on threads of this one process (--nproc's N)
+  bool scale_lr = false;  // lr x world size (the linear scaling rule)
+  int max_restarts = 0;   // restart the workers from the last checkpoint after a failure
   int64_t checkpoint_every = 0;  // also write last.safetensors every this many steps (0: never)
   bool print_buckets = false;    // print DDP's bucket plan
   bool print_memory = false;     // print where memory went after the second step
