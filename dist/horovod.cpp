@@ -107,10 +107,12 @@ void DistributedOptimizer::synchronize() {
   }
   report_.buffers = static_cast<int64_t>(fusions.size());
   report_.seconds = steady_seconds() - start;
+  synchronized_ = true;
 }
 
 void DistributedOptimizer::step() {
-  synchronize();
+  if (!synchronized_) synchronize();
+  synchronized_ = false;
   inner_->set_lr(lr());
   inner_->step();
 }

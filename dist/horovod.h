@@ -51,9 +51,13 @@ class DistributedOptimizer : public optim::Optimizer {
   DistributedOptimizer(std::unique_ptr<optim::Optimizer> inner, std::shared_ptr<ProcessGroup> group,
                        DistributedOptimizerOptions options = {});
 
-  // Steps 1 to 3 of Note [Horovod-style averaging] (Horovod's optimizer.synchronize()).
+  // Steps 1 to 3 of Note [Horovod-style averaging] (Horovod's optimizer.synchronize()). Call it
+  // before anything that must read the averaged gradients, clipping or unscaling above all
+  // (clipping each rank's own gradients and then averaging is another step); Horovod then
+  // needs step() inside skip_synchronize(), here step() knows they were averaged.
   void synchronize();
-  // synchronize(), then the wrapped optimizer's step at this optimizer's lr.
+  // synchronize() unless it was called since the last step, then the wrapped optimizer's step
+  // at this optimizer's lr.
   void step() override;
   void zero_grad(bool set_to_none = true) override { inner_->zero_grad(set_to_none); }
 
@@ -81,6 +85,7 @@ class DistributedOptimizer : public optim::Optimizer {
   std::shared_ptr<ProcessGroup> group_;
   DistributedOptimizerOptions options_;
   FusionReport report_;
+  bool synchronized_ = false;  // since the last step
 };
 
 // Horovod's hvd.broadcast_parameters(model.state_dict(), root_rank=0): every tensor of `state`

@@ -1,12 +1,13 @@
 // apps/common/train_flags.h — the command-line flags of dist::TrainOptions, shared by the
 // training programs (resnet18_cifar, gpt_train): --optimizer, --lr, --momentum, --nesterov,
 // --beta1, --beta2, --weight-decay, --accumulate, --grad-clip, --max-steps, --max-memory (each
-// rank applies it to its device: dist::apply_max_memory). Header-only, on CLI11, which only the
-// apps use (docs/decisions.md). Each program puts its own defaults in `o` before it adds the
-// flags.
+// rank applies it to its device: dist::apply_max_memory); and --strategy, how the ranks average
+// the gradients. Header-only, on CLI11, which only the apps use (docs/decisions.md). Each program
+// puts its own defaults in `o` before it adds the flags.
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
 
 #include "dist/train_options.h"
 #include "tensor/error.h"
@@ -49,6 +50,44 @@ inline void add_train_flags(CLI::App& app, loom::dist::TrainOptions& o) {
          "2GiB, 512MiB, 1.5GB or bytes (LOOM_MAX_MEMORY caps every device); past it the run "
          "stops with an out-of-memory error that says what held the memory and what to change")
       ->type_name("SIZE");
+}
+
+// --strategy dp|horovod|ddp|zero1|zero2|zero3: the ways docs/inside.md compares (Note
+// [resnet18_cifar's strategies] in apps/resnet18_cifar/train.cpp).
+inline void add_strategy_flag(CLI::App& app, std::string& strategy) {
+  app.add_option("--strategy", strategy,
+                 "how the gradients are averaged (docs/inside.md): dp (DataParallel: one process, "
+                 "--nproc N replicas on its threads), horovod (DistributedOptimizer: allreduced "
+                 "in step(), after backward), ddp (the default: buckets overlapped with "
+                 "backward), zero1, zero2, zero3 (--zero 1, 2, 3)")
+      ->check(CLI::IsMember({"dp", "horovod", "ddp", "zero1", "zero2", "zero3"}));
+}
+
+// After parsing: --strategy zeroN and --zero N are one setting (CLI::ValidationError when they
+// disagree, or --zero goes with dp or horovod), and under dp --nproc N becomes N replicas of
+// this process (`dp_devices`) instead of N worker processes.
+inline void resolve_strategy(const CLI::App& app, std::string& strategy, int& zero, int& nproc,
+                             int& dp_devices, int gpus, bool sync_bn) {
+  const bool zero_given = app.count("--zero") > 0 && zero > 0;
+  if (strategy.rfind("zero", 0) == 0) {
+    const int stage = strategy.back() - '0';
+    if (zero_given && zero != stage)
+      throw CLI::ValidationError("--strategy", strategy + " is --zero " + std::to_string(stage) +
+                                                   ", not --zero " + std::to_string(zero));
+    zero = stage;
+  } else if (zero_given && strategy != "ddp") {
+    throw CLI::ValidationError("--zero",
+                               "shards DDP's buckets; it cannot go with --strategy " + strategy);
+  }
+  if (zero > 0) strategy = "zero" + std::to_string(zero);
+  if (strategy == "dp") {
+    if (gpus > 0)
+      throw CLI::ValidationError("--strategy", "dp runs CPU replicas on threads; on GPUs use ddp");
+    if (sync_bn)
+      throw CLI::ValidationError("--sync-bn", "needs ranks (ddp, horovod, zero1-3), not dp");
+    dp_devices = nproc;  // replicas in this process, not worker processes
+    nproc = 1;
+  }
 }
 
 }  // namespace loom_apps

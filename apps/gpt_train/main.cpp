@@ -84,6 +84,7 @@ int main(int argc, char** argv) {
                  "shard across the ranks (Note [ZeRO stages]): 0 DDP, 1 the optimizer state, 2 and "
                  "the gradients, 3 and the parameters (FSDP)")
       ->check(CLI::Range(0, 3));
+  loom_apps::add_strategy_flag(app, o.strategy);
   app.add_flag("--print-memory", o.print_memory,
                "after the second step, print where the device's memory went: the model states "
                "beside the ZeRO paper's figures, and what the step held at its peak");
@@ -118,6 +119,8 @@ int main(int argc, char** argv) {
       throw CLI::ValidationError("--nproc",
                                  "starts CPU workers; with --gpus N there is one per GPU");
     if (o.gpus > 0 && app.count("--backend") == 0) o.backend = "nccl";
+    loom_apps::resolve_strategy(app, o.strategy, o.zero, o.nproc, o.dp_devices, o.gpus,
+                                /*sync_bn=*/false);
   } catch (const CLI::ParseError& e) {
     const int status = app.exit(e);
     return status == 0 ? 0 : 2;

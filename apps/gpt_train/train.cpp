@@ -41,9 +41,11 @@
 #include "data/byte_tokenizer.h"
 #include "data/sha256.h"
 #include "data/text.h"
+#include "dist/data_parallel.h"
 #include "dist/ddp.h"
 #include "dist/fsdp.h"
 #include "dist/health.h"
+#include "dist/horovod.h"
 #include "dist/job.h"
 #include "dist/memory_plan.h"
 #include "dist/memory_report.h"
@@ -355,6 +357,9 @@ double run(const Options& o) {
   const std::vector<Tensor> params = model->parameters();
   LOOM_CHECK(o.zero == 0 || job.parallel(), ValueError, "--zero ", o.zero,
              " shards across ranks: give --nproc N or --gpus N with N > 1");
+  const bool horovod = o.strategy == "horovod", dp = o.strategy == "dp";
+  LOOM_CHECK(!horovod || job.parallel(), ValueError,
+             "--strategy horovod averages across ranks: give --nproc N or --gpus N with N > 1");
   // SGD's weight decay (L2) applies to every parameter; Adam's and AdamW's to the matrices
   // (under ZeRO to the pieces of the matrices: Note [ZeRO stages]).
   const bool sgd = o.train.optimizer == "sgd";
@@ -388,6 +393,10 @@ double run(const Options& o) {
   } else {
     optimizer = dist::make_optimizer(o.train, params, o.train.lr,
                                      sgd ? std::vector<bool>() : decay_mask(params));
+    if (horovod) {  // rank 0's weights; the gradients averaged in step()
+      dist::broadcast_parameters(*job.group, model->state_dict());
+      optimizer = std::make_unique<dist::DistributedOptimizer>(std::move(optimizer), job.group);
+    }
   }
   const auto schedule = make_schedule(o, *optimizer);
   optim::GradScaler scaler({.enabled = o.amp == "fp16"});
@@ -415,6 +424,7 @@ double run(const Options& o) {
     const NamedTensors to = model->named_parameters();
     for (size_t i = 0; i < to.size(); ++i) kernels::copy_(to[i].second, from[i].second);
   }
+  if (horovod) dist::broadcast_optimizer_state(*job.group, *optimizer);
   if (sampling) {
     if (job.leader()) out.say("%s\n", sample(*model, tokenizer, o, o.sample).c_str());
     return 0;
@@ -445,13 +455,33 @@ double run(const Options& o) {
   }
 
   if (job.parallel()) {
-    if (!ddp && !fsdp) ddp = std::make_shared<dist::DistributedDataParallel>(model, job.group);
+    if (!ddp && !fsdp && !horovod)
+      ddp = std::make_shared<dist::DistributedDataParallel>(model, job.group);
     if (scaler.is_enabled())
       scaler.set_found_inf_agreement(dist::found_inf_agreement(job.group, job.device));
   }
-  nn::Module& net = fsdp  ? static_cast<nn::Module&>(*fsdp)
-                    : ddp ? static_cast<nn::Module&>(*ddp)
-                          : *model;
+  // --strategy dp: replicas of the model on threads, each on a chunk of the batch.
+  const auto data_parallel =
+      dp ? std::make_shared<dist::DataParallel>(
+               model, o.dp_devices,
+               [&] {
+                 auto replica = std::make_shared<nn::GPT>(config);
+                 replica->to(job.device);
+                 replica->set_gradient_checkpointing(o.checkpoint_activations);
+                 return replica;
+               })
+         : nullptr;
+  nn::Module& net = fsdp            ? static_cast<nn::Module&>(*fsdp)
+                    : ddp           ? static_cast<nn::Module&>(*ddp)
+                    : data_parallel ? static_cast<nn::Module&>(*data_parallel)
+                                    : *model;
+  if (data_parallel)
+    out.say("DataParallel: %d replicas on threads of this process (Note [DataParallel])\n",
+            o.dp_devices);
+  if (horovod)
+    out.say(
+        "Horovod-style: gradients averaged in step() after backward (Note [Horovod-style "
+        "averaging])\n");
   if (zero) out.say("%s", dist::first_line(zero->plan()).c_str());
   if (fsdp) out.say("%s", dist::first_line(fsdp->plan()).c_str());
   out.say(
@@ -469,6 +499,15 @@ double run(const Options& o) {
           flops_per_token / 1e9);
 
   net.train();
+  dist::CollectiveCounters moved;  // by the training steps (Note [Bytes moved])
+  int64_t steps_taken = 0;
+  double dp_bytes = 0;  // --strategy dp: through device 0 (Note [DataParallel])
+  // Per step so far: the collectives' bus bytes of this rank, or what went through device 0.
+  auto bytes_per_step = [&] {
+    double bus = dp_bytes;
+    for (const auto& [op, stats] : moved) bus += static_cast<double>(stats.bus_bytes);
+    return steps_taken > 0 ? bus / static_cast<double>(steps_taken) : 0.0;
+  };
   IntervalMeter interval;
   double val_loss = 0;
   auto report = [&](bool last) {
@@ -496,7 +535,9 @@ double run(const Options& o) {
               static_cast<long long>(progress.step), train_loss, ms, tokens_per_s, 100 * mfu);
     }
     record.add("train_loss", train_loss).add("ms_per_iter", ms).add("tokens_per_s", tokens_per_s);
-    record.add("mfu", mfu).add("world_size", job.world);
+    record.add("mfu", mfu).add("world_size", job.world).add("strategy", o.strategy);
+    record.add("bytes_per_step", bytes_per_step())
+        .add("peak_memory_bytes", memory_stats(job.device).peak_bytes);
     out.log(record);
     out.scalar("train/loss", train_loss, progress.step);
     out.scalar("train/tokens_per_s", tokens_per_s, progress.step);
@@ -517,8 +558,6 @@ double run(const Options& o) {
     interval.reset();
   };
 
-  dist::CollectiveCounters moved;  // by the training steps (Note [Bytes moved])
-  int64_t steps_taken = 0;
   dist::StepMemoryReport memory(o.print_memory);
   const dist::DataParallelism parallel{.ddp = ddp.get(), .zero = zero, .fsdp = fsdp.get()};
   const dist::TrainingMemoryExplainer explain_out_of_memory(*model, *optimizer, parallel);
@@ -547,7 +586,15 @@ double run(const Options& o) {
       timeline.mark("forward");
       scaler.scale(micro > 1 ? loss / static_cast<double>(micro) : loss).backward();
       timeline.mark("backward");
+      if (data_parallel)
+        dp_bytes += static_cast<double>(data_parallel->last_report().through_device0());
       interval.loss += loss.item() / static_cast<double>(micro);
+    }
+    // Horovod-style: averaged now, so that unscaling and clipping see the averages (the
+    // step then does not average again: DistributedOptimizer::synchronize).
+    if (horovod) {
+      static_cast<dist::DistributedOptimizer&>(*optimizer).synchronize();
+      timeline.mark("allreduce");
     }
     if (o.train.grad_clip > 0) {
       scaler.unscale_(*optimizer);
@@ -583,8 +630,18 @@ double run(const Options& o) {
     out.say(
         "collectives of rank %d over %lld training steps (%s; bus bytes: Note [Bytes moved]), "
         "%.3f MiB a step:\n%s",
-        job.rank, static_cast<long long>(steps_taken), dist::strategy_name(o.zero).c_str(),
+        job.rank, static_cast<long long>(steps_taken),
+        horovod ? "Horovod-style: every gradient allreduced in step(), after backward"
+                : dist::strategy_name(o.zero).c_str(),
         bus / 1048576.0 / static_cast<double>(steps_taken), dist::format_counters(moved).c_str());
+  }
+  if (data_parallel && steps_taken > 0) {
+    const dist::DataParallelReport& r = data_parallel->last_report();
+    out.say(
+        "DataParallel's last micro-batch through device 0 (Note [DataParallel]): weights out "
+        "%.2f MiB, gradients in %.2f MiB, tokens out %.3f MiB, logits in %.2f MiB\n",
+        r.broadcast_bytes / 1048576.0, r.reduce_bytes / 1048576.0, r.scatter_bytes / 1048576.0,
+        r.gather_bytes / 1048576.0);
   }
   dist::report_communication(out, timeline, job, o.zero > 0 ? "reduce-scatter" : "allreduce",
                              o.trace);

@@ -31,6 +31,10 @@ struct Options {
       false;          // where the memory went after the second step (Note [The memory report])
   std::string trace;  // a Chrome trace of every rank's steps (dist/trace.h)
   int zero = 0;  // ZeRO stage: 0 DDP, 1 and 2 ZeroRedundancyOptimizer, 3 FullyShardedDataParallel
+  // How the gradients are averaged: dp, horovod, ddp (the default), zero1-3 (--strategy; Note
+  // [resnet18_cifar's strategies] in apps/resnet18_cifar/train.cpp says what each does).
+  std::string strategy = "ddp";
+  int dp_devices = 1;  // --strategy dp: replicas on threads of this one process (--nproc's N)
   // where and how
   int nproc = 1, gpus = 0;
   std::string backend = "gloo";

@@ -82,12 +82,7 @@ int main(int argc, char** argv) {
                  "shard across the ranks (Note [ZeRO stages]): 0 DDP, 1 the optimizer state, 2 and "
                  "the gradients, 3 and the parameters (FSDP, a unit per ResNet stage)")
       ->check(CLI::Range(0, 3));
-  app.add_option("--strategy", o.strategy,
-                 "how the ranks average gradients (docs/inside.md): dp (DataParallel: one "
-                 "process, --nproc N replicas on threads), horovod (DistributedOptimizer: "
-                 "allreduced in step(), after backward), ddp (the default: bucketed, overlapped "
-                 "with backward), zero1, zero2, zero3 (--zero 1, 2, 3)")
-      ->check(CLI::IsMember({"dp", "horovod", "ddp", "zero1", "zero2", "zero3"}));
+  loom_apps::add_strategy_flag(app, o.strategy);
   app.add_flag("--print-buckets", o.print_buckets, "print the DDP bucket plan");
   app.add_flag("--print-memory", o.print_memory,
                "after the second step, print where the device's memory went: weights, gradients, "
@@ -126,27 +121,7 @@ int main(int argc, char** argv) {
       throw CLI::ValidationError("--nproc",
                                  "starts CPU workers; with --gpus N there is one per GPU");
     if (o.gpus > 0 && app.count("--backend") == 0) o.backend = "nccl";
-    if (o.strategy.rfind("zero", 0) == 0) {
-      const int stage = o.strategy.back() - '0';
-      if (app.count("--zero") > 0 && o.zero != stage)
-        throw CLI::ValidationError("--strategy", o.strategy + " is --zero " +
-                                                     std::to_string(stage) + ", not --zero " +
-                                                     std::to_string(o.zero));
-      o.zero = stage;
-    } else if (app.count("--zero") > 0 && o.zero > 0) {
-      throw CLI::ValidationError("--zero", "is --strategy zero" + std::to_string(o.zero) +
-                                               "; it cannot go with --strategy " + o.strategy);
-    }
-    if (o.zero > 0) o.strategy = "zero" + std::to_string(o.zero);
-    if (o.strategy == "dp") {
-      if (o.gpus > 0)
-        throw CLI::ValidationError("--strategy",
-                                   "dp runs CPU replicas on threads; on GPUs use ddp");
-      if (o.sync_bn)
-        throw CLI::ValidationError("--sync-bn", "needs ranks (ddp, horovod, zero1-3), not dp");
-      o.dp_devices = o.nproc;  // replicas in this process, not worker processes
-      o.nproc = 1;
-    }
+    loom_apps::resolve_strategy(app, o.strategy, o.zero, o.nproc, o.dp_devices, o.gpus, o.sync_bn);
   } catch (const CLI::ParseError& e) {
     const int status = app.exit(e);
     return status == 0 ? 0 : 2;

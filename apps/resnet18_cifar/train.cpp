@@ -737,6 +737,12 @@ double run(const Options& o) {
         meter.train.add(loss, logits, y);
         images += batch->labels.size(0);
       }
+      // Horovod-style: averaged now, so that unscaling and clipping see the averages (the
+      // step then does not average again: DistributedOptimizer::synchronize).
+      if (horovod) {
+        static_cast<dist::DistributedOptimizer&>(*optimizer).synchronize();
+        timeline.mark("allreduce");
+      }
       if (o.train.grad_clip > 0) {
         scaler.unscale_(*optimizer);  // clip the true gradients, not the loss-scaled ones
         if (sharded.zero)

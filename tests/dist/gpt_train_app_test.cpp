@@ -76,6 +76,47 @@ TEST_F(GptTrainApp, OneRankAtBatchEightEqualsTwoRanksAtBatchFour) {
   expect_same_weights(path("one/model.safetensors"), path("two/model.safetensors"), 1e-4, 1e-6);
 }
 
+// --strategy (Note [resnet18_cifar's strategies]): DataParallel's replicas in one process and
+// the Horovod-style optimizer on two ranks take the same steps as one process on the whole batch.
+TEST_F(GptTrainApp, DataParallelAndHorovodStyleEqualOneProcess) {
+  std::string out;
+  const std::string sgd = "--optimizer sgd --lr 0.05 --iters 3 --eval-every 3 ";
+  ASSERT_EQ(run(data() + kModel + sgd + "--batch-size 8 --checkpoint-dir " + path("one"), &out), 0)
+      << out;
+  ASSERT_EQ(run(data() + kModel + sgd + "--strategy dp --nproc 2 --batch-size 8 --log-json " +
+                    path("dp.json") + " --checkpoint-dir " + path("dp"),
+                &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("DataParallel: 2 replicas"), std::string::npos) << out;
+  EXPECT_NE(out.find("through device 0"), std::string::npos) << out;
+  {
+    SCOPED_TRACE("dp");
+    expect_same_weights(path("one/model.safetensors"), path("dp/model.safetensors"), 1e-4, 1e-6);
+  }
+  ASSERT_EQ(run(data() + kModel + sgd + "--strategy horovod --nproc 2 --batch-size 4 " +
+                    "--checkpoint-dir " + path("hvd"),
+                &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("Horovod-style"), std::string::npos) << out;
+  {
+    SCOPED_TRACE("horovod");
+    expect_same_weights(path("one/model.safetensors"), path("hvd/model.safetensors"), 1e-4, 1e-6);
+  }
+  // The log says which strategy ran and what it moved.
+  std::ifstream log(path("dp.json"));
+  std::string line;
+  ASSERT_TRUE(std::getline(log, line));
+  EXPECT_NE(line.find("\"strategy\":\"dp\""), std::string::npos) << line;
+  // Flags that contradict each other are refused with status 2.
+  EXPECT_EQ(run(data() + kModel + "--strategy dp --zero 2", &out), 2);
+  EXPECT_NE(out.find("--zero"), std::string::npos) << out;
+  EXPECT_EQ(run(data() + kModel + "--strategy zero1 --zero 2", &out), 2);
+  EXPECT_EQ(run(data() + kModel + "--strategy horovod --iters 1", &out), 2);
+  EXPECT_NE(out.find("--nproc N"), std::string::npos) << out;
+}
+
 // Note [Activation checkpointing]: recomputing each block in backward changes no bit, also under
 // DDP (whose end-of-backward wait is queued from inside the recomputation) and with dropout.
 TEST_F(GptTrainApp, CheckpointActivationsChangesNoBitOnTwoRanks) {

@@ -96,6 +96,15 @@ TEST(DistributedOptimizer, FusionThresholdSetsTheBuffersAndMissingGradientsAreZe
         EXPECT_TRUE(test::tensors_close(last, expected, 1e-12, 1e-12));
       }
     }
+    // synchronize() before step() (to clip the averages): the step does not average again.
+    DistributedOptimizer opt(
+        std::make_unique<optim::SGD>(net->parameters(), optim::SGDOptions{.lr = 0.0}), group);
+    group->reset_counters();
+    opt.synchronize();
+    opt.step();
+    EXPECT_EQ(group->counters().at("allreduce").calls, 1);
+    opt.step();  // a step of its own averages
+    EXPECT_EQ(group->counters().at("allreduce").calls, 2);
     EXPECT_LOOM_ERROR(DistributedOptimizer(nullptr, group), ValueError,
                       {"DistributedOptimizer", "null"});
     EXPECT_LOOM_ERROR(DistributedOptimizer(std::make_unique<optim::SGD>(
