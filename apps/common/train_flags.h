@@ -63,6 +63,19 @@ inline void add_strategy_flag(CLI::App& app, std::string& strategy) {
       ->check(CLI::IsMember({"dp", "horovod", "ddp", "zero1", "zero2", "zero3"}));
 }
 
+// --powersgd R and --powersgd-start N: DDP's gradients compressed to rank R (Note [PowerSGD]),
+// after N plain iterations (PyTorch's default 1000).
+inline void add_powersgd_flags(CLI::App& app, int& rank, int64_t& start) {
+  app.add_option("--powersgd", rank,
+                 "compress DDP's gradients with PowerSGD at this rank (error feedback and warm "
+                 "start on; 0: off)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--powersgd-start", start,
+                 "plain allreduce for this many iterations before PowerSGD (PyTorch's default "
+                 "1000; at least 2)")
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 40));
+}
+
 // After parsing: --strategy zeroN and --zero N are one setting (CLI::ValidationError when they
 // disagree, or --zero goes with dp or horovod), and under dp --nproc N becomes N replicas of
 // this process (`dp_devices`) instead of N worker processes.

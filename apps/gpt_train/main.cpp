@@ -85,6 +85,7 @@ int main(int argc, char** argv) {
                  "the gradients, 3 and the parameters (FSDP)")
       ->check(CLI::Range(0, 3));
   loom_apps::add_strategy_flag(app, o.strategy);
+  loom_apps::add_powersgd_flags(app, o.powersgd, o.powersgd_start);
   app.add_flag("--print-memory", o.print_memory,
                "after the second step, print where the device's memory went: the model states "
                "beside the ZeRO paper's figures, and what the step held at its peak");
@@ -119,6 +120,8 @@ int main(int argc, char** argv) {
       throw CLI::ValidationError("--nproc",
                                  "starts CPU workers; with --gpus N there is one per GPU");
     if (o.gpus > 0 && app.count("--backend") == 0) o.backend = "nccl";
+    if (o.powersgd > 0 && (o.strategy != "ddp" || o.zero > 0))
+      throw CLI::ValidationError("--powersgd", "compresses DDP's buckets: --strategy ddp only");
     loom_apps::resolve_strategy(app, o.strategy, o.zero, o.nproc, o.dp_devices, o.gpus,
                                 /*sync_bn=*/false);
   } catch (const CLI::ParseError& e) {

@@ -50,6 +50,7 @@
 #include "dist/memory_plan.h"
 #include "dist/memory_report.h"
 #include "dist/metrics.h"
+#include "dist/powersgd.h"
 #include "dist/report.h"
 #include "dist/sharded_checkpoint.h"
 #include "dist/trace.h"
@@ -455,8 +456,12 @@ double run(const Options& o) {
   }
 
   if (job.parallel()) {
-    if (!ddp && !fsdp && !horovod)
+    if (!ddp && !fsdp && !horovod) {
       ddp = std::make_shared<dist::DistributedDataParallel>(model, job.group);
+      if (o.powersgd > 0)
+        ddp->register_comm_hook(dist::powersgd_hook(
+            {.matrix_approximation_rank = o.powersgd, .start_powersgd_iter = o.powersgd_start}));
+    }
     if (scaler.is_enabled())
       scaler.set_found_inf_agreement(dist::found_inf_agreement(job.group, job.device));
   }

@@ -35,6 +35,8 @@ struct Options {
   // [resnet18_cifar's strategies] in apps/resnet18_cifar/train.cpp says what each does).
   std::string strategy = "ddp";
   int dp_devices = 1;  // --strategy dp: replicas on threads of this one process (--nproc's N)
+  int powersgd = 0;    // DDP's gradients compressed by PowerSGD at this rank (0: off)
+  int64_t powersgd_start = 1000;  // plain allreduce before this iteration (PyTorch's default)
   // where and how
   int nproc = 1, gpus = 0;
   std::string backend = "gloo";

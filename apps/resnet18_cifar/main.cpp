@@ -83,6 +83,7 @@ int main(int argc, char** argv) {
                  "the gradients, 3 and the parameters (FSDP, a unit per ResNet stage)")
       ->check(CLI::Range(0, 3));
   loom_apps::add_strategy_flag(app, o.strategy);
+  loom_apps::add_powersgd_flags(app, o.powersgd, o.powersgd_start);
   app.add_flag("--print-buckets", o.print_buckets, "print the DDP bucket plan");
   app.add_flag("--print-memory", o.print_memory,
                "after the second step, print where the device's memory went: weights, gradients, "
@@ -121,6 +122,10 @@ int main(int argc, char** argv) {
       throw CLI::ValidationError("--nproc",
                                  "starts CPU workers; with --gpus N there is one per GPU");
     if (o.gpus > 0 && app.count("--backend") == 0) o.backend = "nccl";
+    if (o.powersgd > 0 && (o.strategy != "ddp" || o.zero > 0 || o.comm_dtype != "fp32"))
+      throw CLI::ValidationError("--powersgd",
+                                 "compresses DDP's float32 buckets: --strategy ddp "
+                                 "and --comm-dtype fp32 only");
     loom_apps::resolve_strategy(app, o.strategy, o.zero, o.nproc, o.dp_devices, o.gpus, o.sync_bn);
   } catch (const CLI::ParseError& e) {
     const int status = app.exit(e);

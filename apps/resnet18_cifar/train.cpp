@@ -76,6 +76,7 @@
 #include "dist/memory_plan.h"
 #include "dist/memory_report.h"
 #include "dist/metrics.h"
+#include "dist/powersgd.h"
 #include "dist/report.h"
 #include "dist/sampler.h"
 #include "dist/sync_batchnorm.h"
@@ -284,6 +285,9 @@ std::shared_ptr<dist::DistributedDataParallel> wrap_for_the_job(const Options& o
   if (o.sync_bn) dist::convert_sync_batchnorm(*model, job.group);
   auto ddp = std::make_shared<dist::DistributedDataParallel>(
       model, job.group, dist::DDPOptions{.comm_dtype = flag_dtype(o.comm_dtype)});
+  if (o.powersgd > 0)
+    ddp->register_comm_hook(dist::powersgd_hook(
+        {.matrix_approximation_rank = o.powersgd, .start_powersgd_iter = o.powersgd_start}));
   if (scaler.is_enabled())
     scaler.set_found_inf_agreement(dist::found_inf_agreement(job.group, job.device));
   return ddp;

@@ -46,13 +46,15 @@ struct Options {
   // How the gradients are averaged (Note [resnet18_cifar's strategies] in train.cpp): dp,
   // horovod, ddp (the default), zero1, zero2, zero3 (--strategy zeroN is --zero N).
   std::string strategy = "ddp";
-  int dp_devices = 1;     // --strategy dp: replicas on threads of this one process (--nproc's N)
-  bool scale_lr = false;  // lr x world size (the linear scaling rule)
-  int max_restarts = 0;   // restart the workers from the last checkpoint after a failure
-  int64_t checkpoint_every = 0;  // also write last.safetensors every this many steps (0: never)
-  bool print_buckets = false;    // print DDP's bucket plan
-  bool print_memory = false;     // print where memory went after the second step
-  std::string trace;             // write a Chrome trace of every rank's steps here
+  int dp_devices = 1;  // --strategy dp: replicas on threads of this one process (--nproc's N)
+  int powersgd = 0;    // DDP's gradients compressed by PowerSGD at this rank (0: off)
+  int64_t powersgd_start = 1000;  // plain allreduce before this iteration (PyTorch's default)
+  bool scale_lr = false;          // lr x world size (the linear scaling rule)
+  int max_restarts = 0;           // restart the workers from the last checkpoint after a failure
+  int64_t checkpoint_every = 0;   // also write last.safetensors every this many steps (0: never)
+  bool print_buckets = false;     // print DDP's bucket plan
+  bool print_memory = false;      // print where memory went after the second step
+  std::string trace;              // write a Chrome trace of every rank's steps here
   // Mixed precision (Note [resnet18_cifar in mixed precision] in train.cpp).
   std::string amp = "off";          // off | fp16 | bf16
   std::string comm_dtype = "fp32";  // the dtype DDP's gradients travel in: fp32 | fp16 | bf16
