@@ -87,10 +87,18 @@ Tensor DataParallel::forward(const Tensor& input) {
   const int64_t chunk = (batch + devices - 1) / devices;
   active_ = static_cast<int>((batch + chunk - 1) / chunk);
   report_ = {.devices = active_};
-  // 1. The weights and buffers, to the replicas that run.
+  // 1. The weights and buffers, to the replicas that run, and every submodule's mode (a model
+  // may train with its batch norms in eval mode, --freeze-bn).
   {
     NoGradGuard no_grad;
     const NamedTensors state = module_->state_dict();
+    const nn::NamedModules modes = module_->named_modules();
+    for (int d = 1; d < active_; ++d) {
+      // Parents before children: train(on) sets a subtree, which its children then correct.
+      const nn::NamedModules theirs = replicas_[static_cast<size_t>(d)]->named_modules();
+      for (size_t i = 0; i < modes.size(); ++i)
+        theirs[i].second->train(modes[i].second->is_training());
+    }
     for (int d = 1; d < active_; ++d) {
       const NamedTensors theirs = replicas_[static_cast<size_t>(d)]->state_dict();
       for (size_t i = 0; i < state.size(); ++i) {

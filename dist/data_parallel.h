@@ -7,7 +7,8 @@
 // Note [DataParallel]
 // Each forward, with D devices (replica 0 is the module itself, as in PyTorch, so that its
 // in-place updates, batch norm's running statistics, are kept; the others' are lost):
-//   1. broadcast: the module's parameters and buffers are copied into replicas 1 .. D-1;
+//   1. broadcast: the module's parameters and buffers are copied into replicas 1 .. D-1, and
+//      each submodule's training mode with them;
 //   2. scatter: the batch is cut along dim 0 into D nearly equal chunks (fewer replicas run when
 //      the batch has fewer samples than devices);
 //   3. parallel apply: each replica runs its chunk on its own thread, in the caller's grad mode

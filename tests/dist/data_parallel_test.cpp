@@ -58,6 +58,26 @@ TEST(DataParallel, TwoReplicasMatchOneProcessOnTheWholeBatch) { check_parity(2);
 TEST(DataParallel, ThreeReplicasOnUnevenChunksMatchOneProcess) { check_parity(3); }
 TEST(DataParallel, FourReplicasMatchOneProcessOnTheWholeBatch) { check_parity(4); }
 
+// A model that trains with its batch norm in eval mode (--freeze-bn): the replicas follow each
+// submodule's mode, so the steps are again those of one process.
+TEST(DataParallel, ReplicasFollowTheModulesModes) {
+  set_num_threads(2);
+  auto net = small_net(1, {.batch_norm = true});
+  net->train();
+  (*net)[1]->eval();  // the batch norm
+  DataParallel dp(net, 2, [] { return small_net(9, {.batch_norm = true}); });
+  auto reference = small_net(1, {.batch_norm = true});
+  reference->train();
+  (*reference)[1]->eval();
+  const auto [x, y] = global_batch(0);
+  cross_entropy(dp.forward(x), y).backward();
+  cross_entropy(reference->forward(x), y).backward();
+  const NamedTensors mine = net->named_parameters(), theirs = reference->named_parameters();
+  for (size_t i = 0; i < mine.size(); ++i)
+    EXPECT_TRUE(test::tensors_close(mine[i].second.grad(), theirs[i].second.grad(), 1e-10, 1e-12))
+        << mine[i].first;
+}
+
 TEST(DataParallel, FewerSamplesThanDevicesRunFewerReplicas) {
   auto net = small_net(1);
   DataParallel dp(net, 4, [] { return small_net(2); });
