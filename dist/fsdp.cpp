@@ -328,6 +328,9 @@ void FullyShardedDataParallel::reduce_unit(size_t u) {
 
 void FullyShardedDataParallel::finalize() {
   expecting_backward_ = false;
+  // Backward's computation ends here; the waits below are what it did not hide (as the
+  // reducer's timeline counts them).
+  timeline_.backward_end = steady_seconds() - timeline_.start;
   NoGradGuard no_grad;
   // Parameters that received no gradient count as zero, in unit order on every rank.
   for (size_t u = 0; u < units_.size(); ++u)
@@ -356,7 +359,6 @@ void FullyShardedDataParallel::finalize() {
       timeline_.events[unit.reduce_event].completed =
           (done > 0 ? done : steady_seconds()) - timeline_.start;
   }
-  timeline_.backward_end = steady_seconds() - timeline_.start;
   for (size_t u = 0; u < units_.size(); ++u) release(u);
   recording_ = false;
   attach_shard_grads();  // the optimizer's zero_grad may have dropped them
