@@ -16,35 +16,38 @@
 # lr 0.05. The GPT's validation loss is taken over batches of the per-rank size: dp's and the
 # one process's agree with each other, the ranks' rows with each other. Ranks beyond the cores
 # share them: times at 4 ranks on 2 cores compare the strategies, not the scaling.
+# The machines are shared and noisy: the whole set of runs is repeated ROUNDS times, the
+# strategies alternating within each round, and each row shows the median step time and speed
+# (its other columns do not depend on the timing).
 #
-#   bench/strategies_bench.sh [STEPS (default 20)] [WORLD SIZES (default "2 4")]
+#   bench/strategies_bench.sh [STEPS (default 20)] [WORLD SIZES (default "2 4")] [ROUNDS (default 3)]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 steps="${1:-20}"
 worlds="${2:-2 4}"
+rounds="${3:-3}"
 scripts/build.sh resnet18_cifar gpt_train >/dev/null
 build="${LOOM_BUILD_DIR:-build}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores"
-echo "$steps steps each; loom $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+echo "$steps steps each, median of $rounds rounds; loom $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 
-# One run: its log and JSON; the row printed from them.
-row() {  # model world strategy label extra-flags...
+# One run; one JSON line of its figures appended to $work/results.
+run() {  # model world strategy label extra-flags...
   local model=$1 world=$2 strategy=$3 label=$4
   shift 4
-  local log="$work/run.log" json="$work/run.json" nproc_flags
+  local log="$work/run.log" json="$work/run.json"
   rm -f "$json"
   if [[ $model == resnet ]]; then
     local batch=$((64 / world))
     [[ $strategy == dp ]] && batch=64
     "$build/apps/resnet18_cifar" --dataset synthetic --synthetic-size $((64 * steps)) --width 16 \
       --batch-size "$batch" --epochs 1 --max-steps "$steps" --workers 1 --seed 3 --lr 0.05 \
-      --freeze-bn \
-      --strategy "$strategy" --nproc "$world" --log-json "$json" "$@" >"$log" 2>&1 ||
-      { echo "| $label | failed: $(tail -1 "$log") |"; return; }
+      --freeze-bn --strategy "$strategy" --nproc "$world" --log-json "$json" "$@" >"$log" 2>&1 ||
+      { echo "$model $world $label failed: $(tail -1 "$log")" >&2; return; }
   else
     local batch=$((16 / world))
     [[ $strategy == dp ]] && batch=16
@@ -52,50 +55,27 @@ row() {  # model world strategy label extra-flags...
       --eval-every "$steps" --log-every "$steps" --eval-iters 10 --warmup 2 --lr 3e-3 \
       --batch-size "$batch" --no-sample --seed 3 --strategy "$strategy" --nproc "$world" \
       --log-json "$json" "$@" >"$log" 2>&1 ||
-      { echo "| $label | failed: $(tail -1 "$log") |"; return; }
+      { echo "$model $world $label failed: $(tail -1 "$log")" >&2; return; }
   fi
-  python3 - "$json" "$log" "$model" "$label" <<'EOF'
-import json, re, sys
-path, log, model, label = sys.argv[1:]
-record = [json.loads(line) for line in open(path) if line.strip()][-1]
-text = open(log).read()
-if model == "resnet":
-    ms = 64 / record["images_per_s"] * 1e3
-    speed = "%.0f img/s" % record["images_per_s"]
-    loss = record["test_loss"]
-    overlap = record["overlap"]
-else:
-    ms = record["ms_per_iter"]
-    speed = "%.0f tok/s" % record["tokens_per_s"]
-    loss = record["val_loss"]
-    m = re.search(r"hidden behind backward: (\d+)%", text)
-    overlap = int(m.group(1)) / 100 if m else -1
-hidden = "%.0f%%" % (100 * overlap) if overlap >= 0 else "-"
-print("| %s | %.1f | %s | %s | %.3f | %.1f | %.4f |" % (
-    label, ms, speed, hidden, record["bytes_per_step"] / 2**20,
-    record["peak_memory_bytes"] / 2**20, loss))
-EOF
+  python3 "$root/bench/strategies_row.py" "$json" "$log" "$model" "$world" "$label" \
+    >>"$work/results"
 }
 
-for model in resnet gpt; do
-  for world in $worlds; do
-    echo
-    if [[ $model == resnet ]]; then
-      echo "ResNet-18 width 16, global batch 64, $world ranks (dp: 1 process, $world replicas)"
-    else
-      echo "GPT 2 x 64, block 64, global batch 16, $world ranks (dp: 1 process, $world replicas)"
-    fi
-    echo
-    echo "| strategy | ms/step | speed | comm. hidden | MiB/step | peak MiB (rank 0) | loss |"
-    echo "|---|---|---|---|---|---|---|"
-    row $model 1 ddp "1 process, whole batch"
-    row $model "$world" dp "dp (DataParallel)"
-    row $model "$world" horovod "horovod (after backward)"
-    row $model "$world" ddp "ddp"
-    [[ $model == resnet ]] && row $model "$world" ddp "ddp, bf16 hook" --comm-dtype bf16
-    row $model "$world" ddp "ddp, PowerSGD rank 2" --powersgd 2 --powersgd-start 5
-    row $model "$world" zero1 "zero1"
-    row $model "$world" zero2 "zero2"
-    row $model "$world" zero3 "zero3 (FSDP)"
+# Every configuration once, in a fixed order.
+round() {
+  for model in resnet gpt; do
+    for world in $worlds; do
+      run $model 1 ddp "1 process, whole batch"
+      run $model "$world" dp "dp (DataParallel)"
+      run $model "$world" horovod "horovod (after backward)"
+      run $model "$world" ddp "ddp"
+      if [[ $model == resnet ]]; then run $model "$world" ddp "ddp, bf16 hook" --comm-dtype bf16; fi
+      run $model "$world" ddp "ddp, PowerSGD rank 2" --powersgd 2 --powersgd-start 5
+      run $model "$world" zero1 "zero1"
+      run $model "$world" zero2 "zero2"
+      run $model "$world" zero3 "zero3 (FSDP)"
+    done
   done
-done
+}
+for ((r = 1; r <= rounds; ++r)); do round; done
+python3 "$root/bench/strategies_row.py" --table "$work/results"
