@@ -10,6 +10,7 @@
 #include "autograd/autocast.h"
 #include "autograd/graph.h"
 #include "autograd/ops/index.h"
+#include "autograd/ops/view.h"
 #include "tensor/copy.h"
 #include "tensor/elementwise.h"
 #include "tensor/parallel.h"
@@ -31,15 +32,40 @@ int64_t row_bytes(const Tensor& t) {
   return t.size(0) == 0 ? 0 : static_cast<int64_t>(t.nbytes()) / t.size(0);
 }
 
+// The device a module's state lies on (the CPU for a module without state).
+Device device_of(const nn::ModulePtr& module) {
+  LOOM_CHECK(module != nullptr, ValueError, "DataParallel: the module is null");
+  const NamedTensors state = module->state_dict();
+  return state.empty() ? kCPU : state.front().second.device();
+}
+
 }  // namespace
+
+std::vector<Device> data_parallel_devices(Device device, int count) {
+  std::vector<Device> ids;
+  for (int i = 0; i < count; ++i)
+    ids.push_back(device.is_cuda() ? Device(DeviceType::CUDA, i) : device);
+  return ids;
+}
 
 DataParallel::DataParallel(nn::ModulePtr module, int devices,
                            std::function<nn::ModulePtr()> make_replica)
-    : nn::Module("DataParallel"), module_(register_module("module", std::move(module))) {
+    : DataParallel(
+          module, std::vector<Device>(static_cast<size_t>(std::max(devices, 0)), device_of(module)),
+          std::move(make_replica)) {}
+
+DataParallel::DataParallel(nn::ModulePtr module, std::vector<Device> device_ids,
+                           std::function<nn::ModulePtr()> make_replica)
+    : nn::Module("DataParallel"),
+      module_(register_module("module", std::move(module))),
+      devices_(std::move(device_ids)) {
   LOOM_CHECK(module_ != nullptr, ValueError, "DataParallel: the module is null");
+  const int devices = static_cast<int>(devices_.size());
   LOOM_CHECK(devices >= 1, ValueError, "DataParallel: expected at least 1 device; got ", devices);
   LOOM_CHECK(devices == 1 || make_replica != nullptr, ValueError, "DataParallel: ", devices,
              " devices need a factory of replicas; got none");
+  LOOM_CHECK(device_of(module_) == devices_[0], ValueError, "DataParallel: the module is on ",
+             device_of(module_), ", the first device is ", devices_[0]);
   replicas_.push_back(module_);
   const NamedTensors reference = module_->state_dict();
   for (int d = 1; d < devices; ++d) {
@@ -56,6 +82,7 @@ DataParallel::DataParallel(nn::ModulePtr module, int devices,
                  t.sizes(), ") differs from the module's ", ref_name, " (", ref.dtype(), " ",
                  ref.sizes(), ")");
     }
+    replica->to(devices_[static_cast<size_t>(d)]);
     replicas_.push_back(std::move(replica));
   }
   for (const nn::ModulePtr& r : replicas_) params_.push_back(trained(*r));
@@ -120,8 +147,13 @@ Tensor DataParallel::forward(const Tensor& input) {
       std::optional<autocast::Guard> region;
       if (autocast_on) region.emplace(autocast_dtype, true);
       const int64_t begin = d * chunk, rows = std::min(chunk, batch - begin);
-      outputs[static_cast<size_t>(d)] =
-          replicas_[static_cast<size_t>(d)]->forward(input.narrow(0, begin, rows));
+      const Device device = devices_[static_cast<size_t>(d)];
+      Tensor part = input.narrow(0, begin, rows);
+      if (part.device() != device) part = loom::to(part, device);
+      Tensor out = replicas_[static_cast<size_t>(d)]->forward(part);
+      // Back to device 0, differentiably: backward sends each replica its rows.
+      if (out.device() != devices_[0]) out = loom::to(out, devices_[0]);
+      outputs[static_cast<size_t>(d)] = out;
     } catch (...) {
       errors[static_cast<size_t>(d)] = std::current_exception();
     }
@@ -164,10 +196,11 @@ void DataParallel::reduce_gradients() {
       const Tensor g = p.grad();
       if (!g.defined()) continue;
       report_.reduce_bytes += static_cast<int64_t>(g.nbytes());
+      const bool here = g.device() == master.device();
       if (master.grad().defined())
-        k::add_(master.grad(), g);
+        k::add_(master.grad(), here ? g : k::to_device(g, master.device()));
       else
-        master.set_grad(k::clone(g));
+        master.set_grad(here ? k::clone(g) : k::to_device(g, master.device()));
       p.set_grad(Tensor());  // released until the next backward
     }
   }

@@ -1,8 +1,9 @@
 // dist/data_parallel.h — DataParallel, PyTorch's single-process form of data parallelism: one
 // process, one replica of the module per device, the batch scattered across them and everything
 // gathered back on the first. Where there is no GPU each "device" is a replica on a thread of
-// its own. It is here to be compared with DDP (bench/strategies_bench, docs/inside.md): the
-// first device does all of the traffic and holds more than the others.
+// its own; with GPUs, a replica per GPU (each run from a thread). It is here to be compared with
+// DDP (bench/strategies_bench, docs/inside.md): the first device does all of the traffic and holds
+// more than the others.
 //
 // Note [DataParallel]
 // Each forward, with D devices (replica 0 is the module itself, as in PyTorch, so that its
@@ -48,12 +49,21 @@ struct DataParallelReport {
   int64_t other_activation_bytes = 0;    // the largest chunk and its output
 };
 
+// The devices of `count` replicas around a model on `device`: cuda:0 .. cuda:count-1 when it is
+// a GPU (PyTorch's default device_ids: every visible GPU it is given), else `device` each time.
+std::vector<Device> data_parallel_devices(Device device, int count);
+
 class DataParallel : public nn::Module {
  public:
   // `module` is replica 0; make_replica() builds each of the other devices - 1 (the same
   // architecture: their state's names, shapes and dtypes are checked against the module's).
   // ValueError for fewer than 1 device, a null module or factory, or a replica that differs.
   DataParallel(nn::ModulePtr module, int devices, std::function<nn::ModulePtr()> make_replica);
+  // PyTorch's device_ids: replica i on device_ids[i] (GPUs), the module on device_ids[0]
+  // (ValueError where it is not); the chunks are copied to their replicas' devices and the
+  // outputs and gradients back to device_ids[0], differentiably.
+  DataParallel(nn::ModulePtr module, std::vector<Device> device_ids,
+               std::function<nn::ModulePtr()> make_replica);
   ~DataParallel() override;
 
   Tensor forward(const Tensor& input) override;
@@ -67,6 +77,7 @@ class DataParallel : public nn::Module {
 
   nn::ModulePtr module_;
   std::vector<nn::ModulePtr> replicas_;        // [0] is module_
+  std::vector<Device> devices_;                // replica i's
   std::vector<std::vector<Tensor>> params_;    // per replica, those that require grad
   std::vector<std::pair<Tensor, int>> hooks_;  // replica parameter, hook handle
   bool reduction_queued_ = false;

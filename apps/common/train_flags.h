@@ -57,7 +57,8 @@ inline void add_train_flags(CLI::App& app, loom::dist::TrainOptions& o) {
 inline void add_strategy_flag(CLI::App& app, std::string& strategy) {
   app.add_option("--strategy", strategy,
                  "how the gradients are averaged (docs/inside.md): dp (DataParallel: one process, "
-                 "--nproc N replicas on its threads), horovod (DistributedOptimizer: allreduced "
+                 "--nproc N replicas on its threads, or --gpus N), horovod (DistributedOptimizer: "
+                 "allreduced "
                  "in step(), after backward), ddp (the default: buckets overlapped with "
                  "backward), zero1, zero2, zero3 (--zero 1, 2, 3)")
       ->check(CLI::IsMember({"dp", "horovod", "ddp", "zero1", "zero2", "zero3"}));
@@ -77,8 +78,9 @@ inline void add_powersgd_flags(CLI::App& app, int& rank, int64_t& start) {
 }
 
 // After parsing: --strategy zeroN and --zero N are one setting (CLI::ValidationError when they
-// disagree, or --zero goes with dp or horovod), and under dp --nproc N becomes N replicas of
-// this process (`dp_devices`) instead of N worker processes.
+// disagree, or --zero goes with dp or horovod), and under dp --nproc N (--gpus N) becomes N
+// replicas of this process (`dp_devices`: CPU replicas on threads, or one per GPU) instead of N
+// worker processes; the caller then starts no workers.
 inline void resolve_strategy(const CLI::App& app, std::string& strategy, int& zero, int& nproc,
                              int& dp_devices, int gpus, bool sync_bn) {
   const bool zero_given = app.count("--zero") > 0 && zero > 0;
@@ -94,11 +96,9 @@ inline void resolve_strategy(const CLI::App& app, std::string& strategy, int& ze
   }
   if (zero > 0) strategy = "zero" + std::to_string(zero);
   if (strategy == "dp") {
-    if (gpus > 0)
-      throw CLI::ValidationError("--strategy", "dp runs CPU replicas on threads; on GPUs use ddp");
     if (sync_bn)
       throw CLI::ValidationError("--sync-bn", "needs ranks (ddp, horovod, zero1-3), not dp");
-    dp_devices = nproc;  // replicas in this process, not worker processes
+    dp_devices = gpus > 0 ? gpus : nproc;  // replicas in this process, not worker processes
     nproc = 1;
   }
 }

@@ -129,7 +129,8 @@ int main(int argc, char** argv) {
     return status == 0 ? 0 : 2;
   }
   try {
-    const int workers = o.gpus > 0 ? o.gpus : o.nproc;
+    // --strategy dp: one process, its replicas on threads (resolve_strategy).
+    const int workers = o.strategy == "dp" ? 1 : o.gpus > 0 ? o.gpus : o.nproc;
     if (workers > 1 && o.sample.empty() && !loom::dist::launched_by_launcher()) {
       std::vector<std::string> args(argv + 1, argv + argc);
       args = loom::dist::strip_flag(args, "--nproc", true);

@@ -468,7 +468,7 @@ double run(const Options& o) {
   // --strategy dp: replicas of the model on threads, each on a chunk of the batch.
   const auto data_parallel =
       dp ? std::make_shared<dist::DataParallel>(
-               model, o.dp_devices,
+               model, dist::data_parallel_devices(job.device, o.dp_devices),
                [&] {
                  auto replica = std::make_shared<nn::GPT>(config);
                  replica->to(job.device);

@@ -132,7 +132,8 @@ int main(int argc, char** argv) {
     return status == 0 ? 0 : 2;
   }
   try {
-    const int workers = o.gpus > 0 ? o.gpus : o.nproc;
+    // --strategy dp: one process, its replicas on threads (resolve_strategy).
+    const int workers = o.strategy == "dp" ? 1 : o.gpus > 0 ? o.gpus : o.nproc;
     if (workers > 1 && !loom::dist::launched_by_launcher()) {
       // Start the workers: this same program, without --nproc, under dist::launch (what loomrun
       // does), which gives each its rank in the environment.

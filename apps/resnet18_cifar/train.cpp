@@ -661,10 +661,10 @@ double run(const Options& o) {
                    : (horovod || dp) ? nullptr
                                      : wrap_for_the_job(o, job, model, scaler);
   const auto fsdp = sharded.fsdp;
-  const auto data_parallel =
-      dp ? std::make_shared<dist::DataParallel>(model, o.dp_devices,
-                                                [&] { return build_model(o, data, job); })
-         : nullptr;
+  const auto data_parallel = dp ? std::make_shared<dist::DataParallel>(
+                                      model, dist::data_parallel_devices(job.device, o.dp_devices),
+                                      [&] { return build_model(o, data, job); })
+                                : nullptr;
   if ((o.zero > 0 || horovod) && scaler.is_enabled())
     scaler.set_found_inf_agreement(dist::found_inf_agreement(job.group, job.device));
   const dist::DataParallelism parallel{.ddp = ddp.get(), .zero = sharded.zero, .fsdp = fsdp.get()};
