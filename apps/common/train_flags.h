@@ -58,9 +58,8 @@ inline void add_strategy_flag(CLI::App& app, std::string& strategy) {
   app.add_option("--strategy", strategy,
                  "how the gradients are averaged (docs/inside.md): dp (DataParallel: one process, "
                  "--nproc N replicas on its threads, or --gpus N), horovod (DistributedOptimizer: "
-                 "allreduced "
-                 "in step(), after backward), ddp (the default: buckets overlapped with "
-                 "backward), zero1, zero2, zero3 (--zero 1, 2, 3)")
+                 "allreduced in step(), after backward), ddp (the default: buckets overlapped "
+                 "with backward), zero1, zero2, zero3 (--zero 1, 2, 3)")
       ->check(CLI::IsMember({"dp", "horovod", "ddp", "zero1", "zero2", "zero3"}));
 }
 
