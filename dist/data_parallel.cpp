@@ -3,6 +3,7 @@
 #include "dist/data_parallel.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <exception>
 #include <optional>
 #include <thread>
@@ -40,6 +41,18 @@ Device device_of(const nn::ModulePtr& module) {
 }
 
 }  // namespace
+
+std::string DataParallelReport::describe() const {
+  char line[400];
+  std::snprintf(line, sizeof line,
+                "DataParallel's last step through device 0 (Note [DataParallel]): weights out "
+                "%.2f MiB, inputs out %.3f MiB, outputs in %.3f MiB, gradients in %.2f MiB; "
+                "device 0 held %.2f MiB of inputs and outputs, each other replica %.2f MiB\n",
+                broadcast_bytes / 1048576.0, scatter_bytes / 1048576.0, gather_bytes / 1048576.0,
+                reduce_bytes / 1048576.0, device0_activation_bytes / 1048576.0,
+                other_activation_bytes / 1048576.0);
+  return line;
+}
 
 std::vector<Device> data_parallel_devices(Device device, int count) {
   std::vector<Device> ids;

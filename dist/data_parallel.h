@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "nn/module.h"
@@ -47,6 +48,9 @@ struct DataParallelReport {
   // Held: device 0 the whole input and output besides its replica; another device its chunk.
   int64_t device0_activation_bytes = 0;  // the batch and the gathered output
   int64_t other_activation_bytes = 0;    // the largest chunk and its output
+  // One line for a run's end: "DataParallel's last step through device 0 (...): weights out
+  // 0.68 MiB, inputs out ..., outputs in ..., gradients in ...; device 0 held ...".
+  std::string describe() const;
 };
 
 // The devices of `count` replicas around a model on `device`: cuda:0 .. cuda:count-1 when it is

@@ -155,15 +155,19 @@ void broadcast_optimizer_state(ProcessGroup& group, optim::Optimizer& optimizer,
       std::string(static_cast<const char*>(bytes.data()), static_cast<size_t>(n)));
   SafetensorsFile file;
   file.metadata = j["metadata"].get<std::map<std::string, std::string>>();
+  // The root's live buffers, or tensors shaped as the header says; then one coalesced broadcast
+  // per dtype (broadcast_coalesced), as DDP's start does.
+  std::vector<Tensor> received;
   size_t index = 0;
   for (const auto& entry : j.value("tensors", nlohmann::json::array())) {
-    Tensor t = group.rank() == root ? k::contiguous(tensors[index].second).to(device)
-                                    : empty(entry["sizes"].get<std::vector<int64_t>>(),
-                                            static_cast<DType>(entry["dtype"].get<int>()), device);
-    group.broadcast(t, root)->wait();
-    file.tensors.emplace_back(entry["name"].get<std::string>(), t.to(kCPU));
+    received.push_back(group.rank() == root
+                           ? tensors[index].second
+                           : empty(entry["sizes"].get<std::vector<int64_t>>(),
+                                   static_cast<DType>(entry["dtype"].get<int>()), device));
+    file.tensors.emplace_back(entry["name"].get<std::string>(), received.back());
     ++index;
   }
+  broadcast_coalesced(group, received, root);
   if (group.rank() != root) optimizer.load_state(file, "");
 }
 

@@ -641,12 +641,7 @@ double run(const Options& o) {
         bus / 1048576.0 / static_cast<double>(steps_taken), dist::format_counters(moved).c_str());
   }
   if (data_parallel && steps_taken > 0) {
-    const dist::DataParallelReport& r = data_parallel->last_report();
-    out.say(
-        "DataParallel's last micro-batch through device 0 (Note [DataParallel]): weights out "
-        "%.2f MiB, gradients in %.2f MiB, tokens out %.3f MiB, logits in %.2f MiB\n",
-        r.broadcast_bytes / 1048576.0, r.reduce_bytes / 1048576.0, r.scatter_bytes / 1048576.0,
-        r.gather_bytes / 1048576.0);
+    out.say("%s", data_parallel->last_report().describe().c_str());
   }
   dist::report_communication(out, timeline, job, o.zero > 0 ? "reduce-scatter" : "allreduce",
                              o.trace);

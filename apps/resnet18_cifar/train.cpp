@@ -806,14 +806,7 @@ double run(const Options& o) {
                 : dist::strategy_name(o.zero).c_str(),
         dist::format_counters(moved).c_str());
   if (data_parallel && progress.step > resumed.progress.step) {
-    const dist::DataParallelReport& r = data_parallel->last_report();
-    out.say(
-        "DataParallel's last step through device 0 (Note [DataParallel]): weights out %.2f MiB, "
-        "batch chunks out %.2f MiB, outputs in %.3f MiB, gradients in %.2f MiB; device 0 held "
-        "%.2f MiB of batch and output, each other replica %.2f MiB\n",
-        r.broadcast_bytes / 1048576.0, r.scatter_bytes / 1048576.0, r.gather_bytes / 1048576.0,
-        r.reduce_bytes / 1048576.0, r.device0_activation_bytes / 1048576.0,
-        r.other_activation_bytes / 1048576.0);
+    out.say("%s", data_parallel->last_report().describe().c_str());
   }
   out.say("test accuracy %.2f%%\n", 100 * test->accuracy());
   return test->accuracy();
