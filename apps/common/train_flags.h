@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 #include <string>
 
+#include "dist/memory_plan.h"
 #include "dist/train_options.h"
 #include "tensor/error.h"
 #include "tensor/memory_limit.h"
@@ -100,6 +101,13 @@ inline void resolve_strategy(const CLI::App& app, std::string& strategy, int& ze
     dp_devices = gpus > 0 ? gpus : nproc;  // replicas in this process, not worker processes
     nproc = 1;
   }
+}
+
+// The strategy as a run's last lines name it: "DDP", "ZeRO-2", "Horovod-style: ...".
+inline std::string strategy_label(const std::string& strategy, int zero) {
+  if (strategy == "horovod")
+    return "Horovod-style: every gradient allreduced in step(), after backward";
+  return loom::dist::strategy_name(zero);
 }
 
 }  // namespace loom_apps

@@ -37,6 +37,7 @@
 #include <memory>
 #include <optional>
 
+#include "common/train_flags.h"
 #include "data/bpe_tokenizer.h"
 #include "data/byte_tokenizer.h"
 #include "data/sha256.h"
@@ -636,8 +637,7 @@ double run(const Options& o) {
         "collectives of rank %d over %lld training steps (%s; bus bytes: Note [Bytes moved]), "
         "%.3f MiB a step:\n%s",
         job.rank, static_cast<long long>(steps_taken),
-        horovod ? "Horovod-style: every gradient allreduced in step(), after backward"
-                : dist::strategy_name(o.zero).c_str(),
+        loom_apps::strategy_label(o.strategy, o.zero).c_str(),
         bus / 1048576.0 / static_cast<double>(steps_taken), dist::format_counters(moved).c_str());
   }
   if (data_parallel && steps_taken > 0) {

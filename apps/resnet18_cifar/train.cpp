@@ -62,6 +62,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "common/train_flags.h"
 #include "data/cifar10.h"
 #include "data/idx.h"
 #include "data/loader.h"
@@ -802,8 +803,7 @@ double run(const Options& o) {
     out.say(
         "collectives of rank %d over %lld training steps (%s; bus bytes: Note [Bytes moved]):\n%s",
         job.rank, static_cast<long long>(progress.step - resumed.progress.step),
-        horovod ? "Horovod-style: every gradient allreduced in step(), after backward"
-                : dist::strategy_name(o.zero).c_str(),
+        loom_apps::strategy_label(o.strategy, o.zero).c_str(),
         dist::format_counters(moved).c_str());
   if (data_parallel && progress.step > resumed.progress.step) {
     out.say("%s", data_parallel->last_report().describe().c_str());
