@@ -105,7 +105,8 @@ void threaded_packed_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
       else
         pack_b_strided<B>(src, b_rs, b_cs, kc, nc, dst);
     };
-    packed_gemm<B>(m, cols, k, a_block, pack_b, c + j0, ldc, accumulate, b_scratch, a_scratch);
+    packed_gemm<B>(m, cols, k, a_block, pack_b, c + j0, ldc, accumulate, b_scratch, a_scratch,
+                   balanced_kc<B>(k));
   });
 }
 

@@ -75,10 +75,11 @@ struct Kernel<double, CpuIsa::kAvx2> {
   static void micro_kernel(int64_t kc, const double* a, const double* b, const CTile<double>& c);
 };
 
-// 512-bit float tile: twelve rows of two 16-float vectors, 24 accumulators; A's values are
-// broadcast from memory by the FMAs themselves, so the B row takes two registers and eight are
-// left. The B panel, KC x 32 floats, stays in L1 with KC = 192 (24 KiB). Not yet tuned on an
-// AVX-512 machine (docs/cpu_speed.md).
+// 512-bit float tile: twelve rows of two 16-float vectors, 24 accumulators, the B row in two
+// registers and A's values broadcast one at a time into another. The B panel, KC x 32 floats,
+// stays in L1 with KC = 192 (24 KiB of an AVX-512 core's 48). On data in L1 it runs at 0.97-1.0
+// of the 512-bit FMA peak; inside the GEMM, C's traffic is what it loses to (Note [Prefetching
+// the C tile], docs/cpu_speed.md).
 template <>
 struct Kernel<float, CpuIsa::kAvx512> {
   using Scalar = float;
@@ -258,15 +259,42 @@ Kernel<double, CpuIsa::kAvx2>::micro_kernel(int64_t kc, const double* a, const d
   }
 }
 
+// Fetches line `line` (0-23; row line / 2, half line % 2) of a 12 x 32 float C tile into L1:
+// from `in` when the tile accumulates, and `out` when it is written elsewhere or not read.
+[[gnu::always_inline]] inline void prefetch_tile_line_12x32(const CTile<float>& c, int line) {
+  const int64_t row = line / 2, col = line % 2 * 16;
+  if (c.accumulate)
+    _mm_prefetch(reinterpret_cast<const char*>(c.in + row * c.ld_in + col), _MM_HINT_T0);
+  if (c.out != c.in || !c.accumulate)
+    _mm_prefetch(reinterpret_cast<const char*>(c.out + row * c.ld_out + col), _MM_HINT_T0);
+}
+
+// Note [Prefetching the C tile]
+// C is the one operand that does not come from the packed blocks: its 24 lines lie 12 rows
+// apart in a matrix that is usually far larger than L2 (a 1024^2 float C is 4 MiB), so the
+// loads before the stores miss to L3. On an AVX-512 Xeon with 48 KiB of L1 that cost a 12 x 32
+// tile a tenth of its time when the A and B panels were hot (0.90 of the FMA peak against
+// 1.00). Prefetching all 24 lines at the start fills the line-fill buffers that the A stream
+// needs and lets the lines go cold again over 192 k steps; one line every 4 k steps over the
+// last 96 spreads the misses and lands them shortly before the stores (1024^3 GEMM, 1 thread:
+// about 0.80 of peak with none, 0.83 all at the start, 0.86 spread; docs/cpu_speed.md). When kc
+// is under 96, the lines the spread cannot reach are fetched at the start.
 // The accumulators are named registers of a fixed tile; GCC keeps all 24 in zmm registers and
-// folds each broadcast of A into its FMA ({1to16}).
+// broadcasts each value of A into one register (vbroadcastss; renaming makes the twelve
+// independent). Folding the broadcasts into the FMAs ({1to16}, written as inline assembly)
+// measured the same.
 [[gnu::noinline, gnu::visibility("hidden"), gnu::target("avx512f")]] inline void
 Kernel<float, CpuIsa::kAvx512>::micro_kernel(int64_t kc, const float* a, const float* b,
                                              const CTile<float>& c) {
+  constexpr int kLines = 24, kStride = 4;
+  const int64_t quiet = std::max<int64_t>(kc - kLines * kStride, 0);
+  int line = static_cast<int>(std::max<int64_t>(kLines - (kc + kStride - 1) / kStride, 0));
+  for (int early = 0; early < line; ++early) prefetch_tile_line_12x32(c, early);
   __m512 acc[12][2];
 #pragma GCC unroll 12
   for (int i = 0; i < 12; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
   for (int64_t p = 0; p < kc; ++p, a += 12, b += 32) {
+    if (p >= quiet && (p - quiet) % kStride == 0) prefetch_tile_line_12x32(c, line++);
     const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
 #pragma GCC unroll 12
     for (int i = 0; i < 12; ++i) {
@@ -301,13 +329,31 @@ bool with_packed_kernel([[maybe_unused]] F&& f) {
   return false;
 }
 
+// Note [Balanced K blocks]
+// Every pass over K reads and writes the whole of C, and the kernel's C traffic is paid per
+// call however short its kc: K = 1024 in blocks of 192 ends with a pass of 64 that costs C's
+// traffic for a third of the work. K is instead cut into the same number of passes of nearly
+// equal depth (1024: 5 x 176 + 144), rounded up to a multiple of 8 so that an A panel (kc x 12
+// floats) stays a whole number of cache lines: 1024^3 on 1 thread in a harness around this
+// driver, 0.83-0.86 of the FMA peak for 192-deep blocks and 0.86-0.88 for balanced ones
+// (docs/cpu_speed.md). The passes' boundaries set the order in which the sums are rounded: the
+// result is the same for every thread count, not the same as with the unbalanced blocks.
+template <typename B>
+int64_t balanced_kc(int64_t k) {
+  const int64_t passes = std::max<int64_t>((k + B::kc - 1) / B::kc, 1);
+  const int64_t depth = ((k + passes - 1) / passes + 7) / 8 * 8;
+  return std::min(depth, B::kc);
+}
+
 // C [m, n] (row stride ldc) = (accumulate ? C : 0) + A [m, k] @ B [k, n].
 //   a_block(ic, mc, pc, kc, scratch) returns rows [ic, ic+mc) x columns [pc, pc+kc) of A as
 //   MR-row panels ([kc, MR] each, rows past m zero), packing into `scratch` or pointing into a
 //   pre-packed copy; pack_b(pc, kc, jc, nc, dst) packs B's block as NR-column panels ([kc, NR]
 //   each, columns past n zero) into dst, or returns a pointer to such a block packed earlier.
 //   b_scratch holds KC x round_up(NC, NR), a_scratch MC x KC. (For a kernel whose k_group is 2,
-//   read ceil(kc / 2) for kc, and KC / 2 for KC.)
+//   read ceil(kc / 2) for kc, and KC / 2 for KC.) K is taken kc_step at a time (at most KC, a
+//   multiple of k_group; balanced_kc's); callers whose A blocks were packed ahead at KC steps
+//   keep the default.
 // Note [Staging C]
 // When C's rows are a multiple of 4 KiB apart (a 1024-wide float matrix, or conv2d's output on
 // a 32 x 32 image), the six rows of a micro-tile fall into the same set of the L1 cache, beside
@@ -324,11 +370,13 @@ bool rows_alias(int64_t ldc) {
 template <typename B, typename ABlock, typename PackB, typename T = typename B::Scalar,
           typename P = typename B::Packed>
 void packed_gemm(int64_t m, int64_t n, int64_t k, ABlock&& a_block, PackB&& pack_b, T* c,
-                 int64_t ldc, bool accumulate, P* b_scratch, P* a_scratch) {
+                 int64_t ldc, bool accumulate, P* b_scratch, P* a_scratch,
+                 int64_t kc_step = B::kc) {
   static_assert(B::kc % B::k_group == 0, "a K block ends at the end of a group");
+  kc_step = std::clamp<int64_t>(kc_step, B::k_group, B::kc) / B::k_group * B::k_group;
   if (k == 0 && !accumulate)
     for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, T(0));
-  const bool stage = k > B::kc && rows_alias<T>(ldc);
+  const bool stage = k > kc_step && rows_alias<T>(ldc);
   alignas(64) T tile[B::mr * B::nr];
   for (int64_t jc = 0; jc < n; jc += B::nc) {
     const int64_t nc = std::min(B::nc, n - jc);
@@ -340,8 +388,8 @@ void packed_gemm(int64_t m, int64_t n, int64_t k, ABlock&& a_block, PackB&& pack
       if (rows_alias<T>(lds)) lds += B::nr;
       staged = frame.get<T>(m * lds);
     }
-    for (int64_t pc = 0; pc < k; pc += B::kc) {
-      const int64_t kc = std::min(B::kc, k - pc);
+    for (int64_t pc = 0; pc < k; pc += kc_step) {
+      const int64_t kc = std::min(kc_step, k - pc);
       const int64_t depth = (kc + B::k_group - 1) / B::k_group;  // rows of a packed panel
       const P* b_block = b_scratch;
       if constexpr (std::is_void_v<decltype(pack_b(pc, kc, jc, nc, b_scratch))>)

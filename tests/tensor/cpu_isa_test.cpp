@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tensor/cpu/gemm.h"
+#include "tensor/cpu/packed_gemm.h"
 #include "tensor/cpu_info.h"
 #include "test_util.h"
 
@@ -96,12 +97,16 @@ void check_gemm(CpuIsa isa, bool ta, bool tb, int64_t m, int64_t n, int64_t k, f
 
 TEST(CpuIsa, EveryPathThisCpuRunsMultipliesCorrectly) {
   // Shapes: edges of the register tiles (6 x 16, 12 x 32) and of the cache blocks (KC 192 and
-  // 256, MC 120 and 144), several passes over K, rows 4 KiB apart (Note [Staging C]).
+  // 256, MC 120 and 144), several passes over K, balanced ones among them (Note [Balanced K
+  // blocks]: 1024 is 5 x 176 + 144 on the AVX-512 path), K under and just over the 96 steps in
+  // which the AVX-512 kernel prefetches C (Note [Prefetching the C tile]), rows 4 KiB apart
+  // (Note [Staging C]).
   struct Case {
     int64_t m, n, k;
   };
   const std::vector<Case> cases = {{37, 45, 41},   {12, 32, 192},   {13, 33, 193},
-                                   {145, 70, 520}, {64, 1024, 300}, {121, 97, 257}};
+                                   {145, 70, 520}, {64, 1024, 300}, {121, 97, 257},
+                                   {25, 40, 1024}, {24, 64, 100},   {30, 1024, 385}};
   for (const CpuIsa isa : kAll) {
     if (isa > detected_cpu_isa()) {
       std::printf("[ skipped  ] %s: this CPU has %s\n", std::string(to_string(isa)).c_str(),
@@ -114,6 +119,25 @@ TEST(CpuIsa, EveryPathThisCpuRunsMultipliesCorrectly) {
     check_gemm(isa, false, false, 50, 70, 90, 0.5f, 1.5f);  // alpha folded into A, beta on C
     check_gemm(isa, true, false, 50, 70, 90, -2.0f, 1.0f);
   }
+}
+
+// The AVX-512 float kernel's K block, for balanced_kc.
+struct Blocks {
+  static constexpr int64_t kc = 192;
+};
+
+TEST(CpuIsa, BalancedKBlocksKeepThePassCountAndAreEvenWithinEight) {
+  for (int64_t k = 1; k <= 3000; ++k) {
+    const int64_t depth = cpu::balanced_kc<Blocks>(k);
+    const int64_t passes = (k + depth - 1) / depth;
+    ASSERT_LE(depth, Blocks::kc) << "k " << k;
+    ASSERT_EQ(depth % 8, 0) << "k " << k;
+    ASSERT_EQ(passes, (k + Blocks::kc - 1) / Blocks::kc) << "k " << k;
+    // The last pass is at most 8 per pass shorter than the others.
+    ASSERT_GE(k - (passes - 1) * depth, depth - 8 * passes) << "k " << k;
+  }
+  EXPECT_EQ(cpu::balanced_kc<Blocks>(1024), 176);
+  EXPECT_EQ(cpu::balanced_kc<Blocks>(192), 192);
 }
 
 TEST(CpuIsa, ACappedPathRunsOtherKernels) {
