@@ -4,7 +4,10 @@
 // PyTorch runs as a co-process (--serve) and the two alternate repetition by repetition, so
 // that load from other processes on the machine falls on both alike. Times are medians.
 //
-//   conv_bench [--threads N (2)] [--repeats R (7)] [--batch B (64)] [--layer I]
+// --width W scales the channels as the apps' --width does (64 is ResNet-18's own; the main job
+// runs 16), the stem's 3 input channels excepted.
+//
+//   conv_bench [--threads N (2)] [--repeats R (7)] [--batch B (64)] [--width W (64)] [--layer I]
 //              [--algorithm auto|benchmark|packed|im2col|winograd2|winograd4]
 //              [--no-torch] [--python PATH] [--script PATH]
 
@@ -36,18 +39,28 @@ using nlohmann::json;
 
 struct Layer {
   int64_t c, hw, o, k, stride, pad;
-  const char* name;
 };
 
 // The convolutions of ResNet-18 on 32x32 CIFAR images.
+// The convolutions of ResNet-18 on 32x32 CIFAR images, at width 64.
 const std::vector<Layer> kLayers = {
-    {3, 32, 64, 3, 1, 1, "3->64 3x3 32"},          {64, 32, 64, 3, 1, 1, "64->64 3x3 32"},
-    {64, 32, 128, 3, 2, 1, "64->128 3x3 s2 32"},   {64, 32, 128, 1, 2, 0, "64->128 1x1 s2 32"},
-    {128, 16, 128, 3, 1, 1, "128->128 3x3 16"},    {128, 16, 256, 3, 2, 1, "128->256 3x3 s2 16"},
-    {128, 16, 256, 1, 2, 0, "128->256 1x1 s2 16"}, {256, 8, 256, 3, 1, 1, "256->256 3x3 8"},
-    {256, 8, 512, 3, 2, 1, "256->512 3x3 s2 8"},   {256, 8, 512, 1, 2, 0, "256->512 1x1 s2 8"},
-    {512, 4, 512, 3, 1, 1, "512->512 3x3 4"},
+    {3, 32, 64, 3, 1, 1},    {64, 32, 64, 3, 1, 1},   {64, 32, 128, 3, 2, 1},
+    {64, 32, 128, 1, 2, 0},  {128, 16, 128, 3, 1, 1}, {128, 16, 256, 3, 2, 1},
+    {128, 16, 256, 1, 2, 0}, {256, 8, 256, 3, 1, 1},  {256, 8, 512, 3, 2, 1},
+    {256, 8, 512, 1, 2, 0},  {512, 4, 512, 3, 1, 1},
 };
+
+// A layer at another width: channels times width / 64, the image's 3 kept.
+Layer at_width(const Layer& l, int64_t width) {
+  Layer w = l;
+  if (w.c != 3) w.c = std::max<int64_t>(1, l.c * width / 64);
+  w.o = std::max<int64_t>(1, l.o * width / 64);
+  return w;
+}
+
+std::string layer_name(const Layer& l) {
+  return loom::detail::str(l.c, "->", l.o, " ", l.k, "x", l.k, l.stride > 1 ? " s2 " : " ", l.hw);
+}
 
 template <typename F>
 double timed_ms(F&& f) {
@@ -65,7 +78,7 @@ struct Times {
 
 int main(int argc, char** argv) {
   int threads = 2, repeats = 7, only = -1;
-  int64_t batch = 64;
+  int64_t batch = 64, width = 64;
   bool with_torch = true;
   std::string python = LOOM_TORCH_PYTHON, algorithm = "auto";
   std::string script = (std::filesystem::path(__FILE__).parent_path() / "conv_torch.py").string();
@@ -84,6 +97,8 @@ int main(int argc, char** argv) {
       repeats = std::max(1, std::stoi(next()));
     else if (arg == "--batch")
       batch = std::max<int64_t>(1, std::stoll(next()));
+    else if (arg == "--width")
+      width = std::max<int64_t>(1, std::stoll(next()));
     else if (arg == "--layer")
       only = std::stoi(next());
     else if (arg == "--algorithm")
@@ -96,7 +111,7 @@ int main(int argc, char** argv) {
       script = next();
     else {
       std::fprintf(stderr,
-                   "usage: %s [--threads N] [--repeats R] [--batch B] [--layer I] "
+                   "usage: %s [--threads N] [--repeats R] [--batch B] [--width W] [--layer I] "
                    "[--algorithm auto|benchmark|packed|im2col|winograd2|winograd4] [--no-torch] "
                    "[--python PATH] "
                    "[--script PATH]\n",
@@ -127,7 +142,7 @@ int main(int argc, char** argv) {
   std::vector<double> gflop;  // forward GFLOP per layer; the backward is twice that
   for (size_t i = 0; i < kLayers.size(); ++i) {
     if (only >= 0 && static_cast<size_t>(only) != i) continue;
-    const Layer& l = kLayers[i];
+    const Layer l = at_width(kLayers[i], width);
     const Tensor x = loom::randn({batch, l.c, l.hw, l.hw});
     const Tensor w = loom::randn({l.o, l.c, l.k, l.k}).mul_(0.1);
     const loom::kernels::Conv2dOptions options{{l.stride, l.stride}, {l.pad, l.pad}, {1, 1}, 1};
@@ -167,7 +182,8 @@ int main(int argc, char** argv) {
   Times total, total_torch;
   for (size_t r = 0; r < rows.size(); ++r) {
     const Times& t = loom_times[r];
-    std::printf("%-20s %8.2f %6.1f %8.2f %6.1f", kLayers[rows[r]].name, t.forward_ms,
+    std::printf("%-20s %8.2f %6.1f %8.2f %6.1f",
+                layer_name(at_width(kLayers[rows[r]], width)).c_str(), t.forward_ms,
                 gflop[r] / t.forward_ms * 1e3, t.backward_ms, 2 * gflop[r] / t.backward_ms * 1e3);
     total.forward_ms += t.forward_ms, total.backward_ms += t.backward_ms;
     if (have_torch) {
