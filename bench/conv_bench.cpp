@@ -41,7 +41,6 @@ struct Layer {
   int64_t c, hw, o, k, stride, pad;
 };
 
-// The convolutions of ResNet-18 on 32x32 CIFAR images.
 // The convolutions of ResNet-18 on 32x32 CIFAR images, at width 64.
 const std::vector<Layer> kLayers = {
     {3, 32, 64, 3, 1, 1},    {64, 32, 64, 3, 1, 1},   {64, 32, 128, 3, 2, 1},
