@@ -263,9 +263,10 @@ class PackedA {
 };
 
 #if LOOM_PACKED_GEMM_SIMD
-// dst[c NR + r] = rows[r][j + c] for the NR rows and the c < V columns of one vector: two 8x8
-// float transposes (NR = 16), or two 4x4 double transposes (NR = 8): the AVX2 kernels' panels.
-inline void transpose_rows(const float* const* rows, int64_t j, float* dst) {
+// dst[c ld + r] = rows[r][j + c] for 16 float rows (8 double rows) and the c < V columns of
+// one vector: two 8x8 float transposes, or two 4x4 double transposes. ld is the panel's NR: 16
+// and 8 for the AVX2 kernels' panels; the AVX-512 float kernel's 32-wide panels take two calls.
+inline void transpose_rows(const float* const* rows, int64_t j, float* dst, int64_t ld = 16) {
   for (int half = 0; half < 2; ++half) {
     const float* const* r = rows + 8 * half;
     __m256 t[8], u[8];
@@ -282,13 +283,13 @@ inline void transpose_rows(const float* const* rows, int64_t j, float* dst) {
     }
     float* d = dst + 8 * half;
     for (int c = 0; c < 4; ++c) {
-      _mm256_storeu_ps(d + c * 16, _mm256_permute2f128_ps(u[c], u[4 + c], 0x20));
-      _mm256_storeu_ps(d + (c + 4) * 16, _mm256_permute2f128_ps(u[c], u[4 + c], 0x31));
+      _mm256_storeu_ps(d + c * ld, _mm256_permute2f128_ps(u[c], u[4 + c], 0x20));
+      _mm256_storeu_ps(d + (c + 4) * ld, _mm256_permute2f128_ps(u[c], u[4 + c], 0x31));
     }
   }
 }
 
-inline void transpose_rows(const double* const* rows, int64_t j, double* dst) {
+inline void transpose_rows(const double* const* rows, int64_t j, double* dst, int64_t ld = 8) {
   for (int half = 0; half < 2; ++half) {
     const double* const* r = rows + 4 * half;
     const __m256d r0 = _mm256_loadu_pd(r[0] + j), r1 = _mm256_loadu_pd(r[1] + j);
@@ -297,9 +298,9 @@ inline void transpose_rows(const double* const* rows, int64_t j, double* dst) {
     const __m256d t2 = _mm256_unpacklo_pd(r2, r3), t3 = _mm256_unpackhi_pd(r2, r3);
     double* d = dst + 4 * half;
     _mm256_storeu_pd(d, _mm256_permute2f128_pd(t0, t2, 0x20));
-    _mm256_storeu_pd(d + 8, _mm256_permute2f128_pd(t1, t3, 0x20));
-    _mm256_storeu_pd(d + 16, _mm256_permute2f128_pd(t0, t2, 0x31));
-    _mm256_storeu_pd(d + 24, _mm256_permute2f128_pd(t1, t3, 0x31));
+    _mm256_storeu_pd(d + ld, _mm256_permute2f128_pd(t1, t3, 0x20));
+    _mm256_storeu_pd(d + 2 * ld, _mm256_permute2f128_pd(t0, t2, 0x31));
+    _mm256_storeu_pd(d + 3 * ld, _mm256_permute2f128_pd(t1, t3, 0x31));
   }
 }
 #endif
@@ -350,13 +351,19 @@ void pack_patches(const T* xp, const Geometry& g, int64_t k0, int64_t kn, int64_
         std::memcpy(d + kk * k_stride, base + offset[kk], sizeof(T) * K::nr);
     } else if (sw == 1) {
 #if LOOM_PACKED_GEMM_SIMD
-      if (K::nr * sizeof(T) == 64 && NStride == K::nr && kn == K::nr && k_stride == 1) {
+      // 16 float rows (8 double) per transpose: one for the AVX2 kernels' panels, two for the
+      // AVX-512 float kernel's 32. Element by element, the 32-wide panels' packing was half of
+      // a weight gradient's time at 32 channels (docs/cpu_speed.md).
+      constexpr int64_t per_transpose = 64 / sizeof(T);
+      if (K::nr % per_transpose == 0 && NStride == K::nr && kn == K::nr && k_stride == 1) {
         // NR patch rows x len pixels -> [len, NR]: vector transposes, then the leftover columns
         const T* rows[K::nr];
         for (int64_t kk = 0; kk < kn; ++kk) rows[kk] = base + offset[kk];
         constexpr int64_t v = 32 / sizeof(T);
         int64_t j = 0;
-        for (; j + v <= len; j += v) transpose_rows(rows, j, d + j * NStride);
+        for (; j + v <= len; j += v)
+          for (int64_t r0 = 0; r0 < K::nr; r0 += per_transpose)
+            transpose_rows(rows + r0, j, d + j * NStride + r0, NStride);
         for (; j < len; ++j)
           for (int64_t kk = 0; kk < kn; ++kk) d[j * NStride + kk] = rows[kk][j];
         n += len;
