@@ -8,7 +8,7 @@
 // runs 16), the stem's 3 input channels excepted.
 //
 //   conv_bench [--threads N (2)] [--repeats R (7)] [--batch B (64)] [--width W (64)] [--layer I]
-//              [--algorithm auto|benchmark|packed|im2col|winograd2|winograd4]
+//              [--algorithm auto|benchmark|packed|im2col|winograd2|winograd4|direct]
 //              [--no-torch] [--python PATH] [--script PATH]
 
 #include <sys/wait.h>
@@ -109,12 +109,13 @@ int main(int argc, char** argv) {
     else if (arg == "--script")
       script = next();
     else {
-      std::fprintf(stderr,
-                   "usage: %s [--threads N] [--repeats R] [--batch B] [--width W] [--layer I] "
-                   "[--algorithm auto|benchmark|packed|im2col|winograd2|winograd4] [--no-torch] "
-                   "[--python PATH] "
-                   "[--script PATH]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--threads N] [--repeats R] [--batch B] [--width W] [--layer I] "
+          "[--algorithm auto|benchmark|packed|im2col|winograd2|winograd4|direct] [--no-torch] "
+          "[--python PATH] "
+          "[--script PATH]\n",
+          argv[0]);
       return 2;
     }
   }

@@ -20,7 +20,8 @@
 // one takes each step too: the row "loom, ops one by one".
 //
 // --conv-algorithm picks loom's CPU convolutions (auto, benchmark, packed, im2col, winograd2,
-// winograd4: Conv2dAlgorithm); "benchmark" measures each layer's candidates in the warm-up step.
+// winograd4, direct: Conv2dAlgorithm); "benchmark" measures each layer's candidates in the warm-up
+// step.
 //
 //   train_step_bench [--threads N (2)] [--batch B (64)] [--width W (64)] [--repeats R (7)]
 //                    [--device cpu|cuda] [--amp off|bf16|fp16] [--channels-last] [--no-fusion]

@@ -31,7 +31,8 @@ Conv2dAlgorithm get_conv2d_algorithm() { return g_algorithm.load(); }
 namespace {
 constexpr Conv2dAlgorithm kAlgorithms[] = {
     Conv2dAlgorithm::kAuto,         Conv2dAlgorithm::kIm2colGemm,   Conv2dAlgorithm::kPacked,
-    Conv2dAlgorithm::kWinogradF2x2, Conv2dAlgorithm::kWinogradF4x4, Conv2dAlgorithm::kBenchmark};
+    Conv2dAlgorithm::kWinogradF2x2, Conv2dAlgorithm::kWinogradF4x4, Conv2dAlgorithm::kDirect,
+    Conv2dAlgorithm::kBenchmark};
 }  // namespace
 
 std::string_view to_string(Conv2dAlgorithm algorithm) {
@@ -46,6 +47,8 @@ std::string_view to_string(Conv2dAlgorithm algorithm) {
       return "winograd2";
     case Conv2dAlgorithm::kWinogradF4x4:
       return "winograd4";
+    case Conv2dAlgorithm::kDirect:
+      return "direct";
     case Conv2dAlgorithm::kBenchmark:
       return "benchmark";
   }
@@ -56,8 +59,8 @@ Conv2dAlgorithm parse_conv2d_algorithm(std::string_view name) {
   for (const Conv2dAlgorithm algorithm : kAlgorithms)
     if (name == to_string(algorithm)) return algorithm;
   throw ValueError(detail::str("conv2d algorithm '", name,
-                               "': expected auto, im2col, packed, winograd2, winograd4 or "
-                               "benchmark"));
+                               "': expected auto, im2col, packed, winograd2, winograd4, "
+                               "direct or benchmark"));
 }
 
 std::vector<Conv2dChoice> conv2d_choices() { return cpu::conv2d_choices(); }

@@ -37,18 +37,21 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
 // tensor/cpu/conv.cpp), as PyTorch's cudnn.benchmark does. The others force one path; tests
 // compare them and benchmarks time them. The Winograd ones (Note [Winograd convolution] in
 // tensor/cpu/winograd.cpp) apply to the float32 3x3 stride-1 ungrouped undilated layers with
-// padding up to 2; other layers take kAuto's path.
+// padding up to 2, kDirect (Note [Direct 3x3 convolution] in tensor/cpu/conv_direct.cpp) to
+// those with padding 1 whose shape direct_conv3x3_fits; other layers take kAuto's path.
 enum class Conv2dAlgorithm {
   kAuto,
   kIm2colGemm,
   kPacked,
   kWinogradF2x2,
   kWinogradF4x4,
+  kDirect,
   kBenchmark
 };
 void set_conv2d_algorithm(Conv2dAlgorithm algorithm);
 Conv2dAlgorithm get_conv2d_algorithm();
-// "auto", "im2col", "packed", "winograd2", "winograd4", "benchmark"; parse raises ValueError.
+// "auto", "im2col", "packed", "winograd2", "winograd4", "direct", "benchmark"; parse raises
+// ValueError.
 std::string_view to_string(Conv2dAlgorithm algorithm);
 Conv2dAlgorithm parse_conv2d_algorithm(std::string_view name);
 

@@ -104,11 +104,13 @@ int main(int argc, char** argv) {
   app.add_flag("--channels-last", o.channels_last,
                "store batches, activations and weights channels-last (NHWC), the layout cuDNN's "
                "tensor-core convolutions prefer; results match NCHW up to rounding");
-  app.add_option("--conv-algorithm", o.conv_algorithm,
-                 "how the CPU's convolutions multiply: auto (by shape, reproducible to the bit), "
-                 "benchmark (time each method on each layer's first call and keep the fastest, "
-                 "Winograd included, as cudnn.benchmark), packed, im2col, winograd2, winograd4")
-      ->check(CLI::IsMember({"auto", "benchmark", "packed", "im2col", "winograd2", "winograd4"}));
+  app.add_option(
+         "--conv-algorithm", o.conv_algorithm,
+         "how the CPU's convolutions multiply: auto (by shape, reproducible to the bit), "
+         "benchmark (time each method on each layer's first call and keep the fastest, "
+         "Winograd included, as cudnn.benchmark), packed, im2col, winograd2, winograd4, direct")
+      ->check(CLI::IsMember(
+          {"auto", "benchmark", "packed", "im2col", "winograd2", "winograd4", "direct"}));
   bool no_fusion = false;
   app.add_flag("--no-fusion", no_fusion,
                "run each batch norm, residual add and ReLU as separate ops, as torchvision does "

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "tensor/copy.h"
+#include "tensor/cpu/conv_direct.h"
 #include "tensor/cpu/conv_nhwc.h"
 #include "tensor/cpu/gemm.h"
 #include "tensor/cpu/packed_gemm.h"
@@ -717,9 +718,17 @@ void conv2d_backward_all(const Geometry& g, const T* dout, const T* x, const T* 
 }
 
 // The ways conv2d can compute one layer's pass: the two engines of Note [conv2d on the CPU],
-// and Winograd where the layer has its shape (winograd_fits).
-// kPackedNhwc is Note [conv2d in channels-last]: a candidate only for a channels-last x.
-enum class Method : uint8_t { kPacked, kIm2col, kWinogradF2x2, kWinogradF4x4, kPackedNhwc };
+// Winograd where the layer has its shape (winograd_fits), and the direct 3x3 kernels where they
+// run it (direct_fits). kPackedNhwc is Note [conv2d in channels-last]: a candidate only for a
+// channels-last x.
+enum class Method : uint8_t {
+  kPacked,
+  kIm2col,
+  kWinogradF2x2,
+  kWinogradF4x4,
+  kDirect,
+  kPackedNhwc
+};
 
 std::string_view method_name(Method m) {
   switch (m) {
@@ -731,6 +740,8 @@ std::string_view method_name(Method m) {
       return "winograd F(2x2,3x3)";
     case Method::kWinogradF4x4:
       return "winograd F(4x4,3x3)";
+    case Method::kDirect:
+      return "direct 3x3";
     case Method::kPackedNhwc:
       return "packed channels-last";
   }
@@ -743,10 +754,25 @@ bool winograd_fits(const Geometry& g, DType dtype) {
          g.dilation == Pair{1, 1} && g.groups == 1 && g.padding[0] <= 2 && g.padding[1] <= 2;
 }
 
-// What a fixed algorithm (not kBenchmark) computes this layer with. kAuto: kPacked where every
-// thread gets samples (or the conv is small); else im2col + cpu::gemm, which threads each
-// product. A Winograd algorithm on a layer it does not fit takes kAuto's choice.
-// A channels-last x that conv2d_nhwc fits (nhwc) is convolved as it is under kAuto and kPacked.
+DirectShape direct_shape(const Geometry& g) {
+  return {.n = g.n, .c = g.c, .h = g.h, .w = g.w, .o = g.o};
+}
+
+// The layers the direct 3x3 kernels compute: float32, 3x3, stride 1, padding 1, no dilation,
+// one group, and a shape direct_conv3x3_fits (AVX-512, rows of whole vectors, few channels).
+bool direct_fits(const Geometry& g, DType dtype) {
+  return dtype == kFloat32 && g.kh == 3 && g.kw == 3 && g.stride == Pair{1, 1} &&
+         g.padding == Pair{1, 1} && g.dilation == Pair{1, 1} && g.groups == 1 &&
+         direct_conv3x3_fits(direct_shape(g));
+}
+
+// What a fixed algorithm (not kBenchmark) computes this layer with. kAuto: where every thread
+// gets samples (or the conv is small), the packed channels-last engine for a channels-last x
+// it fits, else the direct 3x3 kernels where they fit (about twice the packed engine's speed at
+// 8-32 channels, ahead at 64: docs/cpu_speed.md), else kPacked; else im2col + cpu::gemm, which
+// threads each product. A Winograd algorithm on a layer it does not fit
+// takes kAuto's choice. A channels-last x that conv2d_nhwc fits (nhwc) is convolved as it is under
+// kAuto and kPacked.
 Method fixed_method(Conv2dAlgorithm algorithm, const Geometry& g, const Schedule& s, DType dtype,
                     bool nhwc) {
   switch (algorithm) {
@@ -760,11 +786,17 @@ Method fixed_method(Conv2dAlgorithm algorithm, const Geometry& g, const Schedule
     case Conv2dAlgorithm::kWinogradF4x4:
       if (winograd_fits(g, dtype)) return Method::kWinogradF4x4;
       break;
+    case Conv2dAlgorithm::kDirect:
+      if (direct_fits(g, dtype)) return Method::kDirect;
+      break;
     case Conv2dAlgorithm::kAuto:
     case Conv2dAlgorithm::kBenchmark:
       break;
   }
-  if (s.small || s.parts == get_num_threads()) return nhwc ? Method::kPackedNhwc : Method::kPacked;
+  if (s.small || s.parts == get_num_threads()) {
+    if (nhwc) return Method::kPackedNhwc;
+    return direct_fits(g, dtype) ? Method::kDirect : Method::kPacked;
+  }
   return Method::kIm2col;
 }
 
@@ -836,6 +868,7 @@ Method choose_method(const Geometry& g, const Schedule& s, DType dtype, int pass
   std::vector<Method> candidates{Method::kPacked, Method::kIm2col};
   if (winograd_fits(g, dtype))
     candidates.insert(candidates.end(), {Method::kWinogradF2x2, Method::kWinogradF4x4});
+  if (direct_fits(g, dtype)) candidates.push_back(Method::kDirect);
   if (nhwc) candidates.push_back(Method::kPackedNhwc);
   Measured measured{.chosen = candidates.front(), .seconds = {}};
   double best = std::numeric_limits<double>::infinity();
@@ -891,10 +924,14 @@ void with_engine(Method m, F&& run) {
 // (Note [Winograd in channels-last] in tensor/cpu/winograd.cpp).
 void conv2d_by(Method m, const Geometry& g, const Schedule& s, const Tensor& xc, const Tensor& wc,
                const Tensor& bc, const Tensor& out, bool channels_last = false) {
-  if (const auto tile = winograd_tile(m)) {
+  const auto tile = winograd_tile(m);
+  if (tile || m == Method::kDirect) {
     float* y = out.data_ptr<float>();
-    winograd_conv2d(winograd_shape(g, channels_last), *tile, xc.data_ptr<float>(),
-                    wc.data_ptr<float>(), y);
+    if (tile)
+      winograd_conv2d(winograd_shape(g, channels_last), *tile, xc.data_ptr<float>(),
+                      wc.data_ptr<float>(), y);
+    else
+      direct_conv3x3(direct_shape(g), xc.data_ptr<float>(), wc.data_ptr<float>(), y);
     if (bc.defined()) {
       const float* b = bc.data_ptr<float>();
       if (channels_last) {
@@ -922,15 +959,25 @@ void conv2d_by(Method m, const Geometry& g, const Schedule& s, const Tensor& xc,
 // dc, xc and grads.dx as conv2d_by's xc and out; grads.dweight contiguous.
 void conv2d_backward_by(Method m, const Geometry& g, const Tensor& dc, const Tensor& xc,
                         const Tensor& wc, const Conv2dGrads& grads, bool channels_last = false) {
-  if (const auto tile = winograd_tile(m)) {
-    const WinogradShape shape = winograd_shape(g, channels_last);
+  const auto tile = winograd_tile(m);
+  if (tile || m == Method::kDirect) {
     const float* dy = dc.data_ptr<float>();
-    if (grads.dx.defined())
-      winograd_conv2d_backward_data(shape, *tile, dy, wc.data_ptr<float>(),
-                                    grads.dx.data_ptr<float>());
-    if (grads.dweight.defined())
-      winograd_conv2d_backward_weight(shape, *tile, xc.data_ptr<float>(), dy,
-                                      grads.dweight.data_ptr<float>());
+    if (tile) {
+      const WinogradShape shape = winograd_shape(g, channels_last);
+      if (grads.dx.defined())
+        winograd_conv2d_backward_data(shape, *tile, dy, wc.data_ptr<float>(),
+                                      grads.dx.data_ptr<float>());
+      if (grads.dweight.defined())
+        winograd_conv2d_backward_weight(shape, *tile, xc.data_ptr<float>(), dy,
+                                        grads.dweight.data_ptr<float>());
+    } else {
+      if (grads.dx.defined())
+        direct_conv3x3_backward_data(direct_shape(g), dy, wc.data_ptr<float>(),
+                                     grads.dx.data_ptr<float>());
+      if (grads.dweight.defined())
+        direct_conv3x3_backward_weight(direct_shape(g), xc.data_ptr<float>(), dy,
+                                       grads.dweight.data_ptr<float>());
+    }
     if (grads.dbias.defined()) {
       float* db = grads.dbias.data_ptr<float>();
       parallel_for(0, g.o, 1, [&](int64_t lo, int64_t hi) {

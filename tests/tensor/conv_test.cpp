@@ -100,10 +100,12 @@ std::vector<CpuIsa> isas() {
   return all;
 }
 
-// The Winograd ones compute the float32 3x3 stride-1 layers below and leave the others to kAuto.
+// The Winograd ones compute the float32 3x3 stride-1 layers below, and the direct one those with
+// padding 1 whose rows are whole AVX-512 vectors, where it runs; they leave the others to kAuto.
 constexpr kernels::Conv2dAlgorithm kAlgorithms[] = {
     kernels::Conv2dAlgorithm::kIm2colGemm, kernels::Conv2dAlgorithm::kPacked,
-    kernels::Conv2dAlgorithm::kWinogradF2x2, kernels::Conv2dAlgorithm::kWinogradF4x4};
+    kernels::Conv2dAlgorithm::kWinogradF2x2, kernels::Conv2dAlgorithm::kWinogradF4x4,
+    kernels::Conv2dAlgorithm::kDirect};
 
 void check_against_naive(const Config& cf, DType dtype) {
   const Tensor x = randn({cf.n, cf.c, cf.h, cf.w}, kFloat64);
@@ -173,6 +175,9 @@ const std::vector<Config>& configs() {
       {8, 32, 8, 8, 32, 3, 3, {1, 1}, {1, 1}, {1, 1}, 2},  // chunked, groups
       {5, 24, 17, 17, 40, 3, 3, {2, 2}, {1, 1}},           // stride 2: dcol + col2im
       {1, 32, 20, 20, 32, 3, 3, {1, 1}, {1, 1}},           // one sample: threads in the GEMM
+      // rows of whole 16-float vectors: the direct 3x3 kernels (Note [Direct 3x3 convolution])
+      {3, 8, 5, 32, 16, 3, 3, {1, 1}, {1, 1}},
+      {5, 24, 3, 16, 8, 3, 3, {1, 1}, {1, 1}},
   };
   return all;
 }
@@ -336,6 +341,24 @@ TEST(Conv2dBenchmark, MeasuresEachLayerAndPassOnceAndKeepsTheFastest) {
   EXPECT_TRUE(kernels::conv2d_choices().empty());
 }
 
+// Where the direct 3x3 kernels run a layer (AVX-512, rows of whole vectors), they race too.
+TEST(Conv2dBenchmark, DirectKernelsRaceWhereTheyFit) {
+  kernels::clear_conv2d_choices();
+  const Tensor x = randn({4, 16, 6, 32}), w = randn({16, 16, 3, 3});
+  const kernels::Conv2dOptions same{{1, 1}, {1, 1}, {1, 1}, 1};
+  Scope scope(kernels::Conv2dAlgorithm::kBenchmark, cpu_isa(), 2);
+  kernels::conv2d(x, w, Tensor(), same);
+  const std::vector<kernels::Conv2dChoice> choices = kernels::conv2d_choices();
+  ASSERT_EQ(choices.size(), 1u);
+  std::vector<std::string> names;
+  for (const auto& [name, seconds] : choices[0].seconds) names.push_back(name);
+  std::vector<std::string> expected = {"packed", "im2col", "winograd F(2x2,3x3)",
+                                       "winograd F(4x4,3x3)"};
+  if (cpu_isa() >= CpuIsa::kAvx512) expected.push_back("direct 3x3");
+  EXPECT_EQ(names, expected);
+  kernels::clear_conv2d_choices();
+}
+
 // A channels-last x races the channels-last engine against the NCHW ones through copies
 // (Note [conv2d in channels-last]), and answers channels-last whichever wins.
 TEST(Conv2dBenchmark, ChannelsLastRacesItsOwnEngineToo) {
@@ -366,7 +389,8 @@ TEST(Conv2dBenchmark, AlgorithmNames) {
   for (const auto algorithm :
        {kernels::Conv2dAlgorithm::kAuto, kernels::Conv2dAlgorithm::kIm2colGemm,
         kernels::Conv2dAlgorithm::kPacked, kernels::Conv2dAlgorithm::kWinogradF2x2,
-        kernels::Conv2dAlgorithm::kWinogradF4x4, kernels::Conv2dAlgorithm::kBenchmark})
+        kernels::Conv2dAlgorithm::kWinogradF4x4, kernels::Conv2dAlgorithm::kDirect,
+        kernels::Conv2dAlgorithm::kBenchmark})
     EXPECT_EQ(kernels::parse_conv2d_algorithm(kernels::to_string(algorithm)), algorithm);
   EXPECT_LOOM_ERROR(kernels::parse_conv2d_algorithm("fastest"), ValueError,
                     {"fastest", "benchmark"});

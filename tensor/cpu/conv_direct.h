@@ -1,0 +1,41 @@
+// tensor/cpu/conv_direct.h — direct 3x3 convolution (stride 1, one pixel of zero padding) on
+// NCHW float32 for layers with few channels on wide images, where a GEMM on the patches spends
+// its time packing them: forward, backward-data and backward-weight with AVX-512 register tiles
+// that read the zero-padded image in place (Note [Direct 3x3 convolution] in conv_direct.cpp).
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+
+namespace loom::cpu {
+
+// x [N, C, H, W], weight [O, C, 3, 3], y [N, O, H, W]; all contiguous float32.
+struct DirectShape {
+  int64_t n = 0, c = 0, h = 0, w = 0;  // x
+  int64_t o = 0;                       // output channels
+};
+
+// "x=[N, C, H, W] weight=[O, C, 3, 3]" (for error messages).
+std::ostream& operator<<(std::ostream& os, const DirectShape& shape);
+
+// Whether the functions below run this shape here: the instruction set in use (cpu_isa()) has
+// AVX-512; W is a multiple of 16 (a row is whole vectors); C and O are multiples of 8 and at
+// most kDirectMaxChannels; N, H >= 1.
+constexpr int64_t kDirectMaxChannels = 64;
+bool direct_conv3x3_fits(const DirectShape& shape);
+
+// Each raises ValueError naming itself and the shape where direct_conv3x3_fits is false, and
+// overwrites its output.
+
+// y[n,o,i,j] = sum_{c,r,s} x[n,c,i+r-1,j+s-1] weight[o,c,r,s] (x zero outside).
+void direct_conv3x3(const DirectShape& shape, const float* x, const float* weight, float* y);
+
+// dx[n,c,i,j] = sum_{o,r,s} dy[n,o,i-r+1,j-s+1] weight[o,c,r,s] (dy zero outside).
+void direct_conv3x3_backward_data(const DirectShape& shape, const float* dy, const float* weight,
+                                  float* dx);
+
+// dweight[o,c,r,s] = sum_{n,i,j} dy[n,o,i,j] x[n,c,i+r-1,j+s-1].
+void direct_conv3x3_backward_weight(const DirectShape& shape, const float* x, const float* dy,
+                                    float* dweight);
+
+}  // namespace loom::cpu

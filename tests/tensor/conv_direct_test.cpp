@@ -1,0 +1,143 @@
+// tests/tensor/conv_direct_test.cpp — the direct 3x3 kernels (tensor/cpu/conv_direct.h) against
+// loops accumulated in double: forward, backward-data and backward-weight on rows of one to
+// three vectors, tile and chunk remainders, uneven thread parts and every channel count they
+// take; the shapes they refuse, and the errors.
+
+#include "tensor/cpu/conv_direct.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tensor/cpu_info.h"
+#include "tensor/parallel.h"
+#include "test_util.h"
+
+namespace loom::cpu {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// Calls visit(x index, weight index, y index) for every multiply of the convolution, padding 1.
+template <typename Visit>
+void for_each_product(const DirectShape& s, Visit&& visit) {
+  for (int64_t n = 0; n < s.n; ++n)
+    for (int64_t o = 0; o < s.o; ++o)
+      for (int64_t c = 0; c < s.c; ++c)
+        for (int64_t r = 0; r < 3; ++r)
+          for (int64_t q = 0; q < 3; ++q)
+            for (int64_t i = 0; i < s.h; ++i) {
+              const int64_t ih = i + r - 1;
+              if (ih < 0 || ih >= s.h) continue;
+              for (int64_t j = 0; j < s.w; ++j) {
+                const int64_t iw = j + q - 1;
+                if (iw < 0 || iw >= s.w) continue;
+                visit(((n * s.c + c) * s.h + ih) * s.w + iw, (o * s.c + c) * 9 + r * 3 + q,
+                      ((n * s.o + o) * s.h + i) * s.w + j);
+              }
+            }
+}
+
+std::vector<float> random_floats(int64_t count, std::mt19937& rng) {
+  std::normal_distribution<float> normal;
+  std::vector<float> v(static_cast<size_t>(count));
+  for (float& e : v) e = normal(rng);
+  return v;
+}
+
+// max |got - want| / max |want|
+double relative_error(const std::vector<float>& got, const std::vector<double>& want) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    err = std::max(err, std::abs(static_cast<double>(got[i]) - want[i]));
+    if (std::isnan(got[i])) err = std::numeric_limits<double>::infinity();
+    scale = std::max(scale, std::abs(want[i]));
+  }
+  return err / scale;
+}
+
+class Threads {
+ public:
+  explicit Threads(int n) : saved_(get_num_threads()) { set_num_threads(n); }
+  ~Threads() { set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
+// Rows of one, two and three vectors (the forward's tiles take three vectors, so planes of 2, 10
+// and 9 vectors leave remainders of 2, 1 and none); 8 to 64 channels either side; batches that
+// two and three threads split unevenly, and whose weight-gradient chunks (1024 pixels) hold
+// several samples or one.
+const DirectShape kShapes[] = {
+    {.n = 3, .c = 8, .h = 5, .w = 32, .o = 16}, {.n = 5, .c = 24, .h = 3, .w = 16, .o = 8},
+    {.n = 2, .c = 16, .h = 2, .w = 48, .o = 8}, {.n = 4, .c = 16, .h = 32, .w = 32, .o = 16},
+    {.n = 2, .c = 64, .h = 1, .w = 16, .o = 8}, {.n = 1, .c = 8, .h = 2, .w = 16, .o = 64},
+};
+
+TEST(DirectConv3x3, AllThreePassesMatchDoubleLoops) {
+  if (cpu_isa() < CpuIsa::kAvx512) GTEST_SKIP() << "the direct kernels need AVX-512";
+  std::mt19937 rng(7);
+  for (const DirectShape& s : kShapes) {
+    ASSERT_TRUE(direct_conv3x3_fits(s)) << s;
+    const int64_t xs = s.n * s.c * s.h * s.w, ys = s.n * s.o * s.h * s.w, ws = s.o * s.c * 9;
+    const std::vector<float> x = random_floats(xs, rng), w = random_floats(ws, rng),
+                             dy = random_floats(ys, rng);
+    std::vector<double> y_ref(ys), dx_ref(xs), dw_ref(ws);
+    for_each_product(s, [&](int64_t xi, int64_t wi, int64_t yi) {
+      y_ref[yi] += static_cast<double>(x[xi]) * w[wi];
+      dx_ref[xi] += static_cast<double>(dy[yi]) * w[wi];
+      dw_ref[wi] += static_cast<double>(dy[yi]) * x[xi];
+    });
+    for (int threads : {1, 2, 3}) {
+      SCOPED_TRACE(::testing::Message() << s << ", threads " << threads);
+      Threads scope(threads);
+      std::vector<float> y(ys, kNaN), dx(xs, kNaN), dw(ws, kNaN);  // every element is written
+      direct_conv3x3(s, x.data(), w.data(), y.data());
+      direct_conv3x3_backward_data(s, dy.data(), w.data(), dx.data());
+      direct_conv3x3_backward_weight(s, x.data(), dy.data(), dw.data());
+      // float32 sums of 9 C (forward), 9 O (dx) and N H W (dweight) products.
+      EXPECT_LT(relative_error(y, y_ref), 2e-6);
+      EXPECT_LT(relative_error(dx, dx_ref), 2e-6);
+      EXPECT_LT(relative_error(dw, dw_ref), 4e-6);
+    }
+  }
+}
+
+TEST(DirectConv3x3, RefusesShapesItsTilesDoNotCover) {
+  const DirectShape ok{.n = 2, .c = 16, .h = 4, .w = 32, .o = 16};
+  EXPECT_EQ(direct_conv3x3_fits(ok), cpu_isa() >= CpuIsa::kAvx512);
+  auto with = [&](auto change) {
+    DirectShape s = ok;
+    change(s);
+    return direct_conv3x3_fits(s);
+  };
+  EXPECT_FALSE(with([](DirectShape& s) { s.w = 24; }));   // a row is not whole vectors
+  EXPECT_FALSE(with([](DirectShape& s) { s.w = 8; }));    // nor less than one
+  EXPECT_FALSE(with([](DirectShape& s) { s.c = 12; }));   // channels not multiples of 8
+  EXPECT_FALSE(with([](DirectShape& s) { s.o = 4; }));    //
+  EXPECT_FALSE(with([](DirectShape& s) { s.c = 72; }));   // above kDirectMaxChannels
+  EXPECT_FALSE(with([](DirectShape& s) { s.o = 128; }));  //
+  EXPECT_FALSE(with([](DirectShape& s) { s.n = 0; }));
+  const CpuIsa saved = set_max_cpu_isa(CpuIsa::kAvx2);  // LOOM_CPU_ISA=avx2
+  EXPECT_FALSE(direct_conv3x3_fits(ok));
+  set_max_cpu_isa(saved);
+}
+
+TEST(DirectConv3x3, ErrorsNameTheFunctionAndTheShape) {
+  const DirectShape bad{.n = 2, .c = 16, .h = 4, .w = 20, .o = 16};
+  std::vector<float> buffer(2 * 16 * 4 * 20 + 16 * 16 * 9);
+  float* p = buffer.data();
+  EXPECT_LOOM_ERROR(direct_conv3x3(bad, p, p, p), ValueError,
+                    {"direct_conv3x3:", "x=[2, 16, 4, 20] weight=[16, 16, 3, 3]", "AVX-512"});
+  EXPECT_LOOM_ERROR(direct_conv3x3_backward_data(bad, p, p, p), ValueError,
+                    {"direct_conv3x3_backward_data:", "x=[2, 16, 4, 20]"});
+  EXPECT_LOOM_ERROR(direct_conv3x3_backward_weight(bad, p, p, p), ValueError,
+                    {"direct_conv3x3_backward_weight:", "x=[2, 16, 4, 20]"});
+}
+
+}  // namespace
+}  // namespace loom::cpu
