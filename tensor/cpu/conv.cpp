@@ -759,7 +759,8 @@ DirectShape direct_shape(const Geometry& g) {
 }
 
 // The layers the direct 3x3 kernels compute: float32, 3x3, stride 1, padding 1, no dilation,
-// one group, and a shape direct_conv3x3_fits (AVX-512, rows of whole vectors, few channels).
+// one group, and a shape direct_conv3x3_fits (AVX2 or AVX-512, rows of whole vectors, few
+// channels).
 bool direct_fits(const Geometry& g, DType dtype) {
   return dtype == kFloat32 && g.kh == 3 && g.kw == 3 && g.stride == Pair{1, 1} &&
          g.padding == Pair{1, 1} && g.dilation == Pair{1, 1} && g.groups == 1 &&
@@ -768,9 +769,9 @@ bool direct_fits(const Geometry& g, DType dtype) {
 
 // What a fixed algorithm (not kBenchmark) computes this layer with. kAuto: where every thread
 // gets samples (or the conv is small), the packed channels-last engine for a channels-last x
-// it fits, else the direct 3x3 kernels where they fit (about twice the packed engine's speed at
-// 8-32 channels, ahead at 64: docs/cpu_speed.md), else kPacked; else im2col + cpu::gemm, which
-// threads each product. A Winograd algorithm on a layer it does not fit
+// it fits, else the direct 3x3 kernels where they fit on AVX-512 (about twice the packed
+// engine's speed at 8-32 channels, ahead at 64: docs/cpu_speed.md), else kPacked; else im2col +
+// cpu::gemm, which threads each product. A Winograd algorithm on a layer it does not fit
 // takes kAuto's choice. A channels-last x that conv2d_nhwc fits (nhwc) is convolved as it is under
 // kAuto and kPacked.
 Method fixed_method(Conv2dAlgorithm algorithm, const Geometry& g, const Schedule& s, DType dtype,
@@ -795,7 +796,9 @@ Method fixed_method(Conv2dAlgorithm algorithm, const Geometry& g, const Schedule
   }
   if (s.small || s.parts == get_num_threads()) {
     if (nhwc) return Method::kPackedNhwc;
-    return direct_fits(g, dtype) ? Method::kDirect : Method::kPacked;
+    // AVX2's direct tiles only tie the packed engine (docs/cpu_speed.md): kBenchmark races them.
+    const bool direct = cpu_isa() >= CpuIsa::kAvx512 && direct_fits(g, dtype);
+    return direct ? Method::kDirect : Method::kPacked;
   }
   return Method::kIm2col;
 }

@@ -1,7 +1,8 @@
 // tensor/cpu/conv_direct.h — direct 3x3 convolution (stride 1, one pixel of zero padding) on
 // NCHW float32 for layers with few channels on wide images, where a GEMM on the patches spends
-// its time packing them: forward, backward-data and backward-weight with AVX-512 register tiles
-// that read the zero-padded image in place (Note [Direct 3x3 convolution] in conv_direct.cpp).
+// its time packing them: forward, backward-data and backward-weight with AVX-512 or AVX2
+// register tiles that read the zero-padded image in place (Note [Direct 3x3 convolution] in
+// conv_direct.cpp).
 #pragma once
 
 #include <cstdint>
@@ -18,9 +19,9 @@ struct DirectShape {
 // "x=[N, C, H, W] weight=[O, C, 3, 3]" (for error messages).
 std::ostream& operator<<(std::ostream& os, const DirectShape& shape);
 
-// Whether the functions below run this shape here: the instruction set in use (cpu_isa()) has
-// AVX-512; W is a multiple of 16 (a row is whole vectors); C and O are multiples of 8 and at
-// most kDirectMaxChannels; N, H >= 1.
+// Whether the functions below run this shape here: the instruction set in use (cpu_isa()) is
+// AVX-512 and W a multiple of 16, or AVX2 (with the build's baseline) and W a multiple of 8 (a
+// row is whole vectors); C and O are multiples of 8 and at most kDirectMaxChannels; N, H >= 1.
 constexpr int64_t kDirectMaxChannels = 64;
 bool direct_conv3x3_fits(const DirectShape& shape);
 

@@ -59,6 +59,13 @@ double relative_error(const std::vector<float>& got, const std::vector<double>& 
   return err / scale;
 }
 
+// The vector width of the direct tiles here: 16 floats on AVX-512, 8 on AVX2 (LOOM_CPU_ISA=avx2
+// runs these tests on the AVX2 tiles).
+int64_t lanes() {
+  if (cpu_isa() >= CpuIsa::kAvx512) return 16;
+  return cpu_isa() >= CpuIsa::kAvx2 ? 8 : 0;
+}
+
 class Threads {
  public:
   explicit Threads(int n) : saved_(get_num_threads()) { set_num_threads(n); }
@@ -68,20 +75,23 @@ class Threads {
   int saved_;
 };
 
-// Rows of one, two and three vectors (the forward's tiles take three vectors, so planes of 2, 10
-// and 9 vectors leave remainders of 2, 1 and none); 8 to 64 channels either side; batches that
-// two and three threads split unevenly, and whose weight-gradient chunks (1024 pixels) hold
-// several samples or one.
+// Rows of one, two and three 16-float vectors (the forward's tiles take three vectors, so planes
+// of 2, 10 and 9 vectors leave remainders of 2, 1 and none; with AVX2's 8-float vectors, 4, 20
+// and 18 leave 1, 2 and none, and the 8-wide row runs there only); 8 to 64 channels either side;
+// batches that two and three threads split unevenly, and whose weight-gradient chunks (1024
+// pixels) hold several samples or one.
 const DirectShape kShapes[] = {
     {.n = 3, .c = 8, .h = 5, .w = 32, .o = 16}, {.n = 5, .c = 24, .h = 3, .w = 16, .o = 8},
     {.n = 2, .c = 16, .h = 2, .w = 48, .o = 8}, {.n = 4, .c = 16, .h = 32, .w = 32, .o = 16},
     {.n = 2, .c = 64, .h = 1, .w = 16, .o = 8}, {.n = 1, .c = 8, .h = 2, .w = 16, .o = 64},
+    {.n = 3, .c = 16, .h = 3, .w = 8, .o = 24},
 };
 
 TEST(DirectConv3x3, AllThreePassesMatchDoubleLoops) {
-  if (cpu_isa() < CpuIsa::kAvx512) GTEST_SKIP() << "the direct kernels need AVX-512";
+  if (lanes() == 0) GTEST_SKIP() << "the direct kernels need AVX2 or AVX-512";
   std::mt19937 rng(7);
   for (const DirectShape& s : kShapes) {
+    if (s.w % lanes() != 0) continue;
     ASSERT_TRUE(direct_conv3x3_fits(s)) << s;
     const int64_t xs = s.n * s.c * s.h * s.w, ys = s.n * s.o * s.h * s.w, ws = s.o * s.c * 9;
     const std::vector<float> x = random_floats(xs, rng), w = random_floats(ws, rng),
@@ -109,30 +119,34 @@ TEST(DirectConv3x3, AllThreePassesMatchDoubleLoops) {
 
 TEST(DirectConv3x3, RefusesShapesItsTilesDoNotCover) {
   const DirectShape ok{.n = 2, .c = 16, .h = 4, .w = 32, .o = 16};
-  EXPECT_EQ(direct_conv3x3_fits(ok), cpu_isa() >= CpuIsa::kAvx512);
+  EXPECT_EQ(direct_conv3x3_fits(ok), lanes() > 0);
+  if (lanes() == 0) GTEST_SKIP() << "no direct tiles on this path";
   auto with = [&](auto change) {
     DirectShape s = ok;
     change(s);
     return direct_conv3x3_fits(s);
   };
-  EXPECT_FALSE(with([](DirectShape& s) { s.w = 24; }));   // a row is not whole vectors
-  EXPECT_FALSE(with([](DirectShape& s) { s.w = 8; }));    // nor less than one
-  EXPECT_FALSE(with([](DirectShape& s) { s.c = 12; }));   // channels not multiples of 8
-  EXPECT_FALSE(with([](DirectShape& s) { s.o = 4; }));    //
-  EXPECT_FALSE(with([](DirectShape& s) { s.c = 72; }));   // above kDirectMaxChannels
-  EXPECT_FALSE(with([](DirectShape& s) { s.o = 128; }));  //
+  EXPECT_FALSE(with([](DirectShape& s) { s.w = lanes() + 4; }));  // a row is not whole vectors
+  EXPECT_FALSE(with([](DirectShape& s) { s.w = lanes() / 2; }));  // nor one
+  EXPECT_TRUE(with([](DirectShape& s) { s.w = 2 * lanes(); }));
+  EXPECT_FALSE(with([](DirectShape& s) { s.c = 12; }));  // channels not multiples of 8
+  EXPECT_FALSE(with([](DirectShape& s) { s.o = 4; }));   //
+  EXPECT_FALSE(with([](DirectShape& s) { s.c = 72; }));  // above kDirectMaxChannels
+  EXPECT_FALSE(with([](DirectShape& s) { s.o = 128; }));
   EXPECT_FALSE(with([](DirectShape& s) { s.n = 0; }));
-  const CpuIsa saved = set_max_cpu_isa(CpuIsa::kAvx2);  // LOOM_CPU_ISA=avx2
+  const CpuIsa saved = set_max_cpu_isa(CpuIsa::kAvx2);  // LOOM_CPU_ISA=avx2: 8-float rows
+  EXPECT_TRUE(with([](DirectShape& s) { s.w = 24; }));
+  set_max_cpu_isa(CpuIsa::kGeneric);  // no tiles at all
   EXPECT_FALSE(direct_conv3x3_fits(ok));
   set_max_cpu_isa(saved);
 }
 
 TEST(DirectConv3x3, ErrorsNameTheFunctionAndTheShape) {
-  const DirectShape bad{.n = 2, .c = 16, .h = 4, .w = 20, .o = 16};
+  const DirectShape bad{.n = 2, .c = 16, .h = 4, .w = 20, .o = 16};  // 20: no vector width
   std::vector<float> buffer(2 * 16 * 4 * 20 + 16 * 16 * 9);
   float* p = buffer.data();
   EXPECT_LOOM_ERROR(direct_conv3x3(bad, p, p, p), ValueError,
-                    {"direct_conv3x3:", "x=[2, 16, 4, 20] weight=[16, 16, 3, 3]", "AVX-512"});
+                    {"direct_conv3x3:", "x=[2, 16, 4, 20] weight=[16, 16, 3, 3]", "W a multiple"});
   EXPECT_LOOM_ERROR(direct_conv3x3_backward_data(bad, p, p, p), ValueError,
                     {"direct_conv3x3_backward_data:", "x=[2, 16, 4, 20]"});
   EXPECT_LOOM_ERROR(direct_conv3x3_backward_weight(bad, p, p, p), ValueError,

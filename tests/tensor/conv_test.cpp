@@ -101,7 +101,7 @@ std::vector<CpuIsa> isas() {
 }
 
 // The Winograd ones compute the float32 3x3 stride-1 layers below, and the direct one those with
-// padding 1 whose rows are whole AVX-512 vectors, where it runs; they leave the others to kAuto.
+// padding 1 whose rows are whole vectors (AVX2 or AVX-512); they leave the others to kAuto.
 constexpr kernels::Conv2dAlgorithm kAlgorithms[] = {
     kernels::Conv2dAlgorithm::kIm2colGemm, kernels::Conv2dAlgorithm::kPacked,
     kernels::Conv2dAlgorithm::kWinogradF2x2, kernels::Conv2dAlgorithm::kWinogradF4x4,
@@ -341,7 +341,8 @@ TEST(Conv2dBenchmark, MeasuresEachLayerAndPassOnceAndKeepsTheFastest) {
   EXPECT_TRUE(kernels::conv2d_choices().empty());
 }
 
-// Where the direct 3x3 kernels run a layer (AVX-512, rows of whole vectors), they race too.
+// Where the direct 3x3 kernels run a layer (AVX2 or AVX-512, rows of whole vectors), they race
+// too.
 TEST(Conv2dBenchmark, DirectKernelsRaceWhereTheyFit) {
   kernels::clear_conv2d_choices();
   const Tensor x = randn({4, 16, 6, 32}), w = randn({16, 16, 3, 3});
@@ -354,7 +355,7 @@ TEST(Conv2dBenchmark, DirectKernelsRaceWhereTheyFit) {
   for (const auto& [name, seconds] : choices[0].seconds) names.push_back(name);
   std::vector<std::string> expected = {"packed", "im2col", "winograd F(2x2,3x3)",
                                        "winograd F(4x4,3x3)"};
-  if (cpu_isa() >= CpuIsa::kAvx512) expected.push_back("direct 3x3");
+  if (cpu_isa() >= CpuIsa::kAvx2) expected.push_back("direct 3x3");
   EXPECT_EQ(names, expected);
   kernels::clear_conv2d_choices();
 }
