@@ -6,12 +6,12 @@
 # the mask registers k1-k7, xmm16-31/ymm16-31, which only EVEX encodes) or an AMX tile (tmm);
 # fails on any outside the allowed ones: the AVX-512 and AMX micro-kernels (Kernel<...,
 # CpuIsa::kAvx512...> and Kernel<..., CpuIsa::kAmxBf16>: the float one, bfloat16's vdpbf16ps
-# one and its tile one), the direct 3x3 convolution's AVX-512 tiles (avx512::forward_tile and
-# weight_tile: conv_direct.cpp runs them where cpu_isa() has AVX-512) and the peaks
+# one and its tile one), the direct 3x3 convolution's AVX-512 code (avx512::forward_tile,
+# weight_tile and pad_images: conv_direct.cpp runs them where cpu_isa() has AVX-512) and the peaks
 # (chains_512, chains_bf16_512, chains_amx and their helper).
 set -euo pipefail
 build=${1:?usage: scripts/check_isa.sh BUILD_DIR}
-allowed='Kernel<([a-z]+|loom::BFloat16), \(loom::CpuIsa\)[234]>::|chains_(bf16_512|512|amx)\(long\)|first_lane\(float __vector\(16\)\)|::avx512::(forward|weight)_tile[<(]'
+allowed='Kernel<([a-z]+|loom::BFloat16), \(loom::CpuIsa\)[234]>::|chains_(bf16_512|512|amx)\(long\)|first_lane\(float __vector\(16\)\)|::avx512::(forward_tile|weight_tile|pad_images)[<(]'
 # The libraries (the real files, not their links) and the apps' executables.
 mapfile -t objects < <(find "$build" -maxdepth 3 -type f \( -name 'libloom*.so*' -o \
   \( -path '*/apps/*' -perm -u+x \) \) ! -name '*.cmake' | sort)

@@ -5,7 +5,6 @@
 #include "tensor/cpu/conv_direct.h"
 
 #include <algorithm>
-#include <cstring>
 #include <ostream>
 #include <vector>
 
@@ -69,14 +68,6 @@ struct Padded {
   int64_t c, h, w, hp, wp, plane, sample;
   Padded(int64_t c_, int64_t h_, int64_t w_)
       : c(c_), h(h_), w(w_), hp(h_ + 2), wp(w_ + 2), plane(hp * wp), sample(c_ * hp * wp) {}
-  // Copies samples [C, H, W] (consecutive in x) into the interiors of dst, whose borders the
-  // caller zeroed once.
-  void fill(const float* x, int64_t count, float* dst) const {
-    for (int64_t i = 0; i < count * c; ++i)
-      for (int64_t row = 0; row < h; ++row)
-        std::memcpy(dst + i * plane + (row + 1) * wp + 1, x + (i * h + row) * w,
-                    static_cast<size_t>(w) * sizeof(float));
-  }
 };
 
 // ------------------------------------------------------------------ the tiles, per instruction set
@@ -127,6 +118,7 @@ struct Avx512 {
   template <int R>
   static constexpr auto forward_tile = &avx512::forward_tile<R>;
   static constexpr auto weight_tile = &avx512::weight_tile;
+  static constexpr auto pad_images = &avx512::pad_images;
 };
 #endif
 #if LOOM_DIRECT_CONV_AVX2
@@ -135,6 +127,7 @@ struct Avx2 {
   template <int R>
   static constexpr auto forward_tile = &avx2::forward_tile<R>;
   static constexpr auto weight_tile = &avx2::weight_tile;
+  static constexpr auto pad_images = &avx2::pad_images;
 };
 #endif
 
@@ -186,7 +179,7 @@ void forward_packed(const DirectShape& s, const float* x, const float* wp, float
     float* xp = frame.get<float>(pad.sample);
     std::fill(xp, xp + pad.sample, 0.f);
     for (int64_t n = lo; n < hi; ++n) {
-      pad.fill(x + n * s.c * p, 1, xp);
+      Isa::pad_images(x + n * s.c * p, 1, pad, xp);
       float* out = y + n * s.o * p;
       for (int64_t ob = 0; ob < s.o; ob += out_block) {
         const float* wb = wp + ob * s.c * 9;
@@ -230,7 +223,7 @@ void backward_weight(const DirectShape& s, const float* x, const float* dy, floa
       const int64_t n_end = s.n * (part + 1) / parts;
       for (int64_t n0 = s.n * part / parts; n0 < n_end; n0 += chunk) {
         const int64_t count = std::min(chunk, n_end - n0);
-        pad.fill(x + n0 * s.c * p, count, xp);
+        Isa::pad_images(x + n0 * s.c * p, count, pad, xp);
         const float* d = dy + n0 * s.o * p;
         for (int64_t o = 0; o < s.o; o += grad_out)
           for (int64_t c = 0; c < s.c; c += 2)

@@ -4,8 +4,20 @@
 //   Vec::V                    the register type; Vec::lanes its floats
 //   Vec::out_block            forward: output channels per tile (Note [Direct 3x3 convolution])
 //   Vec::grad_out             backward-weight: output channels per tile
-//   load, store, broadcast, fma (a * b + c), zero
+//   load, store (unaligned), broadcast, fma (a * b + c), zero
 // and, from the enclosing namespace, Padded. So it has no include guard.
+
+// Copies `count` samples [C, H, W] (consecutive in x) into the interiors of dst, padded images
+// whose borders the caller zeroed once. Rows are whole vectors: one load and store each, where
+// memcpy would be a call per row.
+inline void pad_images(const float* x, int64_t count, const Padded& pad, float* dst) {
+  for (int64_t i = 0; i < count * pad.c; ++i)
+    for (int64_t row = 0; row < pad.h; ++row) {
+      const float* from = x + (i * pad.h + row) * pad.w;
+      float* to = dst + i * pad.plane + (row + 1) * pad.wp + 1;
+      for (int64_t j = 0; j < pad.w; j += Vec::lanes) Vec::store(to + j, Vec::load(from + j));
+    }
+}
 
 // y (R vectors of output channels [ob, ob + out_block)) = the taps of xp. in_at[v]: where
 // vector v's pixels are in one padded plane; out_at[v]: where they are in output channel ob; wb:
