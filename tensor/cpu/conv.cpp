@@ -770,10 +770,10 @@ bool direct_fits(const Geometry& g, DType dtype) {
 // What a fixed algorithm (not kBenchmark) computes this layer with. kAuto: where every thread
 // gets samples (or the conv is small), the packed channels-last engine for a channels-last x
 // it fits, else the direct 3x3 kernels where they fit on AVX-512 (about twice the packed
-// engine's speed at 8-32 channels, ahead at 64: docs/cpu_speed.md), else kPacked; else im2col +
-// cpu::gemm, which threads each product. A Winograd algorithm on a layer it does not fit
-// takes kAuto's choice. A channels-last x that conv2d_nhwc fits (nhwc) is convolved as it is under
-// kAuto and kPacked.
+// engine's speed at 8-32 channels, level at 64 on narrow rows: docs/decisions.md), else kPacked;
+// else im2col + cpu::gemm, which threads each product. A Winograd algorithm on a layer it does not
+// fit takes kAuto's choice. A channels-last x that conv2d_nhwc fits (nhwc) is convolved as it is
+// under kAuto and kPacked.
 Method fixed_method(Conv2dAlgorithm algorithm, const Geometry& g, const Schedule& s, DType dtype,
                     bool nhwc) {
   switch (algorithm) {
@@ -977,9 +977,15 @@ void conv2d_backward_by(Method m, const Geometry& g, const Tensor& dc, const Ten
       if (grads.dx.defined())
         direct_conv3x3_backward_data(direct_shape(g), dy, wc.data_ptr<float>(),
                                      grads.dx.data_ptr<float>());
-      if (grads.dweight.defined())
-        direct_conv3x3_backward_weight(direct_shape(g), xc.data_ptr<float>(), dy,
-                                       grads.dweight.data_ptr<float>());
+      float* dw = grads.dweight.defined() ? grads.dweight.data_ptr<float>() : nullptr;
+      if (dw && direct_weight_grad_pays(direct_shape(g))) {
+        direct_conv3x3_backward_weight(direct_shape(g), xc.data_ptr<float>(), dy, dw);
+      } else if (dw) {  // the packed engine's, where the lane sums would leave the cache
+        with_engine(Method::kPacked, [&]<template <typename> class Engine>() {
+          conv2d_backward_all<float, Engine>(g, dy, xc.data_ptr<float>(), wc.data_ptr<float>(),
+                                             nullptr, dw, nullptr);
+        });
+      }
     }
     if (grads.dbias.defined()) {
       float* db = grads.dbias.data_ptr<float>();

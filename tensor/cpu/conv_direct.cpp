@@ -5,6 +5,8 @@
 #include "tensor/cpu/conv_direct.h"
 
 #include <algorithm>
+#include <array>
+#include <cstdint>
 #include <ostream>
 #include <vector>
 
@@ -55,19 +57,47 @@ namespace loom::cpu {
 //     only at the end: between tiles the accumulators live in a [O, C, 9, L] buffer per thread,
 //     and a tile takes several samples (at least kGradPixels pixels) so that it runs long
 //     between those loads and stores. The threads split the batch and add their buffers at the
-//     end, as conv2d's packed engine adds its partial weight gradients.
+//     end, as conv2d's packed engine adds its partial weight gradients. The buffer is
+//     O C 9 L floats: 590 KiB at 32 x 32 channels, within an L2; at 64 x 64 (2.4 MiB) every
+//     chunk's loads and stores of it go to memory, and the packed GEMM was as fast or faster
+//     (direct_weight_grad_pays).
 //   The sums are float32 in a fixed order per shape and thread count, as conv2d's other paths.
+
+// Note [Narrow rows]
+//   Rows narrower than a vector (8 x 8 and 4 x 4 images, at 64 channels and more in ResNet-18)
+//   would leave most lanes idle. With AVX-512, where W divides 16, a vector takes 16 / W whole
+//   rows instead: the padded copy has no side columns ([C, H+2, W], rows contiguous), so the
+//   centre tap of a vector is one load of 16 consecutive floats, and the side taps s = 0 and 2
+//   are the loads one float before and after it. Those read, at each row's first (last) column,
+//   the last (first) value of the row before (after); a masked load (_mm512_maskz_loadu_ps)
+//   turns those lanes into the zero padding instead, at the cost of a plain load. The masks are
+//   the same for every vector, as 16 is whole rows. A plane (H W) must be whole vectors; a chunk
+//   of samples is one sequence of vectors, so the forward's 3-vector tiles span samples where
+//   images are small. AVX2 has no load that zeroes lanes at that cost, and keeps whole-vector rows.
+//   Measured (2 threads, batch 128, AVX-512): the forward and backward-data run 16 and 32
+//   channels at 8 x 8 and 4 x 4 in about half the packed engine's time, and 64 level with it;
+//   the weight gradient took up to twice the packed engine's time, so conv2d leaves it to the
+//   packed engine there (direct_weight_grad_pays).
 
 namespace {
 
-constexpr int kPixelVectors = 3;       // forward: pixel vectors per tile
-constexpr int64_t kGradPixels = 1024;  // backward-weight: pixels a tile runs over at least
+constexpr int kPixelVectors = 3;         // forward: pixel vectors per tile
+constexpr int64_t kForwardPixels = 256;  // forward: pixels per chunk of samples at least
+constexpr int64_t kGradPixels = 1024;    // backward-weight: pixels a tile runs over at least
 
-// The zero-padded images: `count` samples of [C, H+2, W+2].
+// The zero-padded images, [C, H+2, W+2] per sample; where rows are narrower than a vector
+// (Note [Narrow rows]), [C, H+2, W]: left = 0 side columns instead of 1.
 struct Padded {
-  int64_t c, h, w, hp, wp, plane, sample;
-  Padded(int64_t c_, int64_t h_, int64_t w_)
-      : c(c_), h(h_), w(w_), hp(h_ + 2), wp(w_ + 2), plane(hp * wp), sample(c_ * hp * wp) {}
+  int64_t c, h, w, left, hp, wp, plane, sample;
+  Padded(int64_t c_, int64_t h_, int64_t w_, int64_t lanes)
+      : c(c_),
+        h(h_),
+        w(w_),
+        left(w_ % lanes == 0 ? 1 : 0),
+        hp(h_ + 2),
+        wp(w_ + 2 * left),
+        plane(hp * wp),
+        sample(c_ * hp * wp) {}
 };
 
 // ------------------------------------------------------------------ the tiles, per instruction set
@@ -89,6 +119,8 @@ struct Vec {
   static V broadcast(float s) { return _mm512_set1_ps(s); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V zero() { return _mm512_setzero_ps(); }
+  using Mask = __mmask16;
+  static V load_masked(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }
 };
 #include "tensor/cpu/conv_direct_tiles.h"  // NOLINT(build/include)
 #pragma GCC pop_options
@@ -106,6 +138,8 @@ struct Vec {
   static V broadcast(float s) { return _mm256_set1_ps(s); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V zero() { return _mm256_setzero_ps(); }
+  using Mask = int;  // AVX2 runs only whole-vector rows, whose side taps need no mask
+  static V load_masked(const float* p, Mask) { return load(p); }
 };
 #include "tensor/cpu/conv_direct_tiles.h"  // NOLINT(build/include)
 }  // namespace avx2
@@ -115,18 +149,20 @@ struct Vec {
 #if LOOM_DIRECT_CONV_AVX512
 struct Avx512 {
   using Vec = avx512::Vec;
-  template <int R>
-  static constexpr auto forward_tile = &avx512::forward_tile<R>;
-  static constexpr auto weight_tile = &avx512::weight_tile;
+  template <int R, bool Narrow>
+  static constexpr auto forward_tile = &avx512::forward_tile<R, Narrow>;
+  template <bool Narrow>
+  static constexpr auto weight_tile = &avx512::weight_tile<Narrow>;
   static constexpr auto pad_images = &avx512::pad_images;
 };
 #endif
 #if LOOM_DIRECT_CONV_AVX2
 struct Avx2 {
   using Vec = avx2::Vec;
-  template <int R>
-  static constexpr auto forward_tile = &avx2::forward_tile<R>;
-  static constexpr auto weight_tile = &avx2::weight_tile;
+  template <int R, bool Narrow>
+  static constexpr auto forward_tile = &avx2::forward_tile<R, Narrow>;
+  template <bool Narrow>
+  static constexpr auto weight_tile = &avx2::weight_tile<Narrow>;
   static constexpr auto pad_images = &avx2::pad_images;
 };
 #endif
@@ -167,33 +203,59 @@ std::vector<float> pack_weight(const float* weight, int64_t o_count, int64_t c_c
   return wp;
 }
 
+// `size` zeros from the frame, with a vector of zeros on either side: narrow rows' side taps
+// start one float before a plane and end one after it (their lanes there are masked off).
+float* padded_buffer(ScratchFrame& frame, int64_t size, int64_t lanes) {
+  float* base = frame.get<float>(size + 2 * lanes);
+  std::fill(base, base + size + 2 * lanes, 0.f);
+  return base + lanes;
+}
+
+// The side taps' masks, edge[0] for s = 0 and edge[1] for s = 2: on narrow rows, the lanes of a
+// row's first and last column are off (they would read the neighbouring row); all on otherwise.
+template <typename Vec>
+std::array<typename Vec::Mask, 2> edge_masks(const Padded& pad) {
+  uint32_t first = 0, last = 0;
+  for (int64_t l = 0; l < Vec::lanes; ++l) {
+    const bool narrow = pad.left == 0;
+    if (!narrow || l % pad.w != 0) first |= 1u << l;
+    if (!narrow || l % pad.w != pad.w - 1) last |= 1u << l;
+  }
+  return {static_cast<typename Vec::Mask>(first), static_cast<typename Vec::Mask>(last)};
+}
+
 // y [N, O, H, W] = the direct convolution of x [N, C, H, W] with weights packed by pack_weight;
-// the threads split the batch.
+// the threads split the batch, and take it in chunks of samples whose vectors the tiles run
+// through as one sequence (several samples per chunk where images are small).
 template <typename Isa>
 void forward_packed(const DirectShape& s, const float* x, const float* wp, float* y) {
-  constexpr int64_t lanes = Isa::Vec::lanes, out_block = Isa::Vec::out_block;
-  const Padded pad(s.c, s.h, s.w);
-  const int64_t p = s.h * s.w, vectors = p / lanes, per_row = s.w / lanes;
+  using Vec = typename Isa::Vec;
+  constexpr int64_t lanes = Vec::lanes;
+  const Padded pad(s.c, s.h, s.w, lanes);
+  const auto edge = edge_masks<Vec>(pad);
+  const int64_t p = s.h * s.w, per_sample = p / lanes;
+  const int64_t chunk = std::max<int64_t>(1, kForwardPixels / p);
   parallel_for(0, s.n, 1, [&](int64_t lo, int64_t hi) {
     ScratchFrame frame;
-    float* xp = frame.get<float>(pad.sample);
-    std::fill(xp, xp + pad.sample, 0.f);
-    for (int64_t n = lo; n < hi; ++n) {
-      Isa::pad_images(x + n * s.c * p, 1, pad, xp);
-      float* out = y + n * s.o * p;
-      for (int64_t ob = 0; ob < s.o; ob += out_block) {
+    const int64_t buffered = std::min(chunk, hi - lo);
+    float* xp = padded_buffer(frame, buffered * pad.sample, lanes);
+    for (int64_t n0 = lo; n0 < hi; n0 += chunk) {
+      const int64_t count = std::min(chunk, hi - n0), vectors = count * per_sample;
+      Isa::pad_images(x + n0 * s.c * p, count, pad, xp);
+      for (int64_t ob = 0; ob < s.o; ob += Vec::out_block) {
         const float* wb = wp + ob * s.c * 9;
-        float* out_ob = out + ob * p;
         int64_t v = 0;
         const auto tile = [&]<int R>() {
           int64_t in_at[R];
           float* out_at[R];
           for (int k = 0; k < R; ++k) {
-            const int64_t i = (v + k) / per_row, j = (v + k) % per_row * lanes;
-            in_at[k] = i * pad.wp + j;
-            out_at[k] = out_ob + i * s.w + j;
+            const int64_t n = (v + k) / per_sample, q = (v + k) % per_sample * lanes;
+            in_at[k] = n * pad.sample + q / s.w * pad.wp + q % s.w + pad.left - 1;
+            out_at[k] = y + ((n0 + n) * s.o + ob) * p + q;
           }
-          Isa::template forward_tile<R>(xp, wb, pad, in_at, out_at, p);
+          const auto run = pad.left == 0 ? Isa::template forward_tile<R, true>
+                                         : Isa::template forward_tile<R, false>;
+          run(xp, wb, pad, in_at, out_at, p, edge.data());
           v += R;
         };
         while (v + kPixelVectors <= vectors) tile.template operator()<kPixelVectors>();
@@ -208,7 +270,8 @@ void forward_packed(const DirectShape& s, const float* x, const float* wp, float
 template <typename Isa>
 void backward_weight(const DirectShape& s, const float* x, const float* dy, float* dweight) {
   constexpr int64_t lanes = Isa::Vec::lanes, grad_out = Isa::Vec::grad_out;
-  const Padded pad(s.c, s.h, s.w);
+  const Padded pad(s.c, s.h, s.w, lanes);
+  const auto edge = edge_masks<typename Isa::Vec>(pad);
   const int64_t p = s.h * s.w, taps = s.o * s.c * 9;
   const int64_t parts = std::clamp<int64_t>(get_num_threads(), 1, s.n);
   const int64_t chunk =
@@ -216,8 +279,9 @@ void backward_weight(const DirectShape& s, const float* x, const float* dy, floa
   std::vector<float> partial(static_cast<size_t>(parts * taps * lanes), 0.f);  // [O, C, 9, L]
   parallel_for(0, parts, 1, [&](int64_t lo, int64_t hi) {
     ScratchFrame frame;
-    float* xp = frame.get<float>(chunk * pad.sample);
-    std::fill(xp, xp + chunk * pad.sample, 0.f);
+    float* xp = padded_buffer(frame, chunk * pad.sample, lanes);
+    const auto weight_tile =
+        pad.left == 0 ? Isa::template weight_tile<true> : Isa::template weight_tile<false>;
     for (int64_t part = lo; part < hi; ++part) {
       float* acc = partial.data() + part * taps * lanes;
       const int64_t n_end = s.n * (part + 1) / parts;
@@ -228,8 +292,8 @@ void backward_weight(const DirectShape& s, const float* x, const float* dy, floa
         for (int64_t o = 0; o < s.o; o += grad_out)
           for (int64_t c = 0; c < s.c; c += 2)
             for (int64_t r = 0; r < 3; ++r)
-              Isa::weight_tile(d + o * p, s.o * p, xp + c * pad.plane, pad, count, r,
-                               acc + (o * s.c + c) * 9 * lanes, s.c);
+              weight_tile(d + o * p, s.o * p, xp + c * pad.plane, pad, count, r,
+                          acc + (o * s.c + c) * 9 * lanes, s.c, edge.data());
       }
     }
   });
@@ -245,10 +309,10 @@ void backward_weight(const DirectShape& s, const float* x, const float* dy, floa
 
 void check(const DirectShape& s, const char* op) {
   LOOM_CHECK(direct_conv3x3_fits(s), ValueError, op, ": the direct 3x3 kernels do not run ", s,
-             " here (they need AVX2 and FMA, W a multiple of the vector width (",
+             " here (they need AVX2 and FMA; W a multiple of the vector width (",
              lanes_here() > 0 ? lanes_here() : 8,
-             " floats here), C and O multiples of 8 and at "
-             "most ",
+             " floats here), or with AVX-512 a divisor of it with H W a multiple; C and O "
+             "multiples of 8 and at most ",
              kDirectMaxChannels, ")");
 }
 
@@ -261,9 +325,16 @@ std::ostream& operator<<(std::ostream& os, const DirectShape& s) {
 
 bool direct_conv3x3_fits(const DirectShape& s) {
   const int64_t lanes = lanes_here();
-  return lanes > 0 && s.n >= 1 && s.h >= 1 && s.w >= lanes && s.w % lanes == 0 && s.c >= 8 &&
-         s.c % 8 == 0 && s.c <= kDirectMaxChannels && s.o >= 8 && s.o % 8 == 0 &&
-         s.o <= kDirectMaxChannels;
+  if (lanes == 0 || s.n < 1 || s.h < 1 || s.w < 1) return false;
+  const bool wide = s.w % lanes == 0;
+  const bool narrow = lanes == 16 && s.w >= 2 && lanes % s.w == 0 && s.h * s.w % lanes == 0;
+  return (wide || narrow) && s.c >= 8 && s.c % 8 == 0 && s.c <= kDirectMaxChannels && s.o >= 8 &&
+         s.o % 8 == 0 && s.o <= kDirectMaxChannels;
+}
+
+bool direct_weight_grad_pays(const DirectShape& s) {
+  const int64_t lanes = lanes_here();
+  return lanes > 0 && s.w % lanes == 0 && s.o * s.c <= 32 * 32;
 }
 
 void direct_conv3x3(const DirectShape& s, const float* x, const float* weight, float* y) {

@@ -21,9 +21,16 @@ std::ostream& operator<<(std::ostream& os, const DirectShape& shape);
 
 // Whether the functions below run this shape here: the instruction set in use (cpu_isa()) is
 // AVX-512 and W a multiple of 16, or AVX2 (with the build's baseline) and W a multiple of 8 (a
-// row is whole vectors); C and O are multiples of 8 and at most kDirectMaxChannels; N, H >= 1.
+// row is whole vectors), or AVX-512 and W in {2, 4, 8} with H W a multiple of 16 (a vector is
+// whole rows); C and O are multiples of 8 and at most kDirectMaxChannels; N, H >= 1.
 constexpr int64_t kDirectMaxChannels = 64;
 bool direct_conv3x3_fits(const DirectShape& shape);
+
+// Whether direct_conv3x3_backward_weight pays on this shape: on rows of whole vectors, where its
+// per-thread lane sums (O C 9 floats per lane) fit in an L2 cache, up to 32 x 32 channels. Past
+// that, and on narrow rows, the packed GEMM was as fast or faster (Note [Direct 3x3
+// convolution], Note [Narrow rows]), and conv2d uses it instead.
+bool direct_weight_grad_pays(const DirectShape& shape);
 
 // Each raises ValueError naming itself and the shape where direct_conv3x3_fits is false, and
 // overwrites its output.

@@ -81,18 +81,34 @@ class Threads {
 // batches that two and three threads split unevenly, and whose weight-gradient chunks (1024
 // pixels) hold several samples or one.
 const DirectShape kShapes[] = {
-    {.n = 3, .c = 8, .h = 5, .w = 32, .o = 16}, {.n = 5, .c = 24, .h = 3, .w = 16, .o = 8},
-    {.n = 2, .c = 16, .h = 2, .w = 48, .o = 8}, {.n = 4, .c = 16, .h = 32, .w = 32, .o = 16},
-    {.n = 2, .c = 64, .h = 1, .w = 16, .o = 8}, {.n = 1, .c = 8, .h = 2, .w = 16, .o = 64},
+    {.n = 3, .c = 8, .h = 5, .w = 32, .o = 16},
+    {.n = 5, .c = 24, .h = 3, .w = 16, .o = 8},
+    {.n = 2, .c = 16, .h = 2, .w = 48, .o = 8},
+    {.n = 4, .c = 16, .h = 32, .w = 32, .o = 16},
+    {.n = 2, .c = 64, .h = 1, .w = 16, .o = 8},
+    {.n = 1, .c = 8, .h = 2, .w = 16, .o = 64},
     {.n = 3, .c = 16, .h = 3, .w = 8, .o = 24},
+    // Narrow rows (AVX-512: Note [Narrow rows]): a vector spans 2, 4 or 8 rows, tiles span
+    // samples, and the side taps are masked at every row's ends.
+    {.n = 3, .c = 16, .h = 8, .w = 8, .o = 8},
+    {.n = 5, .c = 8, .h = 4, .w = 4, .o = 16},
+    {.n = 2, .c = 8, .h = 2, .w = 8, .o = 24},
+    {.n = 3, .c = 8, .h = 8, .w = 2, .o = 8},
 };
+
+// Whether the tiles here cover the shape: rows of whole vectors, or with AVX-512 rows that divide
+// a vector and planes of whole vectors.
+bool covered(const DirectShape& s) {
+  if (s.w % lanes() == 0) return true;
+  return lanes() == 16 && 16 % s.w == 0 && s.h * s.w % 16 == 0;
+}
 
 TEST(DirectConv3x3, AllThreePassesMatchDoubleLoops) {
   if (lanes() == 0) GTEST_SKIP() << "the direct kernels need AVX2 or AVX-512";
   std::mt19937 rng(7);
   for (const DirectShape& s : kShapes) {
-    if (s.w % lanes() != 0) continue;
-    ASSERT_TRUE(direct_conv3x3_fits(s)) << s;
+    ASSERT_EQ(direct_conv3x3_fits(s), covered(s)) << s;
+    if (!covered(s)) continue;
     const int64_t xs = s.n * s.c * s.h * s.w, ys = s.n * s.o * s.h * s.w, ws = s.o * s.c * 9;
     const std::vector<float> x = random_floats(xs, rng), w = random_floats(ws, rng),
                              dy = random_floats(ys, rng);
@@ -127,18 +143,31 @@ TEST(DirectConv3x3, RefusesShapesItsTilesDoNotCover) {
     return direct_conv3x3_fits(s);
   };
   EXPECT_FALSE(with([](DirectShape& s) { s.w = lanes() + 4; }));  // a row is not whole vectors
-  EXPECT_FALSE(with([](DirectShape& s) { s.w = lanes() / 2; }));  // nor one
   EXPECT_TRUE(with([](DirectShape& s) { s.w = 2 * lanes(); }));
-  EXPECT_FALSE(with([](DirectShape& s) { s.c = 12; }));  // channels not multiples of 8
-  EXPECT_FALSE(with([](DirectShape& s) { s.o = 4; }));   //
-  EXPECT_FALSE(with([](DirectShape& s) { s.c = 72; }));  // above kDirectMaxChannels
+  // Narrow rows: on AVX-512 where they divide a vector and the plane is whole vectors.
+  EXPECT_TRUE(with([](DirectShape& s) { s.w = 8; }));  // narrow on AVX-512, whole on AVX2
+  EXPECT_EQ(with([](DirectShape& s) { s.w = 4; }), lanes() == 16);
+  EXPECT_FALSE(with([](DirectShape& s) { s.w = 6; }));            // 16 % 6 != 0
+  EXPECT_FALSE(with([](DirectShape& s) { s.w = 4, s.h = 3; }));   // 12 pixels
+  EXPECT_FALSE(with([](DirectShape& s) { s.w = 1, s.h = 16; }));  // no side columns at all
+  EXPECT_FALSE(with([](DirectShape& s) { s.c = 12; }));           // channels not multiples of 8
+  EXPECT_FALSE(with([](DirectShape& s) { s.o = 4; }));            //
+  EXPECT_FALSE(with([](DirectShape& s) { s.c = 72; }));           // above kDirectMaxChannels
   EXPECT_FALSE(with([](DirectShape& s) { s.o = 128; }));
   EXPECT_FALSE(with([](DirectShape& s) { s.n = 0; }));
   const CpuIsa saved = set_max_cpu_isa(CpuIsa::kAvx2);  // LOOM_CPU_ISA=avx2: 8-float rows
   EXPECT_TRUE(with([](DirectShape& s) { s.w = 24; }));
-  set_max_cpu_isa(CpuIsa::kGeneric);  // no tiles at all
+  EXPECT_FALSE(with([](DirectShape& s) { s.w = 4; }));  // narrow rows: AVX-512 only
+  set_max_cpu_isa(CpuIsa::kGeneric);                    // no tiles at all
   EXPECT_FALSE(direct_conv3x3_fits(ok));
   set_max_cpu_isa(saved);
+}
+
+TEST(DirectConv3x3, TheWeightGradientPaysOnWideRowsOfFewChannels) {
+  if (lanes() == 0) GTEST_SKIP() << "no direct tiles on this path";
+  EXPECT_TRUE(direct_weight_grad_pays({.n = 2, .c = 32, .h = 4, .w = 32, .o = 32}));
+  EXPECT_FALSE(direct_weight_grad_pays({.n = 2, .c = 64, .h = 4, .w = 32, .o = 32}));
+  EXPECT_EQ(direct_weight_grad_pays({.n = 2, .c = 16, .h = 8, .w = 8, .o = 16}), lanes() == 8);
 }
 
 TEST(DirectConv3x3, ErrorsNameTheFunctionAndTheShape) {

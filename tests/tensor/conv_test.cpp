@@ -175,9 +175,11 @@ const std::vector<Config>& configs() {
       {8, 32, 8, 8, 32, 3, 3, {1, 1}, {1, 1}, {1, 1}, 2},  // chunked, groups
       {5, 24, 17, 17, 40, 3, 3, {2, 2}, {1, 1}},           // stride 2: dcol + col2im
       {1, 32, 20, 20, 32, 3, 3, {1, 1}, {1, 1}},           // one sample: threads in the GEMM
-      // rows of whole 16-float vectors: the direct 3x3 kernels (Note [Direct 3x3 convolution])
+      // rows of whole vectors, or rows that divide one: the direct 3x3 kernels (Note [Direct 3x3
+      // convolution], Note [Narrow rows])
       {3, 8, 5, 32, 16, 3, 3, {1, 1}, {1, 1}},
       {5, 24, 3, 16, 8, 3, 3, {1, 1}, {1, 1}},
+      {3, 16, 8, 8, 8, 3, 3, {1, 1}, {1, 1}},  // AVX-512: vectors of two narrow rows
   };
   return all;
 }
