@@ -769,9 +769,9 @@ bool direct_fits(const Geometry& g, DType dtype) {
 
 // What a fixed algorithm (not kBenchmark) computes this layer with. kAuto: where every thread
 // gets samples (or the conv is small), the packed channels-last engine for a channels-last x
-// it fits, else the direct 3x3 kernels where they fit on AVX-512 (about twice the packed
-// engine's speed at 8-32 channels, level at 64 on narrow rows: docs/decisions.md), else kPacked;
-// else im2col + cpu::gemm, which threads each product. A Winograd algorithm on a layer it does not
+// it fits, else the direct 3x3 kernels where they fit and pay (direct_conv3x3_pays: about twice
+// the packed engine's speed at 8-32 channels), else kPacked; else im2col + cpu::gemm, which
+// threads each product. A Winograd algorithm on a layer it does not
 // fit takes kAuto's choice. A channels-last x that conv2d_nhwc fits (nhwc) is convolved as it is
 // under kAuto and kPacked.
 Method fixed_method(Conv2dAlgorithm algorithm, const Geometry& g, const Schedule& s, DType dtype,
@@ -796,8 +796,7 @@ Method fixed_method(Conv2dAlgorithm algorithm, const Geometry& g, const Schedule
   }
   if (s.small || s.parts == get_num_threads()) {
     if (nhwc) return Method::kPackedNhwc;
-    // AVX2's direct tiles only tie the packed engine (docs/cpu_speed.md): kBenchmark races them.
-    const bool direct = cpu_isa() >= CpuIsa::kAvx512 && direct_fits(g, dtype);
+    const bool direct = direct_fits(g, dtype) && direct_conv3x3_pays(direct_shape(g));
     return direct ? Method::kDirect : Method::kPacked;
   }
   return Method::kIm2col;

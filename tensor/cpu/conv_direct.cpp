@@ -332,6 +332,11 @@ bool direct_conv3x3_fits(const DirectShape& s) {
          s.o % 8 == 0 && s.o <= kDirectMaxChannels;
 }
 
+bool direct_conv3x3_pays(const DirectShape& s) {
+  if (!direct_conv3x3_fits(s) || lanes_here() != 16) return false;
+  return s.w % 16 == 0 || (s.c <= 32 && s.o <= 32);
+}
+
 bool direct_weight_grad_pays(const DirectShape& s) {
   const int64_t lanes = lanes_here();
   return lanes > 0 && s.w % lanes == 0 && s.o * s.c <= 32 * 32;

@@ -26,6 +26,12 @@ std::ostream& operator<<(std::ostream& os, const DirectShape& shape);
 constexpr int64_t kDirectMaxChannels = 64;
 bool direct_conv3x3_fits(const DirectShape& shape);
 
+// Whether the direct kernels beat the packed GEMM on this shape, as measured: where they fit on
+// the AVX-512 path, on rows of whole vectors, or on narrow rows with at most 32 channels either
+// side (at 64 they were level or a little slower). conv2d's kAuto takes them there. (The AVX2
+// tiles tied the packed engine's AVX2 kernels: kBenchmark races them.)
+bool direct_conv3x3_pays(const DirectShape& shape);
+
 // Whether direct_conv3x3_backward_weight pays on this shape: on rows of whole vectors, where its
 // per-thread lane sums (O C 9 floats per lane) fit in an L2 cache, up to 32 x 32 channels. Past
 // that, and on narrow rows, the packed GEMM was as fast or faster (Note [Direct 3x3

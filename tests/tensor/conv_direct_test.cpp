@@ -163,6 +163,17 @@ TEST(DirectConv3x3, RefusesShapesItsTilesDoNotCover) {
   set_max_cpu_isa(saved);
 }
 
+TEST(DirectConv3x3, PaysOnAvx512OnWideRowsAndOnNarrowRowsOfFewChannels) {
+  const DirectShape wide{.n = 2, .c = 64, .h = 4, .w = 32, .o = 64};
+  const DirectShape narrow{.n = 2, .c = 32, .h = 8, .w = 8, .o = 32};
+  const DirectShape narrow64{.n = 2, .c = 64, .h = 8, .w = 8, .o = 32};
+  const bool avx512 = lanes() == 16;
+  EXPECT_EQ(direct_conv3x3_pays(wide), avx512);
+  EXPECT_EQ(direct_conv3x3_pays(narrow), avx512);
+  EXPECT_FALSE(direct_conv3x3_pays(narrow64));
+  EXPECT_FALSE(direct_conv3x3_pays({.n = 2, .c = 64, .h = 4, .w = 20, .o = 64}));  // no fit
+}
+
 TEST(DirectConv3x3, TheWeightGradientPaysOnWideRowsOfFewChannels) {
   if (lanes() == 0) GTEST_SKIP() << "no direct tiles on this path";
   EXPECT_TRUE(direct_weight_grad_pays({.n = 2, .c = 32, .h = 4, .w = 32, .o = 32}));
