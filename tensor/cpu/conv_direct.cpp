@@ -145,26 +145,11 @@ struct Vec {
 }  // namespace avx2
 #endif
 
-// One instruction set's tiles, as the drivers below take them.
 #if LOOM_DIRECT_CONV_AVX512
-struct Avx512 {
-  using Vec = avx512::Vec;
-  template <int R, bool Narrow>
-  static constexpr auto forward_tile = &avx512::forward_tile<R, Narrow>;
-  template <bool Narrow>
-  static constexpr auto weight_tile = &avx512::weight_tile<Narrow>;
-  static constexpr auto pad_images = &avx512::pad_images;
-};
+using Avx512 = avx512::Tiles;
 #endif
 #if LOOM_DIRECT_CONV_AVX2
-struct Avx2 {
-  using Vec = avx2::Vec;
-  template <int R, bool Narrow>
-  static constexpr auto forward_tile = &avx2::forward_tile<R, Narrow>;
-  template <bool Narrow>
-  static constexpr auto weight_tile = &avx2::weight_tile<Narrow>;
-  static constexpr auto pad_images = &avx2::pad_images;
-};
+using Avx2 = avx2::Tiles;
 #endif
 
 // The vector width of the tiles the instruction set in use runs (0: none): 16 floats on the
@@ -193,7 +178,7 @@ void with_tiles(F&& run) {
 template <typename Isa>
 std::vector<float> pack_weight(const float* weight, int64_t o_count, int64_t c_count,
                                bool flipped) {
-  constexpr int64_t b = Isa::Vec::out_block;
+  constexpr int64_t b = Isa::Traits::out_block;
   std::vector<float> wp(static_cast<size_t>(o_count * c_count * 9));
   for (int64_t o = 0; o < o_count; ++o)
     for (int64_t c = 0; c < c_count; ++c)
@@ -229,7 +214,7 @@ std::array<typename Vec::Mask, 2> edge_masks(const Padded& pad) {
 // through as one sequence (several samples per chunk where images are small).
 template <typename Isa>
 void forward_packed(const DirectShape& s, const float* x, const float* wp, float* y) {
-  using Vec = typename Isa::Vec;
+  using Vec = typename Isa::Traits;
   constexpr int64_t lanes = Vec::lanes;
   const Padded pad(s.c, s.h, s.w, lanes);
   const auto edge = edge_masks<Vec>(pad);
@@ -241,7 +226,7 @@ void forward_packed(const DirectShape& s, const float* x, const float* wp, float
     float* xp = padded_buffer(frame, buffered * pad.sample, lanes);
     for (int64_t n0 = lo; n0 < hi; n0 += chunk) {
       const int64_t count = std::min(chunk, hi - n0), vectors = count * per_sample;
-      Isa::pad_images(x + n0 * s.c * p, count, pad, xp);
+      Isa::fill(x + n0 * s.c * p, count, pad, xp);
       for (int64_t ob = 0; ob < s.o; ob += Vec::out_block) {
         const float* wb = wp + ob * s.c * 9;
         int64_t v = 0;
@@ -253,8 +238,8 @@ void forward_packed(const DirectShape& s, const float* x, const float* wp, float
             in_at[k] = n * pad.sample + q / s.w * pad.wp + q % s.w + pad.left - 1;
             out_at[k] = y + ((n0 + n) * s.o + ob) * p + q;
           }
-          const auto run = pad.left == 0 ? Isa::template forward_tile<R, true>
-                                         : Isa::template forward_tile<R, false>;
+          const auto run =
+              pad.left == 0 ? Isa::template forward<R, true> : Isa::template forward<R, false>;
           run(xp, wb, pad, in_at, out_at, p, edge.data());
           v += R;
         };
@@ -269,9 +254,9 @@ void forward_packed(const DirectShape& s, const float* x, const float* wp, float
 // sums; the lanes and parts are added at the end.
 template <typename Isa>
 void backward_weight(const DirectShape& s, const float* x, const float* dy, float* dweight) {
-  constexpr int64_t lanes = Isa::Vec::lanes, grad_out = Isa::Vec::grad_out;
+  constexpr int64_t lanes = Isa::Traits::lanes, grad_out = Isa::Traits::grad_out;
   const Padded pad(s.c, s.h, s.w, lanes);
-  const auto edge = edge_masks<typename Isa::Vec>(pad);
+  const auto edge = edge_masks<typename Isa::Traits>(pad);
   const int64_t p = s.h * s.w, taps = s.o * s.c * 9;
   const int64_t parts = std::clamp<int64_t>(get_num_threads(), 1, s.n);
   const int64_t chunk =
@@ -281,13 +266,13 @@ void backward_weight(const DirectShape& s, const float* x, const float* dy, floa
     ScratchFrame frame;
     float* xp = padded_buffer(frame, chunk * pad.sample, lanes);
     const auto weight_tile =
-        pad.left == 0 ? Isa::template weight_tile<true> : Isa::template weight_tile<false>;
+        pad.left == 0 ? Isa::template weight<true> : Isa::template weight<false>;
     for (int64_t part = lo; part < hi; ++part) {
       float* acc = partial.data() + part * taps * lanes;
       const int64_t n_end = s.n * (part + 1) / parts;
       for (int64_t n0 = s.n * part / parts; n0 < n_end; n0 += chunk) {
         const int64_t count = std::min(chunk, n_end - n0);
-        Isa::pad_images(x + n0 * s.c * p, count, pad, xp);
+        Isa::fill(x + n0 * s.c * p, count, pad, xp);
         const float* d = dy + n0 * s.o * p;
         for (int64_t o = 0; o < s.o; o += grad_out)
           for (int64_t c = 0; c < s.c; c += 2)

@@ -7,7 +7,8 @@
 //   load, store (unaligned), broadcast, fma (a * b + c), zero
 //   Vec::Mask, load_masked(p, mask)   a load with the lanes off in mask zero (AVX-512); AVX2's
 //                                     ignores the mask, and is given only full ones
-// and, from the enclosing namespace, Padded. So it has no include guard.
+// and, from the enclosing namespace, Padded; it ends with Tiles, the bundle the drivers take. So
+// it has no include guard.
 
 // Copies `count` samples [C, H, W] (consecutive in x) into the interiors of dst, padded images
 // whose borders the caller zeroed once: row by row where rows are whole vectors, a plane at a
@@ -113,3 +114,13 @@ void weight_tile(const float* dy, int64_t dy_sample, const float* xp, const Padd
       for (int s = 0; s < 3; ++s)
         Vec::store(acc_mem + o * out_row + (c * 9 + r * 3 + s) * kLanes, acc[o][c][s]);
 }
+
+// This instruction set's tiles, as conv_direct.cpp's drivers take them.
+struct Tiles {
+  using Traits = Vec;
+  template <int R, bool Narrow>
+  static constexpr auto forward = &forward_tile<R, Narrow>;
+  template <bool Narrow>
+  static constexpr auto weight = &weight_tile<Narrow>;
+  static constexpr auto fill = &pad_images;
+};
