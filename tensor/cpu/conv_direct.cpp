@@ -108,8 +108,13 @@ struct Padded {
 
 #if LOOM_DIRECT_CONV_AVX512
 namespace avx512 {
+// GCC and clang each spell a target region their own way.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f")
+#endif
 struct Vec {
   using V = __m512;
   static constexpr int64_t lanes = 16;
@@ -123,7 +128,11 @@ struct Vec {
   static V load_masked(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }
 };
 #include "tensor/cpu/conv_direct_tiles.h"  // NOLINT(build/include)
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 }  // namespace avx512
 #endif
 
