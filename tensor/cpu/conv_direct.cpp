@@ -5,7 +5,6 @@
 #include "tensor/cpu/conv_direct.h"
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <ostream>
 #include <vector>
@@ -64,20 +63,20 @@ namespace loom::cpu {
 //   The sums are float32 in a fixed order per shape and thread count, as conv2d's other paths.
 
 // Note [Narrow rows]
-//   Rows narrower than a vector (8 x 8 and 4 x 4 images, at 64 channels and more in ResNet-18)
-//   would leave most lanes idle. With AVX-512, where W divides 16, a vector takes 16 / W whole
-//   rows instead: the padded copy has no side columns ([C, H+2, W], rows contiguous), so the
-//   centre tap of a vector is one load of 16 consecutive floats, and the side taps s = 0 and 2
-//   are the loads one float before and after it. Those read, at each row's first (last) column,
-//   the last (first) value of the row before (after); a masked load (_mm512_maskz_loadu_ps)
-//   turns those lanes into the zero padding instead, at the cost of a plain load. The masks are
-//   the same for every vector, as 16 is whole rows. A plane (H W) must be whole vectors; a chunk
-//   of samples is one sequence of vectors, so the forward's 3-vector tiles span samples where
-//   images are small. AVX2 has no load that zeroes lanes at that cost, and keeps whole-vector rows.
-//   Measured (2 threads, batch 128, AVX-512): the forward and backward-data run 16 and 32
-//   channels at 8 x 8 and 4 x 4 in about half the packed engine's time, and 64 level with it;
-//   the weight gradient took up to twice the packed engine's time, so conv2d leaves it to the
-//   packed engine there (direct_weight_grad_pays).
+//   Rows narrower than a vector (8 x 8 and 4 x 4 images, where ResNet-18 has 64 to 512
+//   channels) would leave most lanes idle. With AVX-512, where W divides 16, a vector takes
+//   16 / W whole rows instead. A tap (r, s) of such a vector is no longer one run of the padded
+//   image: its lanes for each row's first or last column would read the neighbouring row. So the
+//   padded copy holds each channel three times, [3, H+2, W], shifted by s - 1 columns with zeros
+//   where the shift leaves the row; tap (r, s) is then 16 consecutive floats of copy s, rows
+//   i + r on. The copy is three times the input, small next to the products (9 O multiplies per
+//   input value). A plane (H W) must be whole vectors; a chunk of samples is one sequence of
+//   vectors, so the forward's 3-vector tiles span samples where images are small. Masked loads
+//   on one copy, the first way tried, ran the forward at 0.68 of the wide rows' speed on one
+//   thread; the shifted copies run it at 0.84-0.93. AVX2 keeps whole-vector rows.
+//   Measured (2 threads, batch 128): the forward and backward-data take 0.6-0.85 of the packed
+//   engine's time at 32 to 128 channels on 8 x 8 and 4 x 4. The weight gradient on narrow rows
+//   was level with the packed engine's, which conv2d keeps (direct_weight_grad_pays).
 
 namespace {
 
@@ -85,19 +84,24 @@ constexpr int kPixelVectors = 3;         // forward: pixel vectors per tile
 constexpr int64_t kForwardPixels = 256;  // forward: pixels per chunk of samples at least
 constexpr int64_t kGradPixels = 1024;    // backward-weight: pixels a tile runs over at least
 
-// The zero-padded images, [C, H+2, W+2] per sample; where rows are narrower than a vector
-// (Note [Narrow rows]), [C, H+2, W]: left = 0 side columns instead of 1.
+// The zero-padded images: [C, H+2, W+2] per sample, where tap (r, s) of output pixel (i, j) is
+// at (i + r, j + s); where rows are narrower than a vector (Note [Narrow rows]), three planes
+// [H+2, W] per channel, the rows shifted by s - 1 columns, where it is at (s, i + r, j). tap: the
+// distance from s to s + 1.
 struct Padded {
-  int64_t c, h, w, left, hp, wp, plane, sample;
+  int64_t c, h, w;
+  bool narrow;
+  int64_t hp, wp, tap, plane, sample;  // plane: one channel's floats
   Padded(int64_t c_, int64_t h_, int64_t w_, int64_t lanes)
       : c(c_),
         h(h_),
         w(w_),
-        left(w_ % lanes == 0 ? 1 : 0),
+        narrow(w_ % lanes != 0),
         hp(h_ + 2),
-        wp(w_ + 2 * left),
-        plane(hp * wp),
-        sample(c_ * hp * wp) {}
+        wp(narrow ? w_ : w_ + 2),
+        tap(narrow ? hp * wp : 1),
+        plane(narrow ? 3 * hp * wp : hp * wp),
+        sample(c_ * plane) {}
 };
 
 // ------------------------------------------------------------------ the tiles, per instruction set
@@ -124,8 +128,6 @@ struct Vec {
   static V broadcast(float s) { return _mm512_set1_ps(s); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V zero() { return _mm512_setzero_ps(); }
-  using Mask = __mmask16;
-  static V load_masked(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }
 };
 #include "tensor/cpu/conv_direct_tiles.h"  // NOLINT(build/include)
 #if defined(__clang__)
@@ -147,8 +149,6 @@ struct Vec {
   static V broadcast(float s) { return _mm256_set1_ps(s); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V zero() { return _mm256_setzero_ps(); }
-  using Mask = int;  // AVX2 runs only whole-vector rows, whose side taps need no mask
-  static V load_masked(const float* p, Mask) { return load(p); }
 };
 #include "tensor/cpu/conv_direct_tiles.h"  // NOLINT(build/include)
 }  // namespace avx2
@@ -197,25 +197,11 @@ std::vector<float> pack_weight(const float* weight, int64_t o_count, int64_t c_c
   return wp;
 }
 
-// `size` zeros from the frame, with a vector of zeros on either side: narrow rows' side taps
-// start one float before a plane and end one after it (their lanes there are masked off).
-float* padded_buffer(ScratchFrame& frame, int64_t size, int64_t lanes) {
-  float* base = frame.get<float>(size + 2 * lanes);
-  std::fill(base, base + size + 2 * lanes, 0.f);
-  return base + lanes;
-}
-
-// The side taps' masks, edge[0] for s = 0 and edge[1] for s = 2: on narrow rows, the lanes of a
-// row's first and last column are off (they would read the neighbouring row); all on otherwise.
-template <typename Vec>
-std::array<typename Vec::Mask, 2> edge_masks(const Padded& pad) {
-  uint32_t first = 0, last = 0;
-  for (int64_t l = 0; l < Vec::lanes; ++l) {
-    const bool narrow = pad.left == 0;
-    if (!narrow || l % pad.w != 0) first |= 1u << l;
-    if (!narrow || l % pad.w != pad.w - 1) last |= 1u << l;
-  }
-  return {static_cast<typename Vec::Mask>(first), static_cast<typename Vec::Mask>(last)};
+// `size` zeros from the frame.
+float* zeros(ScratchFrame& frame, int64_t size) {
+  float* p = frame.get<float>(size);
+  std::fill(p, p + size, 0.f);
+  return p;
 }
 
 // y [N, O, H, W] = the direct convolution of x [N, C, H, W] with weights packed by pack_weight;
@@ -226,13 +212,12 @@ void forward_packed(const DirectShape& s, const float* x, const float* wp, float
   using Vec = typename Isa::Traits;
   constexpr int64_t lanes = Vec::lanes;
   const Padded pad(s.c, s.h, s.w, lanes);
-  const auto edge = edge_masks<Vec>(pad);
   const int64_t p = s.h * s.w, per_sample = p / lanes;
   const int64_t chunk = std::max<int64_t>(1, kForwardPixels / p);
   parallel_for(0, s.n, 1, [&](int64_t lo, int64_t hi) {
     ScratchFrame frame;
     const int64_t buffered = std::min(chunk, hi - lo);
-    float* xp = padded_buffer(frame, buffered * pad.sample, lanes);
+    float* xp = zeros(frame, buffered * pad.sample);
     for (int64_t n0 = lo; n0 < hi; n0 += chunk) {
       const int64_t count = std::min(chunk, hi - n0), vectors = count * per_sample;
       Isa::fill(x + n0 * s.c * p, count, pad, xp);
@@ -244,12 +229,12 @@ void forward_packed(const DirectShape& s, const float* x, const float* wp, float
           float* out_at[R];
           for (int k = 0; k < R; ++k) {
             const int64_t n = (v + k) / per_sample, q = (v + k) % per_sample * lanes;
-            in_at[k] = n * pad.sample + q / s.w * pad.wp + q % s.w + pad.left - 1;
+            in_at[k] = n * pad.sample + q / s.w * pad.wp + q % s.w;
             out_at[k] = y + ((n0 + n) * s.o + ob) * p + q;
           }
           const auto run =
-              pad.left == 0 ? Isa::template forward<R, true> : Isa::template forward<R, false>;
-          run(xp, wb, pad, in_at, out_at, p, edge.data());
+              pad.narrow ? Isa::template forward<R, true> : Isa::template forward<R, false>;
+          run(xp, wb, pad, in_at, out_at, p);
           v += R;
         };
         while (v + kPixelVectors <= vectors) tile.template operator()<kPixelVectors>();
@@ -265,7 +250,6 @@ template <typename Isa>
 void backward_weight(const DirectShape& s, const float* x, const float* dy, float* dweight) {
   constexpr int64_t lanes = Isa::Traits::lanes, grad_out = Isa::Traits::grad_out;
   const Padded pad(s.c, s.h, s.w, lanes);
-  const auto edge = edge_masks<typename Isa::Traits>(pad);
   const int64_t p = s.h * s.w, taps = s.o * s.c * 9;
   const int64_t parts = std::clamp<int64_t>(get_num_threads(), 1, s.n);
   const int64_t chunk =
@@ -273,9 +257,8 @@ void backward_weight(const DirectShape& s, const float* x, const float* dy, floa
   std::vector<float> partial(static_cast<size_t>(parts * taps * lanes), 0.f);  // [O, C, 9, L]
   parallel_for(0, parts, 1, [&](int64_t lo, int64_t hi) {
     ScratchFrame frame;
-    float* xp = padded_buffer(frame, chunk * pad.sample, lanes);
-    const auto weight_tile =
-        pad.left == 0 ? Isa::template weight<true> : Isa::template weight<false>;
+    float* xp = zeros(frame, chunk * pad.sample);
+    const auto weight_tile = pad.narrow ? Isa::template weight<true> : Isa::template weight<false>;
     for (int64_t part = lo; part < hi; ++part) {
       float* acc = partial.data() + part * taps * lanes;
       const int64_t n_end = s.n * (part + 1) / parts;
@@ -287,7 +270,7 @@ void backward_weight(const DirectShape& s, const float* x, const float* dy, floa
           for (int64_t c = 0; c < s.c; c += 2)
             for (int64_t r = 0; r < 3; ++r)
               weight_tile(d + o * p, s.o * p, xp + c * pad.plane, pad, count, r,
-                          acc + (o * s.c + c) * 9 * lanes, s.c, edge.data());
+                          acc + (o * s.c + c) * 9 * lanes, s.c);
       }
     }
   });
@@ -327,8 +310,7 @@ bool direct_conv3x3_fits(const DirectShape& s) {
 }
 
 bool direct_conv3x3_pays(const DirectShape& s) {
-  if (!direct_conv3x3_fits(s) || lanes_here() != 16) return false;
-  return s.w % 16 == 0 || (s.c <= 32 && s.o <= 32);
+  return direct_conv3x3_fits(s) && lanes_here() == 16;
 }
 
 bool direct_weight_grad_pays(const DirectShape& s) {

@@ -23,13 +23,13 @@ std::ostream& operator<<(std::ostream& os, const DirectShape& shape);
 // AVX-512 and W a multiple of 16, or AVX2 (with the build's baseline) and W a multiple of 8 (a
 // row is whole vectors), or AVX-512 and W in {2, 4, 8} with H W a multiple of 16 (a vector is
 // whole rows); C and O are multiples of 8 and at most kDirectMaxChannels; N, H >= 1.
-constexpr int64_t kDirectMaxChannels = 64;
+constexpr int64_t kDirectMaxChannels = 128;
 bool direct_conv3x3_fits(const DirectShape& shape);
 
-// Whether the direct kernels beat the packed GEMM on this shape, as measured: where they fit on
-// the AVX-512 path, on rows of whole vectors, or on narrow rows with at most 32 channels either
-// side (at 64 they were level or a little slower). conv2d's kAuto takes them there. (The AVX2
-// tiles tied the packed engine's AVX2 kernels: kBenchmark races them.)
+// Whether the direct kernels beat the packed GEMM on this shape, as measured: wherever they fit
+// on the AVX-512 path (the forward and backward-data; the weight gradient is
+// direct_weight_grad_pays). conv2d's kAuto takes them there. The AVX2 tiles tied the packed
+// engine's AVX2 kernels: kBenchmark races them.
 bool direct_conv3x3_pays(const DirectShape& shape);
 
 // Whether direct_conv3x3_backward_weight pays on this shape: on rows of whole vectors, where its

@@ -77,7 +77,7 @@ class Threads {
 
 // Rows of one, two and three 16-float vectors (the forward's tiles take three vectors, so planes
 // of 2, 10 and 9 vectors leave remainders of 2, 1 and none; with AVX2's 8-float vectors, 4, 20
-// and 18 leave 1, 2 and none, and the 8-wide row runs there only); 8 to 64 channels either side;
+// and 18 leave 1, 2 and none, and the 8-wide row runs there only); 8 to 128 channels either side;
 // batches that two and three threads split unevenly, and whose weight-gradient chunks (1024
 // pixels) hold several samples or one.
 const DirectShape kShapes[] = {
@@ -89,7 +89,7 @@ const DirectShape kShapes[] = {
     {.n = 1, .c = 8, .h = 2, .w = 16, .o = 64},
     {.n = 3, .c = 16, .h = 3, .w = 8, .o = 24},
     // Narrow rows (AVX-512: Note [Narrow rows]): a vector spans 2, 4 or 8 rows, tiles span
-    // samples, and the side taps are masked at every row's ends.
+    // samples, and the side taps read the shifted copies.
     {.n = 3, .c = 16, .h = 8, .w = 8, .o = 8},
     {.n = 5, .c = 8, .h = 4, .w = 4, .o = 16},
     {.n = 2, .c = 8, .h = 2, .w = 8, .o = 24},
@@ -152,8 +152,9 @@ TEST(DirectConv3x3, RefusesShapesItsTilesDoNotCover) {
   EXPECT_FALSE(with([](DirectShape& s) { s.w = 1, s.h = 16; }));  // no side columns at all
   EXPECT_FALSE(with([](DirectShape& s) { s.c = 12; }));           // channels not multiples of 8
   EXPECT_FALSE(with([](DirectShape& s) { s.o = 4; }));            //
-  EXPECT_FALSE(with([](DirectShape& s) { s.c = 72; }));           // above kDirectMaxChannels
-  EXPECT_FALSE(with([](DirectShape& s) { s.o = 128; }));
+  EXPECT_FALSE(with([](DirectShape& s) { s.c = 136; }));          // above kDirectMaxChannels
+  EXPECT_FALSE(with([](DirectShape& s) { s.o = 256; }));
+  EXPECT_TRUE(with([](DirectShape& s) { s.c = 128, s.o = 128; }));
   EXPECT_FALSE(with([](DirectShape& s) { s.n = 0; }));
   const CpuIsa saved = set_max_cpu_isa(CpuIsa::kAvx2);  // LOOM_CPU_ISA=avx2: 8-float rows
   EXPECT_TRUE(with([](DirectShape& s) { s.w = 24; }));
@@ -163,15 +164,14 @@ TEST(DirectConv3x3, RefusesShapesItsTilesDoNotCover) {
   set_max_cpu_isa(saved);
 }
 
-TEST(DirectConv3x3, PaysOnAvx512OnWideRowsAndOnNarrowRowsOfFewChannels) {
-  const DirectShape wide{.n = 2, .c = 64, .h = 4, .w = 32, .o = 64};
-  const DirectShape narrow{.n = 2, .c = 32, .h = 8, .w = 8, .o = 32};
-  const DirectShape narrow64{.n = 2, .c = 64, .h = 8, .w = 8, .o = 32};
+TEST(DirectConv3x3, PaysWhereItFitsOnAvx512) {
   const bool avx512 = lanes() == 16;
-  EXPECT_EQ(direct_conv3x3_pays(wide), avx512);
-  EXPECT_EQ(direct_conv3x3_pays(narrow), avx512);
-  EXPECT_FALSE(direct_conv3x3_pays(narrow64));
+  EXPECT_EQ(direct_conv3x3_pays({.n = 2, .c = 64, .h = 4, .w = 32, .o = 64}), avx512);
+  EXPECT_EQ(direct_conv3x3_pays({.n = 2, .c = 128, .h = 4, .w = 4, .o = 128}), avx512);
   EXPECT_FALSE(direct_conv3x3_pays({.n = 2, .c = 64, .h = 4, .w = 20, .o = 64}));  // no fit
+  const CpuIsa saved = set_max_cpu_isa(CpuIsa::kAvx2);  // fits, but only ties there
+  EXPECT_FALSE(direct_conv3x3_pays({.n = 2, .c = 64, .h = 4, .w = 32, .o = 64}));
+  set_max_cpu_isa(saved);
 }
 
 TEST(DirectConv3x3, TheWeightGradientPaysOnWideRowsOfFewChannels) {
