@@ -759,8 +759,8 @@ DirectShape direct_shape(const Geometry& g) {
 }
 
 // The layers the direct 3x3 kernels compute: float32, 3x3, stride 1, padding 1, no dilation,
-// one group, and a shape direct_conv3x3_fits (AVX2 or AVX-512, rows of whole vectors, few
-// channels).
+// one group, and a shape direct_conv3x3_fits (AVX2 or AVX-512, rows of whole vectors or with
+// AVX-512 rows that divide one, 8 to 128 channels).
 bool direct_fits(const Geometry& g, DType dtype) {
   return dtype == kFloat32 && g.kh == 3 && g.kw == 3 && g.stride == Pair{1, 1} &&
          g.padding == Pair{1, 1} && g.dilation == Pair{1, 1} && g.groups == 1 &&
@@ -769,9 +769,9 @@ bool direct_fits(const Geometry& g, DType dtype) {
 
 // What a fixed algorithm (not kBenchmark) computes this layer with. kAuto: where every thread
 // gets samples (or the conv is small), the packed channels-last engine for a channels-last x
-// it fits, else the direct 3x3 kernels where they fit and pay (direct_conv3x3_pays: about twice
-// the packed engine's speed at 8-32 channels), else kPacked; else im2col + cpu::gemm, which
-// threads each product. A Winograd algorithm on a layer it does not
+// it fits, else the direct 3x3 kernels where they pay (direct_conv3x3_pays: where they fit on
+// AVX-512, faster than the packed engine; docs/decisions.md), else kPacked; else im2col +
+// cpu::gemm, which threads each product. A Winograd or direct algorithm on a layer it does not
 // fit takes kAuto's choice. A channels-last x that conv2d_nhwc fits (nhwc) is convolved as it is
 // under kAuto and kPacked.
 Method fixed_method(Conv2dAlgorithm algorithm, const Geometry& g, const Schedule& s, DType dtype,
