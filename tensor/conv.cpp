@@ -5,6 +5,7 @@
 #include "tensor/conv.h"
 
 #include <atomic>
+#include <string>
 
 #include "tensor/checks.h"
 #include "tensor/copy.h"
@@ -55,12 +56,15 @@ std::string_view to_string(Conv2dAlgorithm algorithm) {
   return "?";
 }
 
+std::span<const Conv2dAlgorithm> conv2d_algorithms() { return kAlgorithms; }
+
 Conv2dAlgorithm parse_conv2d_algorithm(std::string_view name) {
-  for (const Conv2dAlgorithm algorithm : kAlgorithms)
+  std::string names;
+  for (const Conv2dAlgorithm algorithm : kAlgorithms) {
     if (name == to_string(algorithm)) return algorithm;
-  throw ValueError(detail::str("conv2d algorithm '", name,
-                               "': expected auto, im2col, packed, winograd2, winograd4, "
-                               "direct or benchmark"));
+    names += std::string(names.empty() ? "" : ", ") + std::string(to_string(algorithm));
+  }
+  throw ValueError(detail::str("conv2d algorithm '", name, "': expected one of ", names));
 }
 
 std::vector<Conv2dChoice> conv2d_choices() { return cpu::conv2d_choices(); }

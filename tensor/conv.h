@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -51,9 +52,12 @@ enum class Conv2dAlgorithm {
 void set_conv2d_algorithm(Conv2dAlgorithm algorithm);
 Conv2dAlgorithm get_conv2d_algorithm();
 // "auto", "im2col", "packed", "winograd2", "winograd4", "direct", "benchmark"; parse raises
-// ValueError.
+// ValueError naming them all.
 std::string_view to_string(Conv2dAlgorithm algorithm);
 Conv2dAlgorithm parse_conv2d_algorithm(std::string_view name);
+// Every algorithm, in that order: the one list that parse_conv2d_algorithm and the apps' flags
+// accept.
+std::span<const Conv2dAlgorithm> conv2d_algorithms();
 
 // What kBenchmark chose: one entry per layer shape and pass measured, in the order measured.
 struct Conv2dChoice {

@@ -20,6 +20,7 @@
 #include "common/train_flags.h"
 #include "dist/launch.h"
 #include "dist/store.h"
+#include "tensor/conv.h"
 #include "tensor/error.h"
 #include "train.h"
 
@@ -104,13 +105,22 @@ int main(int argc, char** argv) {
   app.add_flag("--channels-last", o.channels_last,
                "store batches, activations and weights channels-last (NHWC), the layout cuDNN's "
                "tensor-core convolutions prefer; results match NCHW up to rounding");
-  app.add_option(
-         "--conv-algorithm", o.conv_algorithm,
-         "how the CPU's convolutions multiply: auto (by shape, reproducible to the bit), "
-         "benchmark (time each method on each layer's first call and keep the fastest, "
-         "Winograd included, as cudnn.benchmark), packed, im2col, winograd2, winograd4, direct")
-      ->check(CLI::IsMember(
-          {"auto", "benchmark", "packed", "im2col", "winograd2", "winograd4", "direct"}));
+  // The names from the library's own list, so that a new algorithm needs no change here.
+  std::vector<std::string> algorithms;
+  std::string methods;  // the ones that fix a method for every layer
+  for (const auto algorithm : loom::kernels::conv2d_algorithms()) {
+    algorithms.emplace_back(loom::kernels::to_string(algorithm));
+    if (algorithm == loom::kernels::Conv2dAlgorithm::kAuto ||
+        algorithm == loom::kernels::Conv2dAlgorithm::kBenchmark)
+      continue;
+    methods += (methods.empty() ? "" : ", ") + algorithms.back();
+  }
+  app.add_option("--conv-algorithm", o.conv_algorithm,
+                 "how the CPU's convolutions multiply: auto (by shape, reproducible to the bit), "
+                 "benchmark (time each method on each layer's first call and keep the fastest, "
+                 "Winograd included, as cudnn.benchmark), or one method for every layer: " +
+                     methods)
+      ->check(CLI::IsMember(algorithms));
   bool no_fusion = false;
   app.add_flag("--no-fusion", no_fusion,
                "run each batch norm, residual add and ReLU as separate ops, as torchvision does "

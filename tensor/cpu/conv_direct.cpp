@@ -161,15 +161,8 @@ using Avx512 = avx512::Tiles;
 using Avx2 = avx2::Tiles;
 #endif
 
-// The vector width of the tiles the instruction set in use runs (0: none): 16 floats on the
-// AVX-512 paths, 8 on AVX2.
-int64_t lanes_here() {
-  if (LOOM_DIRECT_CONV_AVX512 && cpu_isa() >= CpuIsa::kAvx512) return 16;
-  if (LOOM_DIRECT_CONV_AVX2 && cpu_isa() >= CpuIsa::kAvx2) return 8;
-  return 0;
-}
-
-// run.template operator()<Isa>() with the tiles of the instruction set in use.
+// run.template operator()<Isa>() with the tiles of the instruction set in use; nothing where
+// there are none.
 template <typename F>
 void with_tiles(F&& run) {
 #if LOOM_DIRECT_CONV_AVX512
@@ -179,6 +172,13 @@ void with_tiles(F&& run) {
   if (cpu_isa() >= CpuIsa::kAvx2) return run.template operator()<Avx2>();
 #endif
   (void)run;
+}
+
+// The vector width of those tiles (0: none): 16 floats on the AVX-512 paths, 8 on AVX2.
+int64_t lanes_here() {
+  int64_t lanes = 0;
+  with_tiles([&]<typename Isa>() { lanes = Isa::Traits::lanes; });
+  return lanes;
 }
 
 // wp [O/B, C, 9, B] from weight [O, C, 3, 3], B = Isa's out_block; flipped: from the
@@ -285,9 +285,10 @@ void backward_weight(const DirectShape& s, const float* x, const float* dy, floa
 }
 
 void check(const DirectShape& s, const char* op) {
+  const int64_t lanes = lanes_here();
   LOOM_CHECK(direct_conv3x3_fits(s), ValueError, op, ": the direct 3x3 kernels do not run ", s,
              " here (they need AVX2 and FMA; W a multiple of the vector width (",
-             lanes_here() > 0 ? lanes_here() : 8,
+             lanes > 0 ? lanes : 8,
              " floats here), or with AVX-512 a divisor of it with H W a multiple; C and O "
              "multiples of 8 and at most ",
              kDirectMaxChannels, ")");

@@ -389,14 +389,17 @@ TEST(Conv2dBenchmark, ChannelsLastRacesItsOwnEngineToo) {
 }
 
 TEST(Conv2dBenchmark, AlgorithmNames) {
-  for (const auto algorithm :
-       {kernels::Conv2dAlgorithm::kAuto, kernels::Conv2dAlgorithm::kIm2colGemm,
-        kernels::Conv2dAlgorithm::kPacked, kernels::Conv2dAlgorithm::kWinogradF2x2,
-        kernels::Conv2dAlgorithm::kWinogradF4x4, kernels::Conv2dAlgorithm::kDirect,
-        kernels::Conv2dAlgorithm::kBenchmark})
+  const std::vector<kernels::Conv2dAlgorithm> all = {
+      kernels::Conv2dAlgorithm::kAuto,         kernels::Conv2dAlgorithm::kIm2colGemm,
+      kernels::Conv2dAlgorithm::kPacked,       kernels::Conv2dAlgorithm::kWinogradF2x2,
+      kernels::Conv2dAlgorithm::kWinogradF4x4, kernels::Conv2dAlgorithm::kDirect,
+      kernels::Conv2dAlgorithm::kBenchmark};
+  const auto listed = kernels::conv2d_algorithms();
+  EXPECT_EQ(std::vector<kernels::Conv2dAlgorithm>(listed.begin(), listed.end()), all);
+  for (const auto algorithm : all)
     EXPECT_EQ(kernels::parse_conv2d_algorithm(kernels::to_string(algorithm)), algorithm);
   EXPECT_LOOM_ERROR(kernels::parse_conv2d_algorithm("fastest"), ValueError,
-                    {"fastest", "benchmark"});
+                    {"fastest", "auto, im2col, packed, winograd2, winograd4, direct, benchmark"});
 }
 
 }  // namespace
