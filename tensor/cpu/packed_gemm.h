@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "tensor/cpu/scratch.h"
 #include "tensor/cpu_info.h"
@@ -55,7 +56,10 @@ struct Kernel;
 // (Note [bf16 dot products] in tensor/cpu/bf16_gemm.h), whose panels are then
 // [ceil(kc / 2), MR] and [ceil(kc / 2), NR]. Each kernel is compiled for its own instructions
 // (a target attribute where they are above the baseline), never inlined, and hidden (no PLT
-// call in the library).
+// call in the library). The float kernels also have pack_rows(src, ld, kc, next, dst): MR rows
+// of A that lie along k (row r at src + r ld) as one panel [kc, MR], transposed in registers,
+// with the next panel's rows (`next`, or null) fetched meanwhile; pack_a uses it where A's rows
+// are contiguous (Note [Packing A's rows]).
 
 template <>
 struct Kernel<float, CpuIsa::kAvx2> {
@@ -64,6 +68,7 @@ struct Kernel<float, CpuIsa::kAvx2> {
   static constexpr int64_t k_group = 1;
   static constexpr int64_t mr = 6, nr = 16, kc = 256, mc = 120, nc = 1536;
   static void micro_kernel(int64_t kc, const float* a, const float* b, const CTile<float>& c);
+  static void pack_rows(const float* src, int64_t ld, int64_t kc, const float* next, float* dst);
 };
 
 template <>
@@ -87,6 +92,7 @@ struct Kernel<float, CpuIsa::kAvx512> {
   static constexpr int64_t k_group = 1;
   static constexpr int64_t mr = 12, nr = 32, kc = 192, mc = 144, nc = 3072;
   static void micro_kernel(int64_t kc, const float* a, const float* b, const CTile<float>& c);
+  static void pack_rows(const float* src, int64_t ld, int64_t kc, const float* next, float* dst);
 };
 
 // float64 is not a hot path: AVX-512 machines run the AVX2 kernel.
@@ -279,10 +285,32 @@ Kernel<double, CpuIsa::kAvx2>::micro_kernel(int64_t kc, const double* a, const d
 // last 96 spreads the misses and lands them shortly before the stores (1024^3 GEMM, 1 thread:
 // about 0.80 of peak with none, 0.83 all at the start, 0.86 spread; docs/cpu_speed.md). When kc
 // is under 96, the lines the spread cannot reach are fetched at the start.
-// The accumulators are named registers of a fixed tile; GCC keeps all 24 in zmm registers and
-// broadcasts each value of A into one register (vbroadcastss; renaming makes the twelve
-// independent). Folding the broadcasts into the FMAs ({1to16}, written as inline assembly)
-// measured the same.
+// The k loop runs in two phases, four k per pass: the quiet one without prefetches, then the
+// last 96 k with one C line fetched per pass. Written as one loop with the prefetch test inside,
+// each k paid a compare and two branches beside its 24 FMAs, and the 1024^3 GEMM ran about 2%
+// slower. The accumulators are named registers of a fixed tile; GCC keeps all 24 in zmm
+// registers and broadcasts each value of A into one register (vbroadcastss; renaming makes the
+// twelve independent). Folding the broadcasts into the FMAs ({1to16}, written as inline
+// assembly) measured the same.
+[[gnu::always_inline, gnu::target("avx512f")]] inline void k_step_12x32(__m512 (&acc)[12][2],
+                                                                        const float* a,
+                                                                        const float* b) {
+  const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+#pragma GCC unroll 12
+  for (int i = 0; i < 12; ++i) {
+    const __m512 ai = _mm512_set1_ps(a[i]);
+    acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
+    acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
+  }
+}
+
+[[gnu::always_inline, gnu::target("avx512f")]] inline void k_steps_4_12x32(__m512 (&acc)[12][2],
+                                                                           const float* a,
+                                                                           const float* b) {
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; ++q) k_step_12x32(acc, a + 12 * q, b + 32 * q);
+}
+
 [[gnu::noinline, gnu::visibility("hidden"), gnu::target("avx512f")]] inline void
 Kernel<float, CpuIsa::kAvx512>::micro_kernel(int64_t kc, const float* a, const float* b,
                                              const CTile<float>& c) {
@@ -293,16 +321,16 @@ Kernel<float, CpuIsa::kAvx512>::micro_kernel(int64_t kc, const float* a, const f
   __m512 acc[12][2];
 #pragma GCC unroll 12
   for (int i = 0; i < 12; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < kc; ++p, a += 12, b += 32) {
-    if (p >= quiet && (p - quiet) % kStride == 0) prefetch_tile_line_12x32(c, line++);
-    const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) {
-      const __m512 ai = _mm512_set1_ps(a[i]);
-      acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
-      acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
-    }
+  int64_t p = 0;
+  for (; p + kStride <= quiet; p += kStride, a += 12 * kStride, b += 32 * kStride)
+    k_steps_4_12x32(acc, a, b);
+  for (; p < quiet; ++p, a += 12, b += 32) k_step_12x32(acc, a, b);
+  for (; p + kStride <= kc; p += kStride, a += 12 * kStride, b += 32 * kStride) {
+    if (line < kLines) prefetch_tile_line_12x32(c, line++);
+    k_steps_4_12x32(acc, a, b);
   }
+  if (p < kc && line < kLines) prefetch_tile_line_12x32(c, line++);
+  for (; p < kc; ++p, a += 12, b += 32) k_step_12x32(acc, a, b);
   store_tile_12x32(acc, c);
 }
 #endif  // LOOM_PACKED_GEMM_SIMD
@@ -431,8 +459,17 @@ void packed_gemm(int64_t m, int64_t n, int64_t k, ABlock&& a_block, PackB&& pack
 }
 
 #if LOOM_PACKED_GEMM_SIMD
+// Note [Packing A's rows]
+// When A's rows lie along k (A not transposed, or conv2d's weight), a panel interleaves MR rows
+// that are usually a whole row of A apart: a multiple of 4 KiB for 1024-wide matrices. Element
+// by element that is MR scattered loads per k. Instead MR x 8 (AVX2) or 12 x 16 (AVX-512) blocks
+// are loaded a row vector at a time and transposed in registers, and since each row is only kc
+// values, too short a stream for the hardware prefetcher to learn, the next panel's rows are
+// fetched one line each while this one is transposed. On a 1024^3 GEMM with the AVX-512 kernel
+// that took packing from 5.7% of the time to 2.6% (perf, 1 thread; docs/cpu_speed.md).
+
 // dst[p * 6 + r] = src[r * ld + p] for r < 6, p < 8: six rows of eight floats, transposed in
-// registers (as an 8 x 8 with two rows of zeros) instead of one element at a time.
+// registers (as an 8 x 8 with two rows of zeros).
 [[gnu::always_inline]] inline void transpose_6x8(const float* src, int64_t ld, float* dst) {
   __m256 r[8];
 #pragma GCC unroll 6
@@ -462,6 +499,85 @@ void packed_gemm(int64_t m, int64_t n, int64_t k, ABlock&& a_block, PackB&& pack
     _mm_storel_pi(reinterpret_cast<__m64*>(dst + p * 6 + 4), rows47);
   }
 }
+
+inline void Kernel<float, CpuIsa::kAvx2>::pack_rows(const float* src, int64_t ld, int64_t kc,
+                                                    const float* next, float* dst) {
+  int64_t p = 0;
+  for (; p + 8 <= kc; p += 8) {
+    if (next != nullptr && p % 16 == 0)
+      for (int64_t r = 0; r < 6; ++r)
+        _mm_prefetch(reinterpret_cast<const char*>(next + r * ld + p), _MM_HINT_T0);
+    transpose_6x8(src + p, ld, dst + p * 6);
+  }
+  for (; p < kc; ++p)
+    for (int64_t r = 0; r < 6; ++r) dst[p * 6 + r] = src[r * ld + p];
+}
+
+// GCC 12 warns that the `_mm512_undefined_ps()` inside the unpack and extract intrinsics "may be
+// used uninitialized" once they are inlined into a function with a target attribute: a false
+// positive (that operand is the unused source of an unmasked instruction).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+// Column Q of a transposed 12 x 16 block: lane Q / 4 of the three 4 x 4 blocks that hold it.
+template <int Q>
+[[gnu::always_inline, gnu::target("avx512f")]] inline void store_column_12(const __m512 (&r)[12],
+                                                                           float* dst) {
+  constexpr int c = Q % 4, lane = Q / 4;
+  _mm_storeu_ps(dst + Q * 12, _mm512_extractf32x4_ps(r[c], lane));
+  _mm_storeu_ps(dst + Q * 12 + 4, _mm512_extractf32x4_ps(r[4 + c], lane));
+  _mm_storeu_ps(dst + Q * 12 + 8, _mm512_extractf32x4_ps(r[8 + c], lane));
+}
+
+template <int... Q>
+[[gnu::always_inline, gnu::target("avx512f")]] inline void store_columns_12(
+    const __m512 (&r)[12], float* dst, std::integer_sequence<int, Q...> /*columns*/) {
+  (store_column_12<Q>(r, dst), ...);
+}
+
+// dst[p * 12 + r] = src[r * ld + p] for r < 12, p < 16. Each 128-bit lane of the twelve rows is
+// a 4 x 4 block, transposed by unpacking pairs of rows and shuffling pairs of those (as the 8 x 8
+// above, per lane); column p is then lane p / 4 of three blocks, stored 4 floats at a time.
+[[gnu::always_inline, gnu::target("avx512f")]] inline void transpose_12x16(const float* src,
+                                                                           int64_t ld, float* dst) {
+  __m512 x[12], t[12], r[12];
+#pragma GCC unroll 12
+  for (int i = 0; i < 12; ++i) x[i] = _mm512_loadu_ps(src + i * ld);
+#pragma GCC unroll 6
+  for (int i = 0; i < 12; i += 2) {
+    t[i] = _mm512_unpacklo_ps(x[i], x[i + 1]);  // a0 b0 a1 b1 | a4 b4 a5 b5 | ...
+    t[i + 1] = _mm512_unpackhi_ps(x[i], x[i + 1]);
+  }
+  // r[4g + c], lane l: rows 4g..4g+3 of column c + 4l.
+#pragma GCC unroll 3
+  for (int g = 0; g < 12; g += 4) {
+    r[g] = _mm512_shuffle_ps(t[g], t[g + 2], 0x44);
+    r[g + 1] = _mm512_shuffle_ps(t[g], t[g + 2], 0xEE);
+    r[g + 2] = _mm512_shuffle_ps(t[g + 1], t[g + 3], 0x44);
+    r[g + 3] = _mm512_shuffle_ps(t[g + 1], t[g + 3], 0xEE);
+  }
+  store_columns_12(r, dst, std::make_integer_sequence<int, 16>());
+}
+
+[[gnu::noinline, gnu::visibility("hidden"), gnu::target("avx512f")]] inline void
+Kernel<float, CpuIsa::kAvx512>::pack_rows(const float* src, int64_t ld, int64_t kc,
+                                          const float* next, float* dst) {
+  int64_t p = 0;
+  for (; p + 16 <= kc; p += 16) {
+    if (next != nullptr)
+      for (int64_t r = 0; r < 12; ++r)
+        _mm_prefetch(reinterpret_cast<const char*>(next + r * ld + p), _MM_HINT_T0);
+    transpose_12x16(src + p, ld, dst + p * 12);
+  }
+  for (; p < kc; ++p)
+    for (int64_t r = 0; r < 12; ++r) dst[p * 12 + r] = src[r * ld + p];
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 #endif
 
 // A [m, kc] with A(i, p) = src[i rs + p cs] as MR-row panels [kc, MR], rows past m zero.
@@ -472,21 +588,12 @@ void pack_a(const T* src, int64_t rs, int64_t cs, int64_t m, int64_t kc, T* dst)
     const int64_t rows = std::min(mr, m - i0);
     if (rows == mr && cs == 1) {  // interleave MR contiguous rows: sequential writes
       const T* row = src + i0 * rs;
-      int64_t p = 0;
-#if LOOM_PACKED_GEMM_SIMD
-      // Each row is only kc values, too short a stream for the hardware prefetcher to learn,
-      // so the next panel's rows are fetched one line each while this panel is transposed.
-      const T* next = i0 + 2 * mr <= m ? row + mr * rs : nullptr;
-      if constexpr (std::is_same_v<T, float> && mr == 6)
-        for (; p + 8 <= kc; p += 8) {
-          if (next != nullptr && p % 16 == 0)
-            for (int64_t r = 0; r < mr; ++r)
-              _mm_prefetch(reinterpret_cast<const char*>(next + r * rs + p), _MM_HINT_T0);
-          transpose_6x8(row + p, rs, dst + p * mr);
-        }
-#endif
-      for (; p < kc; ++p)
-        for (int64_t r = 0; r < mr; ++r) dst[p * mr + r] = row[r * rs + p];
+      if constexpr (requires { K::pack_rows(row, rs, kc, row, dst); }) {
+        K::pack_rows(row, rs, kc, i0 + 2 * mr <= m ? row + mr * rs : nullptr, dst);
+      } else {
+        for (int64_t p = 0; p < kc; ++p)
+          for (int64_t r = 0; r < mr; ++r) dst[p * mr + r] = row[r * rs + p];
+      }
       continue;
     }
     if (rows == mr && rs == 1) {  // MR contiguous elements of each column
