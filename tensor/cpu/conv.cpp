@@ -767,13 +767,33 @@ bool direct_fits(const Geometry& g, DType dtype) {
          direct_conv3x3_fits(direct_shape(g));
 }
 
+// Note [Winograd in kAuto]
+// kAuto takes Winograd F(4x4,3x3) for a layer it fits whose output holds at least one whole
+// 4 x 4 tile, where both channel counts are at least 128, or at least 64 where the direct 3x3
+// kernels do not take the layer (on AVX2, and for a channels-last x, which Winograd reads as it
+// is: Note [Winograd in channels-last]). Its 36 products per tile replace 144 multiplies, and
+// the transforms, paid per channel rather than per channel pair, shrink next to the
+// per-frequency GEMMs as the channels grow. Measured, batch 64-128, 2 threads, AVX-512
+// (docs/cpu_speed.md): forward and both gradients in 0.55-0.7 of the packed engine's time and
+// of the direct kernels' at 128 to 512 channels (4 x 4 to 16 x 16 images), level with the
+// direct kernels at 64 channels, slower at 16; in channels-last, 0.5-0.85 of the packed
+// channels-last engine's time from 64 channels. On the AVX2 kernels it wins from 64 channels
+// (0.6 of the packed engine's time). Its error, at most 3.8e-6 of the output's range against
+// float64 (Note [Winograd convolution]), is about 3x the direct kernels'; docs/decisions.md
+// weighs that.
+bool winograd_pays(const Geometry& g, DType dtype, bool direct) {
+  const int64_t channels = std::min(g.c, g.o);
+  return winograd_fits(g, dtype) && g.ho >= 4 && g.wo >= 4 &&
+         (channels >= 128 || (channels >= 64 && !direct));
+}
+
 // What a fixed algorithm (not kBenchmark) computes this layer with. kAuto: where every thread
-// gets samples (or the conv is small), the packed channels-last engine for a channels-last x
-// it fits, else the direct 3x3 kernels where they pay (direct_conv3x3_pays: where they fit on
-// AVX-512, faster than the packed engine; docs/decisions.md), else kPacked; else im2col +
-// cpu::gemm, which threads each product. A Winograd or direct algorithm on a layer it does not
-// fit takes kAuto's choice. A channels-last x that conv2d_nhwc fits (nhwc) is convolved as it is
-// under kAuto and kPacked.
+// gets samples (or the conv is small), Winograd F(4x4) where it pays (Note [Winograd in kAuto]),
+// else the packed channels-last engine for a channels-last x it fits, else the direct 3x3
+// kernels where they pay (direct_conv3x3_pays: where they fit on AVX-512, faster than the
+// packed engine; docs/decisions.md), else kPacked; else im2col + cpu::gemm, which threads each
+// product. A Winograd or direct algorithm on a layer it does not fit takes kAuto's choice. A
+// channels-last x that conv2d_nhwc fits (nhwc) is convolved as it is under kAuto and kPacked.
 Method fixed_method(Conv2dAlgorithm algorithm, const Geometry& g, const Schedule& s, DType dtype,
                     bool nhwc) {
   switch (algorithm) {
@@ -795,8 +815,11 @@ Method fixed_method(Conv2dAlgorithm algorithm, const Geometry& g, const Schedule
       break;
   }
   if (s.small || s.parts == get_num_threads()) {
-    if (nhwc) return Method::kPackedNhwc;
+    if (nhwc)
+      return winograd_pays(g, dtype, /*direct=*/false) ? Method::kWinogradF4x4
+                                                       : Method::kPackedNhwc;
     const bool direct = direct_fits(g, dtype) && direct_conv3x3_pays(direct_shape(g));
+    if (winograd_pays(g, dtype, direct)) return Method::kWinogradF4x4;
     return direct ? Method::kDirect : Method::kPacked;
   }
   return Method::kIm2col;

@@ -6,10 +6,14 @@
 #include "tensor/conv.h"
 
 #include <array>
+#include <cmath>
+#include <cstring>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "tensor/cpu_info.h"
+#include "tensor/elementwise.h"
 #include "test_util.h"
 
 namespace loom {
@@ -101,11 +105,12 @@ std::vector<CpuIsa> isas() {
 }
 
 // The Winograd ones compute the float32 3x3 stride-1 layers below, and the direct one those with
-// padding 1 whose rows are whole vectors (AVX2 or AVX-512); they leave the others to kAuto.
+// padding 1 whose rows are whole vectors (AVX2 or AVX-512); they leave the others to kAuto,
+// which is tested too (its Winograd choices below, in TakesWinogradF4x4WhereItPays).
 constexpr kernels::Conv2dAlgorithm kAlgorithms[] = {
-    kernels::Conv2dAlgorithm::kIm2colGemm, kernels::Conv2dAlgorithm::kPacked,
-    kernels::Conv2dAlgorithm::kWinogradF2x2, kernels::Conv2dAlgorithm::kWinogradF4x4,
-    kernels::Conv2dAlgorithm::kDirect};
+    kernels::Conv2dAlgorithm::kAuto,         kernels::Conv2dAlgorithm::kIm2colGemm,
+    kernels::Conv2dAlgorithm::kPacked,       kernels::Conv2dAlgorithm::kWinogradF2x2,
+    kernels::Conv2dAlgorithm::kWinogradF4x4, kernels::Conv2dAlgorithm::kDirect};
 
 void check_against_naive(const Config& cf, DType dtype) {
   const Tensor x = randn({cf.n, cf.c, cf.h, cf.w}, kFloat64);
@@ -386,6 +391,59 @@ TEST(Conv2dBenchmark, ChannelsLastRacesItsOwnEngineToo) {
   EXPECT_EQ(names, (std::vector<std::string>{"packed", "im2col", "winograd F(2x2,3x3)",
                                              "winograd F(4x4,3x3)", "packed channels-last"}));
   kernels::clear_conv2d_choices();
+}
+
+// kAuto's Winograd F(4x4) (Note [Winograd in kAuto]): its results are Winograd's to the bit
+// where both channel counts reach 128, or 64 where the direct kernels do not take the layer (on
+// AVX2, or a channels-last x), and never below 64 channels or on an output smaller than one
+// 4 x 4 tile. The transforms round differently from every other method, so equal bits say
+// which one ran.
+bool same_bits(const Tensor& a, const Tensor& b) {
+  const Tensor x = a.contiguous(), y = b.contiguous();
+  return x.sizes() == y.sizes() && std::memcmp(x.data(), y.data(), x.nbytes()) == 0;
+}
+
+TEST(Conv2dAuto, TakesWinogradF4x4WhereItPays) {
+  if (cpu_isa() == CpuIsa::kGeneric) GTEST_SKIP() << "no packed kernels";
+  const kernels::Conv2dOptions same{{1, 1}, {1, 1}, {1, 1}, 1};
+  struct Case {
+    int64_t n, c, hw, o;
+    bool on_avx512, on_avx2, channels_last;  // Winograd expected
+  };
+  const Case cases[] = {
+      {4, 128, 4, 128, true, true, true},      // one tile per image
+      {2, 128, 8, 64, false, true, true},      // 64 output channels: the direct kernels' on AVX-512
+      {2, 64, 8, 64, false, true, true},       //
+      {2, 32, 8, 32, false, false, false},     // too few channels
+      {2, 128, 3, 128, false, false, false}};  // a 3 x 3 output: less than one tile
+  for (const Case& cs : cases)
+    for (const CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512})
+      for (const bool channels_last : {false, true}) {
+        if (isa > cpu_isa()) continue;
+        const MemoryFormat format = channels_last ? kCL : MemoryFormat::kContiguous;
+        // Weights scaled as a network's (1 / sqrt(fan-in)), so outputs are about 1.
+        const Tensor x = randn({cs.n, cs.c, cs.hw, cs.hw}).contiguous(format);
+        const Tensor w = kernels::mul_scalar(randn({cs.o, cs.c, 3, 3}), 1 / std::sqrt(9.0 * cs.c));
+        const Tensor dy = randn({cs.n, cs.o, cs.hw, cs.hw}).contiguous(format);
+        std::ostringstream where;
+        where << "[" << cs.n << ", " << cs.c << ", " << cs.hw << ", " << cs.hw << "] -> " << cs.o
+              << " channels, " << to_string(isa) << (channels_last ? ", channels-last" : "");
+        auto run = [&](kernels::Conv2dAlgorithm algorithm) {
+          Scope scope(algorithm, isa, 2);
+          return std::pair{kernels::conv2d(x, w, Tensor(), same),
+                           kernels::conv2d_backward(dy, x, w, same, {true, true, false})};
+        };
+        const auto [y, g] = run(kernels::Conv2dAlgorithm::kAuto);
+        const auto [y_wino, g_wino] = run(kernels::Conv2dAlgorithm::kWinogradF4x4);
+        const bool expected = channels_last            ? cs.channels_last
+                              : isa == CpuIsa::kAvx512 ? cs.on_avx512
+                                                       : cs.on_avx2;
+        EXPECT_EQ(same_bits(y, y_wino), expected) << where.str();
+        EXPECT_EQ(same_bits(g.dx, g_wino.dx), expected) << where.str();
+        EXPECT_EQ(same_bits(g.dweight, g_wino.dweight), expected) << where.str();
+        EXPECT_TRUE(tensors_close(y, y_wino, 1e-4, 1e-4)) << where.str();
+        EXPECT_TRUE(has_memory_format(y, format)) << where.str();
+      }
 }
 
 TEST(Conv2dBenchmark, AlgorithmNames) {
