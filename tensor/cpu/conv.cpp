@@ -213,19 +213,21 @@ void im2col(const T* x, const Geometry& g, T* col, int64_t ldcol) {
 // The adjoint of im2col, for a chunk of cnt samples: dx [cnt, Cg, H, W] (sample stride
 // g.in_sample) = the patch gradients in col [K, cnt P] summed where patches overlap. Channel c
 // only receives rows (c, ., .) of col, so each (channel, sample) plane is accumulated on its
-// own in a zero-padded scratch plane [hp, wp] (no bounds checks), then its interior copied out;
-// the col rows of a channel stay in cache while the samples go by.
+// own in a zero-padded scratch plane [hp, pitch] (no bounds checks), then its interior copied
+// out; the col rows of a channel stay in cache while the samples go by. A stride-2 layer's plane
+// is in column phases, as the packers' copy of x (Note [Stride-2 columns in phases]): each tap
+// then adds runs of consecutive elements, and the interior is interleaved back on the way out.
 template <typename T>
 void col2im(const T* col, int64_t cnt, const Geometry& g, T* plane, T* dx) {
-  const auto [sh, sw] = g.stride;
-  const int64_t taps = g.kh * g.kw, ldcol = cnt * g.p;
+  const int64_t sh = g.stride[0], sw = g.step, pitch = g.pitch, half = pitch / 2;
+  const int64_t taps = g.kh * g.kw, ldcol = cnt * g.p, pw = g.padding[1];
   for (int64_t c = 0; c < g.cg; ++c) {
     for (int64_t s = 0; s < cnt; ++s) {
-      std::fill(plane, plane + g.hp * g.wp, T(0));
+      std::fill(plane, plane + g.hp * pitch, T(0));
       for (int64_t t = 0; t < taps; ++t) {
         const T* src = col + (c * taps + t) * ldcol + s * g.p;
-        T* dst = plane + g.patch_offset[t];  // (ki dh) wp + kj dw
-        for (int64_t oh = 0; oh < g.ho; ++oh, src += g.wo, dst += sh * g.wp) {
+        T* dst = plane + g.pack_offset[t];  // channel 0's taps
+        for (int64_t oh = 0; oh < g.ho; ++oh, src += g.wo, dst += sh * pitch) {
           if (sw == 1) {
             for (int64_t ow = 0; ow < g.wo; ++ow) dst[ow] += src[ow];
           } else {
@@ -234,9 +236,22 @@ void col2im(const T* col, int64_t cnt, const Geometry& g, T* plane, T* dx) {
         }
       }
       T* out = dx + s * g.in_sample + c * g.h * g.w;
-      for (int64_t ih = 0; ih < g.h; ++ih)
-        std::memcpy(out + ih * g.w, plane + (ih + g.padding[0]) * g.wp + g.padding[1],
-                    sizeof(T) * g.w);
+      for (int64_t ih = 0; ih < g.h; ++ih) {
+        const T* row = plane + (ih + g.padding[0]) * pitch;
+        T* o = out + ih * g.w;
+        if (!g.phases) {
+          std::memcpy(o, row + pw, sizeof(T) * g.w);
+          continue;
+        }
+        // Input column j is padded column j + pw: even j in phase pw % 2, odd j in the other.
+        const T* even_j = row + pw % 2 * half + pw / 2;
+        const T* odd_j = row + (pw + 1) % 2 * half + (pw + 1) / 2;
+        for (int64_t m = 0; m < g.w / 2; ++m) {
+          o[2 * m] = even_j[m];
+          o[2 * m + 1] = odd_j[m];
+        }
+        if (g.w % 2) o[g.w - 1] = even_j[g.w / 2];
+      }
     }
   }
 }
@@ -675,7 +690,7 @@ void conv2d_backward(const Geometry& g, const Schedule& s, const T* dout, const 
     if (db) std::fill(db, db + g.o, T(0));
     Buffer<T> dcol, dout_chunk, padded;
     if (dx && !(g.direct && s.nb == 1)) dcol = buffer<T>(g.k * s.nb * g.p);
-    if (dx && !g.direct) padded = buffer<T>(g.hp * g.wp);
+    if (dx && !g.direct) padded = buffer<T>(g.hp * g.pitch);
     if (s.nb > 1) dout_chunk = buffer<T>(g.o * s.nb * g.p);
     for (int64_t n0 = n_lo; n0 < n_hi; n0 += s.nb) {
       const int64_t cnt = std::min(s.nb, n_hi - n0), cols = cnt * g.p;
