@@ -1,7 +1,9 @@
 // tensor/cpu/gemm.h — BLAS-style GEMM on raw row-major buffers, for kernels that manage their
 // own memory (convolution's im2col): C[M,N] = alpha op(A) op(B) + beta C, where op(A) is
 // [M,K] (A stored [M,K] with leading dim lda, or [K,M] when trans_a), likewise op(B) [K,N].
-// Eigen does the work; it uses the OpenMP threads unless called inside a parallel region.
+// float32 runs loom's packed GEMM (tensor/cpu/packed_gemm.h) with the kernels of the instruction
+// set in use; float64, tiny products and the generic path run Eigen's. Either uses the OpenMP
+// threads unless called inside a parallel region.
 #pragma once
 
 #include <cstdint>
