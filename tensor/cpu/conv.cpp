@@ -844,11 +844,11 @@ bool direct_fits(const Geometry& g, DType dtype) {
 // is: Note [Winograd in channels-last]). Its 36 products per tile replace 144 multiplies, and
 // the transforms, paid per channel rather than per channel pair, shrink next to the
 // per-frequency GEMMs as the channels grow. Measured, batch 64-128, 2 threads, AVX-512
-// (docs/cpu_speed.md): forward and both gradients in 0.55-0.7 of the packed engine's time and
-// of the direct kernels' at 128 to 512 channels (4 x 4 to 16 x 16 images), level with the
-// direct kernels at 64 channels, slower at 16; in channels-last, 0.5-0.85 of the packed
+// (docs/cpu_speed.md): the forward and the backward in 0.5-0.8 of the packed engine's time and
+// 0.65-0.9 of the direct kernels' at 128 to 512 channels (4 x 4 to 16 x 16 images), level with
+// the direct kernels at 64 channels, slower at 16; in channels-last, 0.55-0.85 of the packed
 // channels-last engine's time from 64 channels. On the AVX2 kernels it wins from 64 channels
-// (0.6 of the packed engine's time). Its error, at most 3.8e-6 of the output's range against
+// (0.4-0.7 of the packed engine's time). Its error, at most 3.8e-6 of the output's range against
 // float64 (Note [Winograd convolution]), is about 3x the direct kernels'; docs/decisions.md
 // weighs that.
 bool winograd_pays(const Geometry& g, DType dtype, bool direct) {
