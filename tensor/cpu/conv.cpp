@@ -82,18 +82,15 @@ struct Geometry {
   bool direct;  // 1x1, stride 1, no padding: the patch matrix is x itself
   // For kernel column kj: the output columns [lo, hi) whose input column lies inside the image.
   std::vector<std::pair<int64_t, int64_t>> valid_cols;
-  // x zero-padded to [C, hp, wp] has every patch in bounds: col(k, pixel) = xpad[patch_offset[k]
-  // + oh sh wp + ow sw] (col2im's layout). The packed engine reads a copy of it whose rows are
-  // `pitch` apart, where col(k, pixel) = copy[pack_offset[k] + oh sh pitch + ow step]: xpad
-  // itself (pitch wp, step sw), or for stride-2 columns its even and odd columns side by side
-  // (Note [Stride-2 columns in phases]; pitch 2 wq with wq = ceil(wp / 2), step 1). flat:
-  // consecutive pixels are consecutive elements of xpad (stride 1 and wp == wo).
+  // The packed engine and col2im read x zero-padded to [C, hp, wp], where every patch is in
+  // bounds, stored with rows `pitch` apart: as it is (pitch wp), or for stride-2 columns with
+  // each row's even columns, then its odd ones (phases: Note [Stride-2 columns in phases]; pitch
+  // 2 ceil(wp / 2)). col(k, pixel) = copy[patch_offset[k] + oh sh pitch + ow step], step sw, or
+  // 1 in phases. flat: consecutive pixels are consecutive elements (stride 1 and wp == wo).
   int64_t hp, wp;
-  bool flat;
-  std::vector<int64_t> patch_offset;  // k = (c, ki, kj) -> c hp wp + ki dh wp + kj dw
-  bool phases;
+  bool flat, phases;
   int64_t pitch, step;
-  std::vector<int64_t> pack_offset;
+  std::vector<int64_t> patch_offset;  // k = (c, ki, kj) -> c hp pitch + ki dh pitch + column
 };
 
 Geometry make_geometry(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o, int64_t kh,
@@ -117,21 +114,17 @@ Geometry make_geometry(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o, in
   }
   g.hp = h + 2 * opt.padding[0], g.wp = w + 2 * opt.padding[1];
   g.flat = opt.stride == Pair{1, 1} && g.wp == g.wo;
-  g.patch_offset.resize(g.k);
-  for (int64_t ch = 0, k = 0; ch < g.cg; ++ch)
-    for (int64_t ki = 0; ki < kh; ++ki)
-      for (int64_t kj = 0; kj < kw; ++kj, ++k)
-        g.patch_offset[k] = (ch * g.hp + ki * g.dilation[0]) * g.wp + kj * g.dilation[1];
   g.phases = sw == 2 && g.dilation[1] == 1 && kw > 1 && (g.hp != h || g.wp != w);
   g.pitch = g.phases ? 2 * ((g.wp + 1) / 2) : g.wp;
   g.step = g.phases ? 1 : sw;
-  g.pack_offset = g.patch_offset;
-  if (g.phases)
-    for (int64_t ch = 0, k = 0; ch < g.cg; ++ch)
-      for (int64_t ki = 0; ki < kh; ++ki)
-        for (int64_t kj = 0; kj < kw; ++kj, ++k)
-          g.pack_offset[k] =
-              (ch * g.hp + ki * g.dilation[0]) * g.pitch + kj % 2 * (g.pitch / 2) + kj / 2;
+  g.patch_offset.resize(g.k);
+  for (int64_t ch = 0, k = 0; ch < g.cg; ++ch)
+    for (int64_t ki = 0; ki < kh; ++ki)
+      for (int64_t kj = 0; kj < kw; ++kj, ++k) {
+        // Padded column kj dw; in phases, column kj / 2 of phase kj % 2.
+        const int64_t column = g.phases ? kj % 2 * (g.pitch / 2) + kj / 2 : kj * g.dilation[1];
+        g.patch_offset[k] = (ch * g.hp + ki * g.dilation[0]) * g.pitch + column;
+      }
   return g;
 }
 
@@ -226,7 +219,7 @@ void col2im(const T* col, int64_t cnt, const Geometry& g, T* plane, T* dx) {
       std::fill(plane, plane + g.hp * pitch, T(0));
       for (int64_t t = 0; t < taps; ++t) {
         const T* src = col + (c * taps + t) * ldcol + s * g.p;
-        T* dst = plane + g.pack_offset[t];  // channel 0's taps
+        T* dst = plane + g.patch_offset[t];  // channel 0's taps
         for (int64_t oh = 0; oh < g.ho; ++oh, src += g.wo, dst += sh * pitch) {
           if (sw == 1) {
             for (int64_t ow = 0; ow < g.wo; ++ow) dst[ow] += src[ow];
@@ -397,7 +390,7 @@ template <typename K, int64_t NStride, typename T>
 void pack_patches(const T* xp, const Geometry& g, int64_t k0, int64_t kn, int64_t n0, int64_t nn,
                   T* dst, int64_t k_stride) {
   const int64_t sh = g.stride[0], sw = g.step;
-  const int64_t* offset = g.pack_offset.data() + k0;
+  const int64_t* offset = g.patch_offset.data() + k0;
   const int64_t sample = g.c * g.hp * g.pitch;
   for (int64_t n = n0; n < n0 + nn;) {
     const int64_t s = n / g.p, pixel = n % g.p;

@@ -28,8 +28,10 @@ bool direct_conv3x3_fits(const DirectShape& shape);
 
 // Whether the direct kernels beat the packed GEMM on this shape, as measured: wherever they fit
 // on the AVX-512 path (the forward and backward-data; the weight gradient is
-// direct_weight_grad_pays). conv2d's kAuto takes them there. The AVX2 tiles tied the packed
-// engine's AVX2 kernels: kBenchmark races them.
+// direct_weight_grad_pays). conv2d's kAuto takes them there, but for the layers where Winograd
+// F(4x4) is faster still (128 channels either side; Note [Winograd in kAuto] in
+// tensor/cpu/conv.cpp). The AVX2 tiles tied the packed engine's AVX2 kernels: kBenchmark races
+// them.
 bool direct_conv3x3_pays(const DirectShape& shape);
 
 // Whether direct_conv3x3_backward_weight pays on this shape: on rows of whole vectors, where its
