@@ -4,9 +4,11 @@
 
 #include "tensor/norm.h"
 
+#include <array>
 #include <cmath>
 #include <vector>
 
+#include "tensor/parallel.h"
 #include "test_util.h"
 
 using namespace loom;
@@ -431,6 +433,50 @@ TEST(LayerNorm, Gradcheck) {
   EXPECT_GRADCHECK([](In t) { return layer_norm(t[0], {3, 4}, t[1], t[2], 1e-3); }, {x, w2, b2});
   EXPECT_GRADCHECK([](In t) { return layer_norm(t[0], {4}); }, {x});
   EXPECT_GRADCHECK([](In t) { return layer_norm(t[0], {4}, Tensor(), t[1]); }, {x, b});
+}
+
+// The float32 backward (rows in fixed blocks, dweight and dbias summed per block: Note [Layer
+// norm backward in one pass]) against float64's, with and without a weight, for each set of
+// gradients, and to the bit the same on 1 and 2 threads.
+TEST(LayerNorm, Float32BackwardMatchesFloat64OnAnyThreadCount) {
+  manual_seed(11);
+  const int64_t rows = 700, cols = 96;  // several blocks, the last one short
+  const Tensor x = add(randn({rows, cols}, kFloat64), full({}, 2.0, kFloat64));
+  const Tensor dy = randn({rows, cols}, kFloat64), b = randn({cols}, kFloat64);
+  const int threads = get_num_threads();
+  for (const Tensor& w : {randn({cols}, kFloat64), Tensor()}) {
+    SCOPED_TRACE(w.defined() ? "with a weight" : "without a weight");
+    const auto f64 = kernels::layer_norm_forward(x, cols, w, b, 1e-5);
+    const kernels::NormGrads want =
+        kernels::layer_norm_backward(dy, x, f64.mean, f64.rstd, w, cols, {true, true, true});
+    const Tensor x32 = x.to(kFloat32), dy32 = dy.to(kFloat32);
+    const Tensor w32 = w.defined() ? w.to(kFloat32) : Tensor();
+    const auto f32 = kernels::layer_norm_forward(x32, cols, w32, b.to(kFloat32), 1e-5);
+    for (const std::array<bool, 3> need :
+         {std::array<bool, 3>{true, true, true}, std::array<bool, 3>{true, false, false},
+          std::array<bool, 3>{false, true, true}}) {
+      std::vector<kernels::NormGrads> got;
+      for (int t : {1, 2}) {
+        set_num_threads(t);
+        got.push_back(kernels::layer_norm_backward(dy32, x32, f32.mean, f32.rstd, w32, cols, need));
+      }
+      set_num_threads(threads);
+      const kernels::NormGrads& g = got[0];
+      ASSERT_EQ(g.dx.defined(), need[0]);
+      ASSERT_EQ(g.dweight.defined(), need[1]);
+      ASSERT_EQ(g.dbias.defined(), need[2]);
+      if (need[0]) {
+        EXPECT_TRUE(tensors_close(g.dx, want.dx.to(kFloat32), 1e-4, 1e-4));
+        EXPECT_TRUE(tensors_close(g.dx, got[1].dx, 0, 0));
+      }
+      if (need[1]) {
+        EXPECT_TRUE(tensors_close(g.dweight, want.dweight.to(kFloat32), 1e-4, 1e-3));
+        EXPECT_TRUE(tensors_close(g.dweight, got[1].dweight, 0, 0));
+        EXPECT_TRUE(tensors_close(g.dbias, want.dbias.to(kFloat32), 1e-4, 1e-3));
+        EXPECT_TRUE(tensors_close(g.dbias, got[1].dbias, 0, 0));
+      }
+    }
+  }
 }
 
 TEST(LayerNorm, Errors) {
