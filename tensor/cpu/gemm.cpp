@@ -5,7 +5,7 @@
 //
 // Note [GEMM blocking]
 // C[M,N] = alpha A[M,K] B[K,N] + beta C, computed in blocks sized for the caches. Each thread
-// takes a range of C's columns and runs, on its own packing buffers:
+// takes a range of C's columns (or rows, where M > N) and runs, on its own packing buffers:
 //   for jc in its columns by NC:            B block KC x NC stays in L2/L3
 //     for pc in K by KC:
 //       pack B[pc:+KC, jc:+NC] into panels of NR columns, k-major
@@ -74,24 +74,31 @@ void scale_c(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
   }
 }
 
-// C += alpha op(A) op(B) by the packed driver of tensor/cpu/packed_gemm.h. Threads split C by
-// columns, whole NR-wide panels each, so no two write the same element; each thread packs its
-// own blocks (A is packed by every thread: small next to the multiply). alpha is folded into
-// the packed A block.
+// C += alpha op(A) op(B) by the packed driver of tensor/cpu/packed_gemm.h. Threads split C into
+// ranges of whole panels, so that no two write the same element, and each packs its own blocks:
+// a thread with a range of C's columns packs all of A, one with a range of rows all of B. So C
+// is split along the dimension that makes the smaller operand the one packed by every thread:
+// by rows where M > N (the K x N operand is the smaller), else by columns. A thread's panels are
+// the ones one thread would use (whole MR rows or NR columns from 0), so every element is the
+// same sum in the same order whatever the split. alpha is folded into the packed A block.
 template <typename B, typename T = typename B::Scalar>
 void threaded_packed_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha,
                           const T* a, int64_t lda, const T* b, int64_t ldb, T* c, int64_t ldc,
                           bool accumulate) {
   const int64_t a_rs = trans_a ? 1 : lda, a_cs = trans_a ? lda : 1;
   const int64_t b_rs = trans_b ? 1 : ldb, b_cs = trans_b ? ldb : 1;
-  const int64_t panels = (n + B::nr - 1) / B::nr;
+  const bool by_rows = m > n;
+  const int64_t unit = by_rows ? B::mr : B::nr, extent = by_rows ? m : n;
+  const int64_t panels = (extent + unit - 1) / unit;
   parallel_for(0, panels, 2, [&](int64_t lo, int64_t hi) {
-    const int64_t j0 = lo * B::nr, cols = std::min(n, hi * B::nr) - j0;
+    const int64_t first = lo * unit, count = std::min(extent, hi * unit) - first;
+    const int64_t i0 = by_rows ? first : 0, rows = by_rows ? count : m;
+    const int64_t j0 = by_rows ? 0 : first, cols = by_rows ? n : count;
     ScratchFrame frame;
     T* b_scratch = frame.get<T>(B::kc * ((B::nc + B::nr - 1) / B::nr * B::nr));
     T* a_scratch = frame.get<T>(B::mc * B::kc);
     auto a_block = [&](int64_t ic, int64_t mc, int64_t pc, int64_t kc, T* scratch) -> const T* {
-      pack_a<B>(a + ic * a_rs + pc * a_cs, a_rs, a_cs, mc, kc, scratch);
+      pack_a<B>(a + (i0 + ic) * a_rs + pc * a_cs, a_rs, a_cs, mc, kc, scratch);
       if (alpha != T(1)) {
         const int64_t packed = (mc + B::mr - 1) / B::mr * B::mr * kc;
         for (int64_t i = 0; i < packed; ++i) scratch[i] *= alpha;
@@ -105,8 +112,8 @@ void threaded_packed_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int6
       else
         pack_b_strided<B>(src, b_rs, b_cs, kc, nc, dst);
     };
-    packed_gemm<B>(m, cols, k, a_block, pack_b, c + j0, ldc, accumulate, b_scratch, a_scratch,
-                   balanced_kc<B>(k));
+    packed_gemm<B>(rows, cols, k, a_block, pack_b, c + i0 * ldc + j0, ldc, accumulate, b_scratch,
+                   a_scratch, balanced_kc<B>(k));
   });
 }
 
