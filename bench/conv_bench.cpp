@@ -15,7 +15,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -32,6 +31,7 @@
 namespace {
 
 using loom::bench::median;
+using loom::bench::timed_ms;
 
 using loom::Tensor;
 using loom::bench::TorchPeer;
@@ -59,14 +59,6 @@ Layer at_width(const Layer& l, int64_t width) {
 
 std::string layer_name(const Layer& l) {
   return loom::detail::str(l.c, "->", l.o, " ", l.k, "x", l.k, l.stride > 1 ? " s2 " : " ", l.hw);
-}
-
-template <typename F>
-double timed_ms(F&& f) {
-  const auto start = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-      .count();
 }
 
 struct Times {

@@ -21,7 +21,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -40,15 +39,8 @@ namespace {
 
 using loom::Tensor;
 using loom::bench::median;
+using loom::bench::timed_ms;
 using loom::bench::TorchPeer;
-
-template <typename F>
-double timed_ms(F&& f) {
-  const auto start = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-      .count();
-}
 
 // One case: its name, the peer's request that sets it up, and loom's two passes.
 struct Case {

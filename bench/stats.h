@@ -1,8 +1,10 @@
 // bench/stats.h — the one statistic the benchmarks report: the median of repeated timings (the
-// machines are shared, and a median ignores the repetitions another process slowed down).
+// machines are shared, and a median ignores the repetitions another process slowed down); and
+// the timer they take them with.
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <vector>
 
 namespace loom::bench {
@@ -13,6 +15,15 @@ inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Milliseconds f() took, by the steady clock.
+template <typename F>
+double timed_ms(F&& f) {
+  const auto start = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
 }
 
 }  // namespace loom::bench

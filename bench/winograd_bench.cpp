@@ -8,7 +8,6 @@
 //                  [--layer I]
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -23,6 +22,7 @@ namespace {
 
 using loom::Tensor;
 using loom::bench::median;
+using loom::bench::timed_ms;
 using loom::cpu::WinogradShape;
 using loom::cpu::WinogradTile;
 
@@ -36,14 +36,6 @@ const std::vector<Layer> kLayers = {
     {3, 32, 64, "3->64 32x32"},    {64, 32, 64, "64->64 32x32"},  {128, 16, 128, "128->128 16x16"},
     {256, 8, 256, "256->256 8x8"}, {512, 4, 512, "512->512 4x4"},
 };
-
-template <typename F>
-double timed_ms(F&& f) {
-  const auto start = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-      .count();
-}
 
 enum Pass { kForward, kBackwardData, kBackwardWeight, kPasses };
 const char* const kPassNames[kPasses] = {"forward", "backward-data", "backward-weight"};
