@@ -95,11 +95,12 @@ T* ptr_or_null(const Tensor& t) {
 // A channel of [N, C, S] is N rows of S values, C S apart. The hardware prefetchers follow a
 // stream within a page, so they start over at every row, and the passes that read a channel
 // from memory (its statistics, the backward's sums) wait on the first lines of each row: all of
-// a row at 8 x 8 (S = 64, four lines). Where a row is shorter than a page, these passes ask for
-// the row `ahead` rows on, about 2 KiB ahead, a line at a time, as they start each row. On
-// [128, C, S] with 2 threads that took 15-20% off the batch norm's forward and backward at
-// 16 x 16 and 8 x 8; at 32 x 32 (a page per row) it added 5-20%, so rows of a page or more are
-// left to the hardware (ahead = 0).
+// a row at 8 x 8 (S = 64, four lines). Where a row is shorter than a page, these passes (not
+// the ones that follow them over the same channel, in cache by then) ask for the row `ahead`
+// rows on, about 2 KiB ahead, a line at a time, as they start each row. On [128, C, S] with 2
+// threads that took 15-20% off the batch norm's forward and backward at 16 x 16 and 8 x 8; at
+// 32 x 32 (a page per row) it added 5-20%, so rows of a page or more are left to the hardware
+// (ahead = 0).
 template <typename T>
 int64_t rows_ahead(const ChannelLayout& l) {
   const int64_t per_page = 4096 / static_cast<int64_t>(sizeof(T));
@@ -113,11 +114,15 @@ inline void fetch_row(const T* row, int64_t s) {
   for (int64_t i = 0; i < s; i += kLine) __builtin_prefetch(row + i);
 }
 
+// Where a pass finds the channel: read from memory (its first pass), or in cache (a pass
+// that follows one over the same channel), where fetching ahead would only add instructions.
+enum class Source { kMemory, kCache };
+
 // Sum of f(value, index-in-row) over one channel of [N, C, S].
 template <typename T, typename F>
-double channel_sum(const T* data, const ChannelLayout& l, int64_t c, F&& f) {
+double channel_sum(const T* data, const ChannelLayout& l, int64_t c, Source source, F&& f) {
   LaneSum total;
-  const int64_t ahead = rows_ahead<T>(l);
+  const int64_t ahead = source == Source::kMemory ? rows_ahead<T>(l) : 0;
   for (int64_t b = 0; b < l.n; ++b) {
     if (ahead && b + ahead < l.n) fetch_row(data + l.row(b + ahead, c), l.s);
     const T* row = data + l.row(b, c);
@@ -130,9 +135,10 @@ double channel_sum(const T* data, const ChannelLayout& l, int64_t c, F&& f) {
 template <typename T>
 std::pair<double, double> channel_moments(const T* x, const ChannelLayout& l, int64_t c) {
   const double count = static_cast<double>(l.count());
-  const double mean =
-      channel_sum(x, l, c, [](const T* r, int64_t i) { return static_cast<double>(r[i]); }) / count;
-  const double var = channel_sum(x, l, c,
+  const double mean = channel_sum(x, l, c, Source::kMemory,
+                                  [](const T* r, int64_t i) { return static_cast<double>(r[i]); }) /
+                      count;
+  const double var = channel_sum(x, l, c, Source::kCache,
                                  [mean](const T* r, int64_t i) {
                                    const double d = static_cast<double>(r[i]) - mean;
                                    return d * d;
@@ -410,8 +416,9 @@ BatchNormSums batch_norm_sums(const Tensor& x) {
     }
     parallel_for(0, l.c, grain_for(l.count()), [&](int64_t lo, int64_t hi) {
       for (int64_t c = lo; c < hi; ++c) {
-        sum[c] = channel_sum(xp, mem, c, [](const T* r, int64_t i) { return double(r[i]); });
-        sum_sq[c] = channel_sum(xp, mem, c,
+        sum[c] = channel_sum(xp, mem, c, Source::kMemory,
+                             [](const T* r, int64_t i) { return double(r[i]); });
+        sum_sq[c] = channel_sum(xp, mem, c, Source::kCache,
                                 [](const T* r, int64_t i) { return double(r[i]) * double(r[i]); });
       }
     });
