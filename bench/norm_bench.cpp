@@ -9,16 +9,11 @@
 // then relu, and backward threshold_backward, then native_batch_norm_backward, as torchvision's
 // ResNet does. The backward computes dx, dweight and dbias on both sides.
 //
-// The two sides alternate call by call, and each call takes a millisecond or so: with libgomp's
-// default wait policy, each side's threads spin for a while after its work on the cores the other
-// side is about to use (docs/cpu_speed.md, the main job's section). So both wait passively,
-// unless OMP_WAIT_POLICY is set: libgomp reads it as it loads, so the program first runs itself
-// again with it set.
+// The two sides alternate call by call, and each call takes a millisecond or so, so both wait
+// passively unless OMP_WAIT_POLICY is set (wait_passively, bench/torch_peer.h).
 //
 //   norm_bench [--threads N (2)] [--repeats R (9)] [--batch B (128)] [--width W (16)]
 //              [--channels-last] [--no-torch] [--python PATH] [--script PATH]
-
-#include <unistd.h>
 
 #include <algorithm>
 #include <csignal>
@@ -95,10 +90,7 @@ Case layer_norm_case(int64_t m, int64_t d) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (!std::getenv("OMP_WAIT_POLICY")) {
-    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-    execv("/proc/self/exe", argv);  // returns only when it fails: then run as we are
-  }
+  loom::bench::wait_passively(argv);
   int threads = 2, repeats = 9;
   int64_t batch = 128, width = 16;
   bool channels_last = false, with_torch = true;

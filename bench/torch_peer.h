@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -14,6 +15,18 @@
 namespace loom::bench {
 
 using nlohmann::json;
+
+// For a benchmark whose calls alternate with the peer's and take a millisecond or so: with
+// libgomp's default wait policy each side's threads spin for a while after its work, on the
+// cores the other side is about to use (docs/cpu_speed.md, the main job's section). Unless
+// OMP_WAIT_POLICY is set, this sets it to PASSIVE for both sides and runs the program again
+// (libgomp reads it as it loads); if that fails, the program goes on as it is. Call it first
+// in main.
+inline void wait_passively(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY")) return;
+  setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  execv("/proc/self/exe", argv);
+}
 
 class TorchPeer {
  public:
