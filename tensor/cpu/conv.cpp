@@ -818,16 +818,17 @@ bool winograd_fits(const Geometry& g, DType dtype) {
 }
 
 DirectShape direct_shape(const Geometry& g) {
-  return {.n = g.n, .c = g.c, .h = g.h, .w = g.w, .o = g.o};
+  return {.n = g.n, .c = g.c, .h = g.h, .w = g.w, .o = g.o, .stride = g.stride[0]};
 }
 
-// The layers the direct 3x3 kernels compute: float32, 3x3, stride 1, padding 1, no dilation,
-// one group, and a shape direct_conv3x3_fits (AVX2 or AVX-512, rows of whole vectors or with
-// AVX-512 rows that divide one, 8 to 128 channels).
+// The layers the direct 3x3 kernels compute: float32, 3x3, stride 1 or 2 (the same both ways),
+// padding 1, no dilation, one group, and a shape direct_conv3x3_fits (AVX2 or AVX-512, output
+// rows of whole vectors or with AVX-512 rows that divide one, 8 to 128 channels; stride 2 on
+// even sides).
 bool direct_fits(const Geometry& g, DType dtype) {
-  return dtype == kFloat32 && g.kh == 3 && g.kw == 3 && g.stride == Pair{1, 1} &&
-         g.padding == Pair{1, 1} && g.dilation == Pair{1, 1} && g.groups == 1 &&
-         direct_conv3x3_fits(direct_shape(g));
+  return dtype == kFloat32 && g.kh == 3 && g.kw == 3 && g.stride[0] == g.stride[1] &&
+         (g.stride[0] == 1 || g.stride[0] == 2) && g.padding == Pair{1, 1} &&
+         g.dilation == Pair{1, 1} && g.groups == 1 && direct_conv3x3_fits(direct_shape(g));
 }
 
 // Note [Winograd in kAuto]
@@ -850,7 +851,8 @@ bool winograd_pays(const Geometry& g, DType dtype, bool direct) {
          (channels >= 128 || (channels >= 64 && !direct));
 }
 
-// What a fixed algorithm (not kBenchmark) computes this layer with. kAuto: where every thread
+// What a fixed algorithm (not kBenchmark) computes this layer's forward or backward pass with.
+// kAuto: where every thread
 // gets samples (or the conv is small), Winograd F(4x4) where it pays (Note [Winograd in kAuto]),
 // else the packed channels-last engine for a channels-last x it fits, else the direct 3x3
 // kernels where they pay (direct_conv3x3_pays: where they fit on AVX-512, faster than the
@@ -858,7 +860,7 @@ bool winograd_pays(const Geometry& g, DType dtype, bool direct) {
 // product. A Winograd or direct algorithm on a layer it does not fit takes kAuto's choice. A
 // channels-last x that conv2d_nhwc fits (nhwc) is convolved as it is under kAuto and kPacked.
 Method fixed_method(Conv2dAlgorithm algorithm, const Geometry& g, const Schedule& s, DType dtype,
-                    bool nhwc) {
+                    bool nhwc, bool backward) {
   switch (algorithm) {
     case Conv2dAlgorithm::kPacked:
       return nhwc ? Method::kPackedNhwc : Method::kPacked;
@@ -881,7 +883,7 @@ Method fixed_method(Conv2dAlgorithm algorithm, const Geometry& g, const Schedule
     if (nhwc)
       return winograd_pays(g, dtype, /*direct=*/false) ? Method::kWinogradF4x4
                                                        : Method::kPackedNhwc;
-    const bool direct = direct_fits(g, dtype) && direct_conv3x3_pays(direct_shape(g));
+    const bool direct = direct_fits(g, dtype) && direct_conv3x3_pays(direct_shape(g), backward);
     if (winograd_pays(g, dtype, direct)) return Method::kWinogradF4x4;
     return direct ? Method::kDirect : Method::kPacked;
   }
@@ -944,7 +946,8 @@ template <typename Run>
 Method choose_method(const Geometry& g, const Schedule& s, DType dtype, int pass, bool nhwc,
                      Run&& run) {
   const Conv2dAlgorithm algorithm = kernels::get_conv2d_algorithm();
-  if (algorithm != Conv2dAlgorithm::kBenchmark) return fixed_method(algorithm, g, s, dtype, nhwc);
+  if (algorithm != Conv2dAlgorithm::kBenchmark)
+    return fixed_method(algorithm, g, s, dtype, nhwc, /*backward=*/pass != 0);
   const LayerKey key = layer_key(g, dtype, pass, nhwc);
   {
     std::lock_guard lock(g_choices_mutex);

@@ -5,6 +5,7 @@
 #include "tensor/cpu/conv_direct.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <ostream>
 #include <vector>
@@ -78,30 +79,88 @@ namespace loom::cpu {
 //   engine's time at 32 to 128 channels on 8 x 8 and 4 x 4. The weight gradient on narrow rows
 //   was level with the packed engine's, which conv2d keeps (direct_weight_grad_pays).
 
+// Note [Stride 2 in phases]
+//   A stride-2 layer (ResNet-18's first 3x3 convolution of stages 2 to 4) reads every other
+//   column, so the vector of an output row's 16 pixels would be a strided gather. Split the
+//   input into its four phases instead, x_pq[a, b] = x[2a + p, 2b + q]: tap (r, s) of output
+//   pixel (i, j) reads x[2i + r - 1, 2j + s - 1], which is phase p = (r + 1) % 2 at row
+//   i + (r - 1 - p) / 2 (r = 0: phase 1, row i - 1; r = 1: phase 0, row i; r = 2: phase 1, row i),
+//   and the same for columns. Within a phase the taps are again consecutive pixels: the forward
+//   and the weight gradient run the stride-1 tiles over the output's grid, reading the phase
+//   planes (each with a zero first row and column for the taps at i - 1 and j - 1; on narrow
+//   rows, three column copies per row phase, as Note [Narrow rows]) through a table of the nine
+//   taps' offsets.
+//   The backward-data is the reverse: dx's phase (p, q) is a convolution of dy with the taps
+//   that land on it (r = 1 on even rows; r = 0 from row a + 1 and r = 2 from row a on odd ones):
+//   1, 2, 2 and 4 taps of dy's zero-padded copy, each phase a forward tile's pass with its own
+//   table. The phases go to a buffer per chunk of samples, then are interleaved into dx's rows.
+//   The products are the stride-1 tiles' (the same FMAs per load); the phase copies, with a
+//   quarter of the products per input value, and the backward-data's interleaving are the extra
+//   work. Against the packed engine, which builds a patch matrix for these layers, it gains on
+//   the forward and, only where rows are wide and channels few, on the backward-data
+//   (direct_conv3x3_pays; docs/cpu_speed.md).
+
 namespace {
 
 constexpr int kPixelVectors = 3;         // forward: pixel vectors per tile
 constexpr int64_t kForwardPixels = 256;  // forward: pixels per chunk of samples at least
 constexpr int64_t kGradPixels = 1024;    // backward-weight: pixels a tile runs over at least
 
-// The zero-padded images: [C, H+2, W+2] per sample, where tap (r, s) of output pixel (i, j) is
-// at (i + r, j + s); where rows are narrower than a vector (Note [Narrow rows]), three planes
-// [H+2, W] per channel, the rows shifted by s - 1 columns, where it is at (s, i + r, j). tap: the
-// distance from s to s + 1.
+// How the tiles find a tap's input: at offsets fixed at compile time on stride 1's wide and
+// narrow layouts, or through a TapTable (stride 2's phases, and its backward-data).
+enum class Taps : uint8_t { kWide, kNarrow, kTable };
+
+// Taps a tile sums: where each one's input vector is, from the output vector's position in the
+// padded planes, and which of the packed weights' nine taps it multiplies.
+struct TapTable {
+  int count = 0;
+  std::array<int64_t, 9> offset{};
+  std::array<int, 9> weight{};
+};
+
+// The zero-padded input planes of one layer. The tiles run over the output grid ho x wo; an
+// output vector at pixel (i, j) sits at i * wp + j in channel 0's planes (wide rows: j a
+// multiple of the lanes; narrow: a vector holds whole rows).
+//   Stride 1: [C, H+2, W+2] per sample, tap (r, s) at (i + r, j + s); where rows are narrower
+//   than a vector (Note [Narrow rows]), three planes [H+2, W] per channel, the rows shifted by
+//   s - 1 columns, tap (r, s) at (s, i + r, j). tap: the distance from s to s + 1.
+//   Stride 2 (Note [Stride 2 in phases]): four phase planes [ho+1, wo+1] per channel, (p, q) at
+//   2p + q; on narrow rows six [ho+1, wo], (p, s) at 3p + s; tap: the distance between planes.
+//   `taps` holds the nine taps' offsets.
 struct Padded {
-  int64_t c, h, w;
+  int64_t c, h, w, stride;  // the input
+  int64_t ho, wo;           // the output grid
   bool narrow;
   int64_t hp, wp, tap, plane, sample;  // plane: one channel's floats
-  Padded(int64_t c_, int64_t h_, int64_t w_, int64_t lanes)
-      : c(c_),
-        h(h_),
-        w(w_),
-        narrow(w_ % lanes != 0),
-        hp(h_ + 2),
-        wp(narrow ? w_ : w_ + 2),
-        tap(narrow ? hp * wp : 1),
-        plane(narrow ? 3 * hp * wp : hp * wp),
-        sample(c_ * plane) {}
+  TapTable taps;
+  Padded(int64_t c_, int64_t h_, int64_t w_, int64_t stride_, int64_t lanes)
+      : c(c_), h(h_), w(w_), stride(stride_), ho(h_ / stride_), wo(w_ / stride_) {
+    narrow = wo % lanes != 0;
+    if (stride == 1) {
+      hp = h + 2, wp = narrow ? w : w + 2;
+      tap = narrow ? hp * wp : 1;
+      plane = narrow ? 3 * hp * wp : hp * wp;
+    } else {
+      hp = ho + 1, wp = narrow ? wo : wo + 1;
+      tap = hp * wp;
+      plane = (narrow ? 6 : 4) * tap;
+    }
+    sample = c * plane;
+    taps.count = 9;
+    for (int r = 0; r < 3; ++r)
+      for (int s = 0; s < 3; ++s) {
+        const int t = r * 3 + s;
+        taps.weight[t] = t;
+        if (stride == 1) {
+          taps.offset[t] = r * wp + (narrow ? s * tap : s);
+        } else {
+          const int p = (r + 1) % 2, q = (s + 1) % 2;  // the phases; the row is i - 1 at r = 0
+          const int64_t row = r == 0 ? 0 : 1;
+          taps.offset[t] = narrow ? (3 * p + s) * tap + row * wp
+                                  : (2 * p + q) * tap + row * wp + (s == 0 ? 0 : 1);
+        }
+      }
+  }
 };
 
 // ------------------------------------------------------------------ the tiles, per instruction set
@@ -128,6 +187,22 @@ struct Vec {
   static V broadcast(float s) { return _mm512_set1_ps(s); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V zero() { return _mm512_setzero_ps(); }
+  static void deinterleave(const float* p, V& even, V& odd) {
+    const V a = load(p), b = load(p + 16);
+    even = _mm512_permutex2var_ps(
+        a, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), b);
+    odd = _mm512_permutex2var_ps(
+        a, _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31), b);
+  }
+  static void interleave(V even, V odd, float* p) {
+    store(p, _mm512_permutex2var_ps(
+                 even, _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
+                 odd));
+    store(p + 16,
+          _mm512_permutex2var_ps(
+              even, _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31),
+              odd));
+  }
 };
 #include "tensor/cpu/conv_direct_tiles.h"  // NOLINT(build/include)
 #if defined(__clang__)
@@ -149,6 +224,21 @@ struct Vec {
   static V broadcast(float s) { return _mm256_set1_ps(s); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V zero() { return _mm256_setzero_ps(); }
+  // shuffle_ps picks within 128-bit halves; permute4x64 then puts the 64-bit pairs in order.
+  static void deinterleave(const float* p, V& even, V& odd) {
+    const V a = load(p), b = load(p + 8);
+    even = _mm256_castpd_ps(
+        _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0))),
+                              _MM_SHUFFLE(3, 1, 2, 0)));
+    odd = _mm256_castpd_ps(
+        _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1))),
+                              _MM_SHUFFLE(3, 1, 2, 0)));
+  }
+  static void interleave(V even, V odd, float* p) {
+    const V lo = _mm256_unpacklo_ps(even, odd), hi = _mm256_unpackhi_ps(even, odd);
+    store(p, _mm256_permute2f128_ps(lo, hi, 0x20));
+    store(p + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+  }
 };
 #include "tensor/cpu/conv_direct_tiles.h"  // NOLINT(build/include)
 }  // namespace avx2
@@ -181,19 +271,26 @@ int64_t lanes_here() {
   return lanes;
 }
 
-// wp [O/B, C, 9, B] from weight [O, C, 3, 3], B = Isa's out_block; flipped: from the
-// backward-data's weight, the forward's [C, O, 3, 3] read with its channels swapped and its taps
-// reversed.
+// How pack_weight reads the layer's weight [O, C, 3, 3]: as it is (the forward), with its
+// channels swapped (the stride-2 backward-data, Note [Stride 2 in phases]), or swapped and its
+// taps reversed (the stride-1 backward-data, a forward of dy: Note [dx as a convolution] in
+// conv.cpp).
+enum class Orientation : uint8_t { kForward, kSwapped, kFlipped };
+
+// wp [T/B, S, 9, B] for a tile with T output and S input channels, B = Isa's out_block, from
+// weight [T, S, 3, 3] (kForward) or [S, T, 3, 3].
 template <typename Isa>
 std::vector<float> pack_weight(const float* weight, int64_t o_count, int64_t c_count,
-                               bool flipped) {
+                               Orientation orientation) {
   constexpr int64_t b = Isa::Traits::out_block;
   std::vector<float> wp(static_cast<size_t>(o_count * c_count * 9));
   for (int64_t o = 0; o < o_count; ++o)
     for (int64_t c = 0; c < c_count; ++c)
       for (int64_t t = 0; t < 9; ++t)
         wp[((o / b * c_count + c) * 9 + t) * b + o % b] =
-            flipped ? weight[(c * o_count + o) * 9 + 8 - t] : weight[(o * c_count + c) * 9 + t];
+            orientation == Orientation::kForward   ? weight[(o * c_count + c) * 9 + t]
+            : orientation == Orientation::kSwapped ? weight[(c * o_count + o) * 9 + t]
+                                                   : weight[(c * o_count + o) * 9 + 8 - t];
   return wp;
 }
 
@@ -204,44 +301,101 @@ float* zeros(ScratchFrame& frame, int64_t size) {
   return p;
 }
 
-// y [N, O, H, W] = the direct convolution of x [N, C, H, W] with weights packed by pack_weight;
-// the threads split the batch, and take it in chunks of samples whose vectors the tiles run
-// through as one sequence (several samples per chunk where images are small).
-template <typename Isa>
-void forward_packed(const DirectShape& s, const float* x, const float* wp, float* y) {
+// The tiles' passes over a batch: each table's taps of the padded copies of `input` [N, C, H, W]
+// (made by fill), with weights packed by pack_weight for s.o output channels. The threads split
+// the batch, and take it in chunks of samples whose vectors the tiles run through as one
+// sequence (several samples per chunk where images are small). out_at(buffer, n0, k, o, table)
+// is where the pass of table `table` writes output channel o of sample n0 + k, out_plane floats
+// from channel o + 1; buffer is the thread's own, buffer_per_sample floats per sample of a
+// chunk; done(buffer, n0, count) follows each chunk.
+template <typename Isa, Taps L, typename Fill, typename OutAt, typename Done>
+void forward_tiles(const DirectShape& s, const Padded& pad, const TapTable* tables, int n_tables,
+                   Fill fill, const float* input, const float* wp, int64_t out_plane,
+                   int64_t buffer_per_sample, OutAt&& out_at, Done&& done) {
   using Vec = typename Isa::Traits;
   constexpr int64_t lanes = Vec::lanes;
-  const Padded pad(s.c, s.h, s.w, lanes);
-  const int64_t p = s.h * s.w, per_sample = p / lanes;
+  const int64_t p = pad.ho * pad.wo, per_sample = p / lanes;
   const int64_t chunk = std::max<int64_t>(1, kForwardPixels / p);
   parallel_for(0, s.n, 1, [&](int64_t lo, int64_t hi) {
     ScratchFrame frame;
     const int64_t buffered = std::min(chunk, hi - lo);
     float* xp = zeros(frame, buffered * pad.sample);
+    float* buffer = frame.get<float>(buffered * buffer_per_sample);
+    const int64_t sample = pad.c * pad.h * pad.w;
     for (int64_t n0 = lo; n0 < hi; n0 += chunk) {
       const int64_t count = std::min(chunk, hi - n0), vectors = count * per_sample;
-      Isa::fill(x + n0 * s.c * p, count, pad, xp);
-      for (int64_t ob = 0; ob < s.o; ob += Vec::out_block) {
-        const float* wb = wp + ob * s.c * 9;
-        int64_t v = 0;
-        const auto tile = [&]<int R>() {
-          int64_t in_at[R];
-          float* out_at[R];
-          for (int k = 0; k < R; ++k) {
-            const int64_t n = (v + k) / per_sample, q = (v + k) % per_sample * lanes;
-            in_at[k] = n * pad.sample + q / s.w * pad.wp + q % s.w;
-            out_at[k] = y + ((n0 + n) * s.o + ob) * p + q;
-          }
-          const auto run =
-              pad.narrow ? Isa::template forward<R, true> : Isa::template forward<R, false>;
-          run(xp, wb, pad, in_at, out_at, p);
-          v += R;
-        };
-        while (v + kPixelVectors <= vectors) tile.template operator()<kPixelVectors>();
-        while (v < vectors) tile.template operator()<1>();
-      }
+      fill(input + n0 * sample, count, pad, xp);
+      for (int table = 0; table < n_tables; ++table)
+        for (int64_t ob = 0; ob < s.o; ob += Vec::out_block) {
+          const float* wb = wp + ob * pad.c * 9;
+          int64_t v = 0;
+          const auto tile = [&]<int R>() {
+            int64_t in_at[R];
+            float* at[R];
+            for (int k = 0; k < R; ++k) {
+              const int64_t n = (v + k) / per_sample, q = (v + k) % per_sample * lanes;
+              in_at[k] = n * pad.sample + q / pad.wo * pad.wp + q % pad.wo;
+              at[k] = out_at(buffer, n0, n, ob, table) + q;
+            }
+            Isa::template forward<R, L>(xp, wb, pad, tables[table], in_at, at, out_plane);
+            v += R;
+          };
+          while (v + kPixelVectors <= vectors) tile.template operator()<kPixelVectors>();
+          while (v < vectors) tile.template operator()<1>();
+        }
+      done(buffer, n0, count);
     }
   });
+}
+
+// y [N, O, ho, wo] = the direct convolution of x [N, C, H, W] with weights packed by
+// pack_weight (kForward).
+template <typename Isa>
+void forward_packed(const DirectShape& s, const float* x, const float* wp, float* y) {
+  const Padded pad(s.c, s.h, s.w, s.stride, Isa::Traits::lanes);
+  const int64_t p = pad.ho * pad.wo;
+  const auto out_at = [&](float*, int64_t n0, int64_t k, int64_t o, int) {
+    return y + ((n0 + k) * s.o + o) * p;
+  };
+  const auto done = [](float*, int64_t, int64_t) {};
+  if (s.stride == 2)
+    forward_tiles<Isa, Taps::kTable>(s, pad, &pad.taps, 1, Isa::fill_phases, x, wp, p, 0, out_at,
+                                     done);
+  else if (pad.narrow)
+    forward_tiles<Isa, Taps::kNarrow>(s, pad, &pad.taps, 1, Isa::fill, x, wp, p, 0, out_at, done);
+  else
+    forward_tiles<Isa, Taps::kWide>(s, pad, &pad.taps, 1, Isa::fill, x, wp, p, 0, out_at, done);
+}
+
+// dx [N, C, H, W] of a stride-2 layer from dy [N, O, H/2, W/2] and weights packed by pack_weight
+// (kSwapped): the four phases of Note [Stride 2 in phases], each a pass of the tiles over dy's
+// stride-1 padded copy into the thread's buffer [chunk, C, 4, H/2 W/2], then interleaved into
+// dx's rows.
+template <typename Isa>
+void backward_data_in_phases(const DirectShape& s, const float* dy, const float* wq, float* dx) {
+  const Padded pad(s.o, s.h / 2, s.w / 2, 1, Isa::Traits::lanes);
+  // The taps (r, c) that land on phase (p, q) = ((r + 1) % 2, (c + 1) % 2), and the dy pixel
+  // each reads for dx's (2a + p, 2b + q): (a + 1, b) where r = 0, (a, b) where r = 1 or 2; the
+  // same for columns. In dy's padded copy, pixel (a, b) is at (a + 1, b + 1).
+  TapTable tables[4];
+  for (int r = 0; r < 3; ++r)
+    for (int c = 0; c < 3; ++c) {
+      TapTable& table = tables[2 * ((r + 1) % 2) + (c + 1) % 2];
+      const int64_t row = r == 0 ? 2 : 1, col = c == 0 ? 2 : 1;
+      table.weight[table.count] = r * 3 + c;
+      table.offset[table.count] = row * pad.wp + (pad.narrow ? col * pad.tap : col);
+      ++table.count;
+    }
+  const int64_t p = pad.ho * pad.wo;
+  const DirectShape tiles{.n = s.n, .c = s.o, .h = pad.ho, .w = pad.wo, .o = s.c};
+  const auto out_at = [&](float* buffer, int64_t, int64_t k, int64_t c, int table) {
+    return buffer + ((k * s.c + c) * 4 + table) * p;
+  };
+  const auto done = [&](float* buffer, int64_t n0, int64_t count) {
+    Isa::interleave(buffer, count, s.c, pad.ho, pad.wo, dx + n0 * s.c * 4 * p);
+  };
+  forward_tiles<Isa, Taps::kTable>(tiles, pad, tables, 4, Isa::fill, dy, wq, 4 * p, s.c * 4 * p,
+                                   out_at, done);
 }
 
 // dweight [O, C, 3, 3]: the threads split the batch into parts, each summing its lanes' partial
@@ -249,8 +403,8 @@ void forward_packed(const DirectShape& s, const float* x, const float* wp, float
 template <typename Isa>
 void backward_weight(const DirectShape& s, const float* x, const float* dy, float* dweight) {
   constexpr int64_t lanes = Isa::Traits::lanes, grad_out = Isa::Traits::grad_out;
-  const Padded pad(s.c, s.h, s.w, lanes);
-  const int64_t p = s.h * s.w, taps = s.o * s.c * 9;
+  const Padded pad(s.c, s.h, s.w, s.stride, lanes);
+  const int64_t p = pad.ho * pad.wo, taps = s.o * s.c * 9;
   const int64_t parts = std::clamp<int64_t>(get_num_threads(), 1, s.n);
   const int64_t chunk =
       std::clamp<int64_t>((kGradPixels + p - 1) / p, 1, (s.n + parts - 1) / parts);
@@ -258,18 +412,22 @@ void backward_weight(const DirectShape& s, const float* x, const float* dy, floa
   parallel_for(0, parts, 1, [&](int64_t lo, int64_t hi) {
     ScratchFrame frame;
     float* xp = zeros(frame, chunk * pad.sample);
-    const auto weight_tile = pad.narrow ? Isa::template weight<true> : Isa::template weight<false>;
+    const auto weight_tile = s.stride == 2 ? Isa::template weight<Taps::kTable>
+                             : pad.narrow  ? Isa::template weight<Taps::kNarrow>
+                                           : Isa::template weight<Taps::kWide>;
+    const auto fill = s.stride == 2 ? Isa::fill_phases : Isa::fill;
     for (int64_t part = lo; part < hi; ++part) {
       float* acc = partial.data() + part * taps * lanes;
       const int64_t n_end = s.n * (part + 1) / parts;
+      const int64_t sample = s.c * s.h * s.w;
       for (int64_t n0 = s.n * part / parts; n0 < n_end; n0 += chunk) {
         const int64_t count = std::min(chunk, n_end - n0);
-        Isa::fill(x + n0 * s.c * p, count, pad, xp);
+        fill(x + n0 * sample, count, pad, xp);
         const float* d = dy + n0 * s.o * p;
         for (int64_t o = 0; o < s.o; o += grad_out)
           for (int64_t c = 0; c < s.c; c += 2)
-            for (int64_t r = 0; r < 3; ++r)
-              weight_tile(d + o * p, s.o * p, xp + c * pad.plane, pad, count, r,
+            for (int r = 0; r < 3; ++r)
+              weight_tile(d + o * p, s.o * p, xp + c * pad.plane, pad, pad.taps, count, r,
                           acc + (o * s.c + c) * 9 * lanes, s.c);
       }
     }
@@ -287,9 +445,10 @@ void backward_weight(const DirectShape& s, const float* x, const float* dy, floa
 void check(const DirectShape& s, const char* op) {
   const int64_t lanes = lanes_here();
   LOOM_CHECK(direct_conv3x3_fits(s), ValueError, op, ": the direct 3x3 kernels do not run ", s,
-             " here (they need AVX2 and FMA; W a multiple of the vector width (",
+             " here (they need AVX2 and FMA; stride 1, or 2 with H and W even; the output's W a "
+             "multiple of the vector width (",
              lanes > 0 ? lanes : 8,
-             " floats here), or with AVX-512 a divisor of it with H W a multiple; C and O "
+             " floats here), or with AVX-512 a divisor of it with its H W a multiple; C and O "
              "multiples of 8 and at most ",
              kDirectMaxChannels, ")");
 }
@@ -297,32 +456,43 @@ void check(const DirectShape& s, const char* op) {
 }  // namespace
 
 std::ostream& operator<<(std::ostream& os, const DirectShape& s) {
-  return os << "x=[" << s.n << ", " << s.c << ", " << s.h << ", " << s.w << "] weight=[" << s.o
-            << ", " << s.c << ", 3, 3]";
+  os << "x=[" << s.n << ", " << s.c << ", " << s.h << ", " << s.w << "] weight=[" << s.o << ", "
+     << s.c << ", 3, 3]";
+  if (s.stride != 1) os << " stride " << s.stride;
+  return os;
 }
 
 bool direct_conv3x3_fits(const DirectShape& s) {
   const int64_t lanes = lanes_here();
   if (lanes == 0 || s.n < 1 || s.h < 1 || s.w < 1) return false;
-  const bool wide = s.w % lanes == 0;
-  const bool narrow = lanes == 16 && s.w >= 2 && lanes % s.w == 0 && s.h * s.w % lanes == 0;
+  if (s.stride != 1 && (s.stride != 2 || s.h % 2 != 0 || s.w % 2 != 0)) return false;
+  const int64_t ho = s.h / s.stride, wo = s.w / s.stride;
+  const bool wide = wo % lanes == 0;
+  const bool narrow = lanes == 16 && wo >= 2 && lanes % wo == 0 && ho * wo % lanes == 0;
   return (wide || narrow) && s.c >= 8 && s.c % 8 == 0 && s.c <= kDirectMaxChannels && s.o >= 8 &&
          s.o % 8 == 0 && s.o <= kDirectMaxChannels;
 }
 
-bool direct_conv3x3_pays(const DirectShape& s) {
-  return direct_conv3x3_fits(s) && lanes_here() == 16;
+bool direct_conv3x3_pays(const DirectShape& s, bool backward) {
+  if (!direct_conv3x3_fits(s) || lanes_here() != 16) return false;
+  if (s.stride == 1) return true;
+  // Stride 2, 2 threads, batch 128, against the packed engine (paired medians): 16 -> 32 at 32 x
+  // 32 in 0.77 of its time forward and 0.89 backward-data; on narrow rows (32 -> 64 at 16 x 16,
+  // 64 -> 128 at 8 x 8) 0.88-0.90 forward but 1.05-1.09 backward-data; 64 -> 128 at 32 x 32,
+  // 1.16 and 1.21, its planes and weights past L1 and L2.
+  const bool wide = s.w / 2 % 16 == 0;
+  return wide ? s.c * s.o <= 32 * 32 : !backward;
 }
 
 bool direct_weight_grad_pays(const DirectShape& s) {
   const int64_t lanes = lanes_here();
-  return lanes > 0 && s.w % lanes == 0 && s.o * s.c <= 32 * 32;
+  return lanes > 0 && s.w / s.stride % lanes == 0 && s.o * s.c <= 32 * 32;
 }
 
 void direct_conv3x3(const DirectShape& s, const float* x, const float* weight, float* y) {
   check(s, "direct_conv3x3");
   with_tiles([&]<typename Isa>() {
-    const std::vector<float> wp = pack_weight<Isa>(weight, s.o, s.c, /*flipped=*/false);
+    const std::vector<float> wp = pack_weight<Isa>(weight, s.o, s.c, Orientation::kForward);
     forward_packed<Isa>(s, x, wp.data(), y);
   });
 }
@@ -331,7 +501,12 @@ void direct_conv3x3_backward_data(const DirectShape& s, const float* dy, const f
                                   float* dx) {
   check(s, "direct_conv3x3_backward_data");
   with_tiles([&]<typename Isa>() {
-    const std::vector<float> wp = pack_weight<Isa>(weight, s.c, s.o, /*flipped=*/true);
+    if (s.stride == 2) {
+      const std::vector<float> wq = pack_weight<Isa>(weight, s.c, s.o, Orientation::kSwapped);
+      backward_data_in_phases<Isa>(s, dy, wq.data(), dx);
+      return;
+    }
+    const std::vector<float> wp = pack_weight<Isa>(weight, s.c, s.o, Orientation::kFlipped);
     forward_packed<Isa>({.n = s.n, .c = s.o, .h = s.h, .w = s.w, .o = s.c}, dy, wp.data(), dx);
   });
 }

@@ -1,7 +1,7 @@
 // tests/tensor/conv_direct_test.cpp — the direct 3x3 kernels (tensor/cpu/conv_direct.h) against
-// loops accumulated in double: forward, backward-data and backward-weight on rows of one to
-// three vectors, tile and chunk remainders, uneven thread parts and every channel count they
-// take; the shapes they refuse, and the errors.
+// loops accumulated in double: forward, backward-data and backward-weight at stride 1 and 2 on
+// rows of one to three vectors, tile and chunk remainders, uneven thread parts and every channel
+// count they take; the shapes they refuse, and the errors.
 
 #include "tensor/cpu/conv_direct.h"
 
@@ -24,19 +24,20 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 // Calls visit(x index, weight index, y index) for every multiply of the convolution, padding 1.
 template <typename Visit>
 void for_each_product(const DirectShape& s, Visit&& visit) {
+  const int64_t ho = s.h / s.stride, wo = s.w / s.stride;
   for (int64_t n = 0; n < s.n; ++n)
     for (int64_t o = 0; o < s.o; ++o)
       for (int64_t c = 0; c < s.c; ++c)
         for (int64_t r = 0; r < 3; ++r)
           for (int64_t q = 0; q < 3; ++q)
-            for (int64_t i = 0; i < s.h; ++i) {
-              const int64_t ih = i + r - 1;
+            for (int64_t i = 0; i < ho; ++i) {
+              const int64_t ih = s.stride * i + r - 1;
               if (ih < 0 || ih >= s.h) continue;
-              for (int64_t j = 0; j < s.w; ++j) {
-                const int64_t iw = j + q - 1;
+              for (int64_t j = 0; j < wo; ++j) {
+                const int64_t iw = s.stride * j + q - 1;
                 if (iw < 0 || iw >= s.w) continue;
                 visit(((n * s.c + c) * s.h + ih) * s.w + iw, (o * s.c + c) * 9 + r * 3 + q,
-                      ((n * s.o + o) * s.h + i) * s.w + j);
+                      ((n * s.o + o) * ho + i) * wo + j);
               }
             }
 }
@@ -94,13 +95,22 @@ const DirectShape kShapes[] = {
     {.n = 5, .c = 8, .h = 4, .w = 4, .o = 16},
     {.n = 2, .c = 8, .h = 2, .w = 8, .o = 24},
     {.n = 3, .c = 8, .h = 8, .w = 2, .o = 8},
+    // Stride 2 (Note [Stride 2 in phases]): output rows of one and two vectors, odd output
+    // heights, and narrow output rows of 8, 4 and 2 pixels.
+    {.n = 3, .c = 16, .h = 6, .w = 32, .o = 8, .stride = 2},
+    {.n = 2, .c = 8, .h = 10, .w = 64, .o = 24, .stride = 2},
+    {.n = 5, .c = 32, .h = 4, .w = 16, .o = 16, .stride = 2},
+    {.n = 3, .c = 16, .h = 16, .w = 16, .o = 8, .stride = 2},
+    {.n = 4, .c = 8, .h = 8, .w = 8, .o = 16, .stride = 2},
+    {.n = 2, .c = 8, .h = 16, .w = 4, .o = 8, .stride = 2},
 };
 
-// Whether the tiles here cover the shape: rows of whole vectors, or with AVX-512 rows that divide
-// a vector and planes of whole vectors.
+// Whether the tiles here cover the shape: output rows of whole vectors, or with AVX-512 rows that
+// divide a vector and planes of whole vectors.
 bool covered(const DirectShape& s) {
-  if (s.w % lanes() == 0) return true;
-  return lanes() == 16 && 16 % s.w == 0 && s.h * s.w % 16 == 0;
+  const int64_t ho = s.h / s.stride, wo = s.w / s.stride;
+  if (wo % lanes() == 0) return true;
+  return lanes() == 16 && 16 % wo == 0 && ho * wo % 16 == 0;
 }
 
 TEST(DirectConv3x3, AllThreePassesMatchDoubleLoops) {
@@ -109,7 +119,8 @@ TEST(DirectConv3x3, AllThreePassesMatchDoubleLoops) {
   for (const DirectShape& s : kShapes) {
     ASSERT_EQ(direct_conv3x3_fits(s), covered(s)) << s;
     if (!covered(s)) continue;
-    const int64_t xs = s.n * s.c * s.h * s.w, ys = s.n * s.o * s.h * s.w, ws = s.o * s.c * 9;
+    const int64_t xs = s.n * s.c * s.h * s.w, ws = s.o * s.c * 9;
+    const int64_t ys = s.n * s.o * (s.h / s.stride) * (s.w / s.stride);
     const std::vector<float> x = random_floats(xs, rng), w = random_floats(ws, rng),
                              dy = random_floats(ys, rng);
     std::vector<double> y_ref(ys), dx_ref(xs), dw_ref(ws);
@@ -156,6 +167,12 @@ TEST(DirectConv3x3, RefusesShapesItsTilesDoNotCover) {
   EXPECT_FALSE(with([](DirectShape& s) { s.o = 256; }));
   EXPECT_TRUE(with([](DirectShape& s) { s.c = 128, s.o = 128; }));
   EXPECT_FALSE(with([](DirectShape& s) { s.n = 0; }));
+  // Stride 2: even sides, and the output's rows as above (32 / 2 = 16 pixels).
+  EXPECT_TRUE(with([](DirectShape& s) { s.stride = 2; }));
+  EXPECT_TRUE(with([](DirectShape& s) { s.stride = 2, s.w = 4 * lanes(); }));
+  EXPECT_FALSE(with([](DirectShape& s) { s.stride = 2, s.h = 5; }));
+  EXPECT_FALSE(with([](DirectShape& s) { s.stride = 2, s.w = 2 * lanes() + 2; }));
+  EXPECT_FALSE(with([](DirectShape& s) { s.stride = 3; }));
   const CpuIsa saved = set_max_cpu_isa(CpuIsa::kAvx2);  // LOOM_CPU_ISA=avx2: 8-float rows
   EXPECT_TRUE(with([](DirectShape& s) { s.w = 24; }));
   EXPECT_FALSE(with([](DirectShape& s) { s.w = 4; }));  // narrow rows: AVX-512 only
@@ -169,8 +186,18 @@ TEST(DirectConv3x3, PaysWhereItFitsOnAvx512) {
   EXPECT_EQ(direct_conv3x3_pays({.n = 2, .c = 64, .h = 4, .w = 32, .o = 64}), avx512);
   EXPECT_EQ(direct_conv3x3_pays({.n = 2, .c = 128, .h = 4, .w = 4, .o = 128}), avx512);
   EXPECT_FALSE(direct_conv3x3_pays({.n = 2, .c = 64, .h = 4, .w = 20, .o = 64}));  // no fit
+  // Stride 2: both passes on wide output rows of few channels; on narrow rows the forward only.
+  const DirectShape wide{.n = 2, .c = 16, .h = 32, .w = 32, .o = 32, .stride = 2};
+  EXPECT_EQ(direct_conv3x3_pays(wide), avx512);
+  EXPECT_EQ(direct_conv3x3_pays(wide, /*backward=*/true), avx512);
+  const DirectShape wider{.n = 2, .c = 64, .h = 32, .w = 32, .o = 128, .stride = 2};
+  EXPECT_FALSE(direct_conv3x3_pays(wider));
+  const DirectShape narrow{.n = 2, .c = 32, .h = 16, .w = 16, .o = 64, .stride = 2};
+  EXPECT_EQ(direct_conv3x3_pays(narrow), avx512);
+  EXPECT_FALSE(direct_conv3x3_pays(narrow, /*backward=*/true));
   const CpuIsa saved = set_max_cpu_isa(CpuIsa::kAvx2);  // fits, but only ties there
   EXPECT_FALSE(direct_conv3x3_pays({.n = 2, .c = 64, .h = 4, .w = 32, .o = 64}));
+  EXPECT_FALSE(direct_conv3x3_pays(wide));
   set_max_cpu_isa(saved);
 }
 
@@ -179,6 +206,10 @@ TEST(DirectConv3x3, TheWeightGradientPaysOnWideRowsOfFewChannels) {
   EXPECT_TRUE(direct_weight_grad_pays({.n = 2, .c = 32, .h = 4, .w = 32, .o = 32}));
   EXPECT_FALSE(direct_weight_grad_pays({.n = 2, .c = 64, .h = 4, .w = 32, .o = 32}));
   EXPECT_EQ(direct_weight_grad_pays({.n = 2, .c = 16, .h = 8, .w = 8, .o = 16}), lanes() == 8);
+  // At stride 2 the output's rows count: 16 pixels from 32.
+  EXPECT_TRUE(direct_weight_grad_pays({.n = 2, .c = 16, .h = 32, .w = 32, .o = 32, .stride = 2}));
+  EXPECT_EQ(direct_weight_grad_pays({.n = 2, .c = 16, .h = 16, .w = 16, .o = 32, .stride = 2}),
+            lanes() == 8);
 }
 
 TEST(DirectConv3x3, ErrorsNameTheFunctionAndTheShape) {
@@ -191,6 +222,9 @@ TEST(DirectConv3x3, ErrorsNameTheFunctionAndTheShape) {
                     {"direct_conv3x3_backward_data:", "x=[2, 16, 4, 20]"});
   EXPECT_LOOM_ERROR(direct_conv3x3_backward_weight(bad, p, p, p), ValueError,
                     {"direct_conv3x3_backward_weight:", "x=[2, 16, 4, 20]"});
+  const DirectShape odd{.n = 2, .c = 16, .h = 5, .w = 32, .o = 16, .stride = 2};
+  EXPECT_LOOM_ERROR(direct_conv3x3(odd, p, p, p), ValueError,
+                    {"direct_conv3x3:", "x=[2, 16, 5, 32] weight=[16, 16, 3, 3] stride 2", "even"});
 }
 
 }  // namespace
