@@ -14,6 +14,15 @@
 #include "tensor/error.h"
 #include "tensor/parallel.h"
 
+// The tile gathers and scatters of NCHW planes use AVX2 where the build's baseline has it
+// (Note [Moving tiles with transposes]); elsewhere, scalar loops.
+#if defined(__AVX2__)
+#include <immintrin.h>
+#define LOOM_WINOGRAD_AVX2 1
+#else
+#define LOOM_WINOGRAD_AVX2 0
+#endif
+
 namespace loom::cpu {
 
 // Note [Winograd convolution]
@@ -303,12 +312,91 @@ struct Planes {
   }
 };
 
+// Note [Moving tiles with transposes]
+//   The transforms take kLanes = 8 tiles at once, one per lane: a tile's Side x Side window is
+//   [Side][Side][kLanes], so the values of one tile are kLanes floats apart, while in the image
+//   a window row is Side consecutive floats. Moved one float at a time (and, for a window that
+//   crosses the image's edge, zeroed first and copied within computed bounds), the gathers and
+//   scatters took as long as the transforms' arithmetic: at 4 x 4 images, where every window
+//   crosses the edge, more. With AVX2, gather_tiles loads each lane's window row as one masked
+//   vector (the columns outside the image, and past Side, masked off and read as zeros) and
+//   transposes the 8 lanes' rows in registers, so that column j of the result is the window's
+//   element j of all 8 tiles; scatter_tiles does the reverse with masked stores. Where it adds
+//   into the planes (the backward-data's overlapping windows) it stays scalar: a masked load that
+//   overlaps a recent masked store (the next row of a narrow image, the next tile's window) waits
+//   for the store to leave the core, and that ran slower than the scalar adds. They move the
+//   same values, so the results are the scalar loops' to the bit.
+#if LOOM_WINOGRAD_AVX2
+// v[i][j] becomes v[j][i].
+inline void transpose8x8(__m256 v[8]) {
+  const __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(v[4], v[5]), t5 = _mm256_unpackhi_ps(v[4], v[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(v[6], v[7]), t7 = _mm256_unpackhi_ps(v[6], v[7]);
+  const __m256 s0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 s6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 s7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+  v[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+  v[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+  v[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+  v[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+  v[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+  v[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+  v[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+  v[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+// The columns j of a window starting at column c0 that a masked load or store may touch: j <
+// Side and c0 + j inside [0, width).
+template <int Side>
+__m256i window_columns(int64_t c0, int64_t width) {
+  const __m256i j = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i c = _mm256_add_epi32(j, _mm256_set1_epi32(static_cast<int>(c0)));
+  const __m256i inside =
+      _mm256_and_si256(_mm256_cmpgt_epi32(c, _mm256_set1_epi32(-1)),
+                       _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(width)), c));
+  return _mm256_and_si256(inside, _mm256_cmpgt_epi32(_mm256_set1_epi32(Side), j));
+}
+#endif
+
 // tiles [Side][Side][kLanes]: lane l holds the Side x Side window of channel `channel` of tile
 // at[l]'s image, its top-left at the tile's pixel + offset; zeros outside the plane and in the
-// lanes from `lanes` on.
+// lanes from `lanes` on (Note [Moving tiles with transposes]).
 template <int Side>
 void gather_tiles(const TilePosition* at, const Planes<const float>& src, int64_t channel,
                   int64_t offset_h, int64_t offset_w, int lanes, float* tiles) {
+#if LOOM_WINOGRAD_AVX2
+  static_assert(kLanes == 8 && Side <= 8);
+  const float* origin[kLanes];  // where the lane's window row 0 would start
+  int64_t r0[kLanes];
+  __m256i columns[kLanes];
+  for (int l = 0; l < kLanes; ++l) {
+    if (l >= lanes) {
+      origin[l] = nullptr, r0[l] = 0, columns[l] = _mm256_setzero_si256();
+      continue;
+    }
+    const int64_t c0 = at[l].col + offset_w;
+    r0[l] = at[l].row + offset_h;
+    origin[l] = src.plane(at[l].image, channel) + c0;  // only columns inside are read
+    columns[l] = window_columns<Side>(c0, src.width);
+  }
+  for (int i = 0; i < Side; ++i) {
+    __m256 rows[kLanes];
+    for (int l = 0; l < kLanes; ++l) {
+      const int64_t r = r0[l] + i;
+      rows[l] = origin[l] != nullptr && r >= 0 && r < src.height
+                    ? _mm256_maskload_ps(origin[l] + r * src.width, columns[l])
+                    : _mm256_setzero_ps();
+    }
+    transpose8x8(rows);
+    for (int j = 0; j < Side; ++j) _mm256_storeu_ps(tiles + (i * Side + j) * kLanes, rows[j]);
+  }
+#else
   for (int l = 0; l < kLanes; ++l) {
     if (l >= lanes) {
       for (int e = 0; e < Side * Side; ++e) tiles[e * kLanes + l] = 0.0f;
@@ -316,20 +404,14 @@ void gather_tiles(const TilePosition* at, const Planes<const float>& src, int64_
     }
     const float* plane = src.plane(at[l].image, channel);
     const int64_t r0 = at[l].row + offset_h, c0 = at[l].col + offset_w;
-    // The window's rows [i_lo, i_hi) and columns [j_lo, j_hi) lie inside the plane.
-    const int64_t i_lo = std::max<int64_t>(0, -r0), i_hi = std::min<int64_t>(Side, src.height - r0);
-    const int64_t j_lo = std::max<int64_t>(0, -c0), j_hi = std::min<int64_t>(Side, src.width - c0);
-    if (i_lo == 0 && j_lo == 0 && i_hi == Side && j_hi == Side) {
-      for (int i = 0; i < Side; ++i)
-        for (int j = 0; j < Side; ++j)
-          tiles[(i * Side + j) * kLanes + l] = plane[(r0 + i) * src.width + c0 + j];
-      continue;
-    }
-    for (int e = 0; e < Side * Side; ++e) tiles[e * kLanes + l] = 0.0f;
-    for (int64_t i = i_lo; i < i_hi; ++i)
-      for (int64_t j = j_lo; j < j_hi; ++j)
-        tiles[(i * Side + j) * kLanes + l] = plane[(r0 + i) * src.width + c0 + j];
+    for (int i = 0; i < Side; ++i)
+      for (int j = 0; j < Side; ++j) {
+        const int64_t r = r0 + i, c = c0 + j;
+        const bool inside = r >= 0 && r < src.height && c >= 0 && c < src.width;
+        tiles[(i * Side + j) * kLanes + l] = inside ? plane[r * src.width + c] : 0.0f;
+      }
   }
+#endif
 }
 
 // The reverse of gather_tiles for the first `lanes` lanes: written (or, with kAdd, added) into
@@ -337,6 +419,29 @@ void gather_tiles(const TilePosition* at, const Planes<const float>& src, int64_
 template <int Side, bool kAdd>
 void scatter_tiles(const TilePosition* at, const Planes<float>& dst, int64_t channel,
                    int64_t offset_h, int64_t offset_w, int lanes, const float* tiles) {
+#if LOOM_WINOGRAD_AVX2
+  if constexpr (!kAdd) {
+    static_assert(kLanes == 8 && Side <= 8);
+    __m256 rows[Side][kLanes];  // [i][l]: lane l's window row i
+    for (int i = 0; i < Side; ++i) {
+      for (int j = 0; j < kLanes; ++j)
+        rows[i][j] =
+            j < Side ? _mm256_loadu_ps(tiles + (i * Side + j) * kLanes) : _mm256_setzero_ps();
+      transpose8x8(rows[i]);
+    }
+    for (int l = 0; l < lanes; ++l) {
+      const int64_t r0 = at[l].row + offset_h, c0 = at[l].col + offset_w;
+      float* origin = dst.plane(at[l].image, channel) + c0;  // only columns inside are written
+      const __m256i columns = window_columns<Side>(c0, dst.width);
+      for (int i = 0; i < Side; ++i) {
+        const int64_t r = r0 + i;
+        if (r >= 0 && r < dst.height)
+          _mm256_maskstore_ps(origin + r * dst.width, columns, rows[i][l]);
+      }
+    }
+    return;
+  }
+#endif
   for (int l = 0; l < lanes; ++l) {
     float* plane = dst.plane(at[l].image, channel);
     const int64_t r0 = at[l].row + offset_h, c0 = at[l].col + offset_w;
