@@ -157,26 +157,36 @@ void weight_tile(const float* dy, int64_t dy_sample, const float* xp, const Padd
   // A vector is kLanes pixels of one row, or of kLanes / wo narrow rows.
   const int64_t p = pad.ho * pad.wo, row_step = std::max<int64_t>(1, kLanes / pad.wo);
   const int64_t col_step = std::min(kLanes, pad.wo);
+  const auto products = [&](const float* d, const float* x, int64_t i, int64_t j) {
+    typename Vec::V grad[kOut];
+    for (int o = 0; o < kOut; ++o) grad[o] = Vec::load(d + o * p + i * pad.wo + j);
+#pragma GCC unroll 3
+    for (int s = 0; s < 3; ++s)
+#pragma GCC unroll 2
+      for (int c = 0; c < kIn; ++c) {
+        const float* at = x + c * pad.plane + i * pad.wp + j + offset[s];
+        typename Vec::V in;
+        if constexpr (L == Taps::kTable)
+          in = Vec::load(at);
+        else
+          in = Vec::load(at + (L == Taps::kNarrow ? s * pad.tap : s));
+        for (int o = 0; o < kOut; ++o) acc[o][c][s] = Vec::fma(grad[o], in, acc[o][c][s]);
+      }
+  };
+  // Rows of one or two vectors run down each column of vectors: along a row, the loop would
+  // end every one or two steps (0.85-0.93 of the time with 16 to 32 channels on rows of 16 and
+  // 32 pixels; 1.04-1.07 on rows of 64, where the rows stay).
+  const bool by_columns = pad.wo / col_step <= 2;
   for (int64_t n = 0; n < count; ++n) {
     const float* d = dy + n * dy_sample;
     const float* x = xp + n * pad.sample;
-    for (int64_t i = 0; i < pad.ho; i += row_step)
-      for (int64_t j = 0; j < pad.wo; j += col_step) {
-        typename Vec::V grad[kOut];
-        for (int o = 0; o < kOut; ++o) grad[o] = Vec::load(d + o * p + i * pad.wo + j);
-#pragma GCC unroll 3
-        for (int s = 0; s < 3; ++s)
-#pragma GCC unroll 2
-          for (int c = 0; c < kIn; ++c) {
-            const float* at = x + c * pad.plane + i * pad.wp + j + offset[s];
-            typename Vec::V in;
-            if constexpr (L == Taps::kTable)
-              in = Vec::load(at);
-            else
-              in = Vec::load(at + (L == Taps::kNarrow ? s * pad.tap : s));
-            for (int o = 0; o < kOut; ++o) acc[o][c][s] = Vec::fma(grad[o], in, acc[o][c][s]);
-          }
-      }
+    if (by_columns) {
+      for (int64_t j = 0; j < pad.wo; j += col_step)
+        for (int64_t i = 0; i < pad.ho; i += row_step) products(d, x, i, j);
+    } else {
+      for (int64_t i = 0; i < pad.ho; i += row_step)
+        for (int64_t j = 0; j < pad.wo; j += col_step) products(d, x, i, j);
+    }
   }
   for (int o = 0; o < kOut; ++o)
     for (int c = 0; c < kIn; ++c)
