@@ -58,6 +58,16 @@ class LaneSum {
     for (int j = 0; j < kLanes && i + j < n; ++j) lanes_[j] += f(i + j);
   }
 
+  // Adds f(0..n-1) to a and g(0..n-1) to b in one pass over i: each lane takes the same values
+  // in the same order as two calls of add would give it.
+  template <typename F, typename G>
+  static void add_pairs(LaneSum& a, LaneSum& b, int64_t n, F&& f, G&& g) {
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes)
+      for (int j = 0; j < kLanes; ++j) a.lanes_[j] += f(i + j), b.lanes_[j] += g(i + j);
+    for (int j = 0; j < kLanes && i + j < n; ++j) a.lanes_[j] += f(i + j), b.lanes_[j] += g(i + j);
+  }
+
   double total() const {
     double t[kLanes];
     std::copy_n(lanes_, kLanes, t);
@@ -231,10 +241,11 @@ std::pair<double, double> channel_grad_sums(G dy, const T* x, const ChannelLayou
     }
     const int64_t row = l.row(b, c);
     const T* in = x + row;
-    sum_dy.add(l.s, [&](int64_t i) { return static_cast<double>(dy(row + i)); });
-    sum_dy_xmu.add(l.s, [&](int64_t i) {
-      return static_cast<double>(dy(row + i)) * (static_cast<double>(in[i]) - mean);
-    });
+    LaneSum::add_pairs(
+        sum_dy, sum_dy_xmu, l.s, [&](int64_t i) { return static_cast<double>(dy(row + i)); },
+        [&](int64_t i) {
+          return static_cast<double>(dy(row + i)) * (static_cast<double>(in[i]) - mean);
+        });
   }
   return {sum_dy.total(), sum_dy_xmu.total()};
 }
@@ -248,10 +259,17 @@ void channel_dx(G dy, const T* x, T* dx, T* dres, const ChannelLayout& l, int64_
   for (int64_t n = 0; n < l.n; ++n) {
     const int64_t row = l.row(n, c);
     const T* in = x + row;
-    if (dx)
+    if (dx && dres) {
+      for (int64_t i = 0; i < l.s; ++i) {
+        const T g = dy(row + i);
+        dx[row + i] = ta * g + tb * in[i] + tk;
+        dres[row + i] = g;
+      }
+    } else if (dx) {
       for (int64_t i = 0; i < l.s; ++i) dx[row + i] = ta * dy(row + i) + tb * in[i] + tk;
-    if (dres)
+    } else if (dres) {
       for (int64_t i = 0; i < l.s; ++i) dres[row + i] = dy(row + i);
+    }
   }
 }
 
