@@ -7,11 +7,12 @@
 # fails on any outside the allowed ones: the AVX-512 and AMX micro-kernels (Kernel<...,
 # CpuIsa::kAvx512...> and Kernel<..., CpuIsa::kAmxBf16>: the float one, bfloat16's vdpbf16ps
 # one and its tile one), the direct 3x3 convolution's AVX-512 code (avx512::forward_tile,
-# weight_tile and pad_images: conv_direct.cpp runs them where cpu_isa() has AVX-512) and the peaks
-# (chains_512, chains_bf16_512, chains_amx and their helper).
+# weight_tile, pad_images, and stride 2's pad_phases and interleave_phases: conv_direct.cpp runs
+# them where cpu_isa() has AVX-512) and the peaks (chains_512, chains_bf16_512, chains_amx and
+# their helper).
 set -euo pipefail
 build=${1:?usage: scripts/check_isa.sh BUILD_DIR}
-allowed='Kernel<([a-z]+|loom::BFloat16), \(loom::CpuIsa\)[234]>::|chains_(bf16_512|512|amx)\(long\)|first_lane\(float __vector\(16\)\)|::avx512::(forward_tile|weight_tile|pad_images)[<(]'
+allowed='Kernel<([a-z]+|loom::BFloat16), \(loom::CpuIsa\)[234]>::|chains_(bf16_512|512|amx)\(long\)|first_lane\(float __vector\(16\)\)|::avx512::(forward_tile|weight_tile|pad_images|pad_phases|interleave_phases)[<(]'
 # The libraries (the real files, not their links) and the apps' executables.
 mapfile -t objects < <(find "$build" -maxdepth 3 -type f \( -name 'libloom*.so*' -o \
   \( -path '*/apps/*' -perm -u+x \) \) ! -name '*.cmake' | sort)
