@@ -153,7 +153,7 @@ double channel_sum(const T* data, const ChannelLayout& l, int64_t c, Source sour
 template <typename T>
 std::pair<double, double> channel_moments(const T* x, const ChannelLayout& l, int64_t c) {
   const double count = static_cast<double>(l.count());
-  const double k = static_cast<double>(x[l.row(0, c)]);
+  const double k = l.count() > 0 ? static_cast<double>(x[l.row(0, c)]) : 0.0;  // none: NaN
   LaneSum sum, sum_sq;
   const int64_t ahead = rows_ahead<T>(l);
   for (int64_t b = 0; b < l.n; ++b) {
@@ -327,22 +327,29 @@ std::vector<double> column_sums(const ChannelLayout& l, AddRow&& add_row) {
   return total;
 }
 
-// Mean and biased variance of every channel of an interleaved x, two passes.
+// Mean and biased variance of every channel of an interleaved x.
 template <typename T>
 std::pair<std::vector<double>, std::vector<double>> interleaved_moments(const T* x,
                                                                         const ChannelLayout& l) {
+  // One pass, shifted by the first row (Note [Batch norm's moments in one pass]).
   const double count = static_cast<double>(l.count());
-  std::vector<double> mean = column_sums<1>(l, [&](int64_t row, double* acc) {
-    for (int64_t c = 0; c < l.c; ++c) acc[c] += static_cast<double>(x[row + c]);
-  });
-  for (double& m : mean) m /= count;
-  std::vector<double> var = column_sums<1>(l, [&](int64_t row, double* acc) {
+  std::vector<double> k(static_cast<size_t>(l.c));
+  if (l.count() > 0)  // none: the moments are NaN, as 0 / 0
+    for (int64_t c = 0; c < l.c; ++c) k[c] = static_cast<double>(x[c]);
+  const std::vector<double> sums = column_sums<2>(l, [&](int64_t row, double* acc) {
     for (int64_t c = 0; c < l.c; ++c) {
-      const double d = static_cast<double>(x[row + c]) - mean[c];
-      acc[c] += d * d;
+      const double d = static_cast<double>(x[row + c]) - k[c];
+      acc[c] += d;
+      acc[l.c + c] += d * d;
     }
   });
-  for (double& v : var) v /= count;
+  std::vector<double> mean(static_cast<size_t>(l.c)), var(static_cast<size_t>(l.c));
+  for (int64_t c = 0; c < l.c; ++c) {
+    const double shift = sums[c] / count;
+    mean[c] = k[c] + shift;
+    var[c] = sums[l.c + c] / count - shift * shift;
+    if (var[c] < 0) var[c] = 0;
+  }
   return {mean, var};
 }
 
