@@ -852,13 +852,13 @@ bool winograd_pays(const Geometry& g, DType dtype, bool direct) {
 }
 
 // What a fixed algorithm (not kBenchmark) computes this layer's forward or backward pass with.
-// kAuto: where every thread
-// gets samples (or the conv is small), Winograd F(4x4) where it pays (Note [Winograd in kAuto]),
-// else the packed channels-last engine for a channels-last x it fits, else the direct 3x3
-// kernels where they pay (direct_conv3x3_pays: where they fit on AVX-512, faster than the
-// packed engine; docs/decisions.md), else kPacked; else im2col + cpu::gemm, which threads each
-// product. A Winograd or direct algorithm on a layer it does not fit takes kAuto's choice. A
-// channels-last x that conv2d_nhwc fits (nhwc) is convolved as it is under kAuto and kPacked.
+// kAuto: where every thread gets samples (or the conv is small), Winograd F(4x4) where it pays
+// (Note [Winograd in kAuto]), else the packed channels-last engine for a channels-last x it fits,
+// else the direct 3x3 kernels where they pay for the pass (direct_conv3x3_pays: where they fit
+// on AVX-512, faster than the packed engine; docs/decisions.md), else kPacked; else im2col +
+// cpu::gemm, which threads each product. A Winograd or direct algorithm on a layer it does not
+// fit takes kAuto's choice. A channels-last x that conv2d_nhwc fits (nhwc) is convolved as it is
+// under kAuto and kPacked.
 Method fixed_method(Conv2dAlgorithm algorithm, const Geometry& g, const Schedule& s, DType dtype,
                     bool nhwc, bool backward) {
   switch (algorithm) {

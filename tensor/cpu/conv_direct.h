@@ -37,10 +37,10 @@ bool direct_conv3x3_fits(const DirectShape& shape);
 // kernels: kBenchmark races them.
 bool direct_conv3x3_pays(const DirectShape& shape, bool backward = false);
 
-// Whether direct_conv3x3_backward_weight pays on this shape: on output rows of whole vectors, where
-// its per-thread lane sums (O C 9 floats per lane) fit in an L2 cache, up to 32 x 32 channels. Past
-// that, and on narrow rows, the packed GEMM was as fast or faster (Note [Direct 3x3
-// convolution], Note [Narrow rows]), and conv2d uses it instead.
+// Whether direct_conv3x3_backward_weight pays on this shape: on output rows of whole vectors,
+// where its per-thread lane sums (O C 9 floats per lane) fit in an L2 cache, up to 32 x 32
+// channels. Past that, and on narrow rows, the packed GEMM was as fast or faster (Note [Direct
+// 3x3 convolution], Note [Narrow rows]), and conv2d uses it instead.
 bool direct_weight_grad_pays(const DirectShape& shape);
 
 // Each raises ValueError naming itself and the shape where direct_conv3x3_fits is false, and
@@ -50,7 +50,8 @@ bool direct_weight_grad_pays(const DirectShape& shape);
 // y[n,o,i,j] = sum_{c,r,s} x[n,c,t i+r-1,t j+s-1] weight[o,c,r,s] (x zero outside).
 void direct_conv3x3(const DirectShape& shape, const float* x, const float* weight, float* y);
 
-// dx[n,c,t i+r-1,t j+s-1] = sum_{o,r,s} dy[n,o,i,j] weight[o,c,r,s] (what falls outside dropped).
+// dx[n,c,a,b] = sum of dy[n,o,i,j] weight[o,c,r,s] over the o, r, s, i, j with t i+r-1 = a and
+// t j+s-1 = b.
 void direct_conv3x3_backward_data(const DirectShape& shape, const float* dy, const float* weight,
                                   float* dx);
 
