@@ -293,24 +293,10 @@ class PackedA {
 // and 8 for the AVX2 kernels' panels; the AVX-512 float kernel's 32-wide panels take two calls.
 inline void transpose_rows(const float* const* rows, int64_t j, float* dst, int64_t ld = 16) {
   for (int half = 0; half < 2; ++half) {
-    const float* const* r = rows + 8 * half;
-    __m256 t[8], u[8];
-    for (int i = 0; i < 4; ++i) {
-      const __m256 a = _mm256_loadu_ps(r[2 * i] + j), b = _mm256_loadu_ps(r[2 * i + 1] + j);
-      t[2 * i] = _mm256_unpacklo_ps(a, b);
-      t[2 * i + 1] = _mm256_unpackhi_ps(a, b);
-    }
-    for (int i = 0; i < 2; ++i) {  // rows 4i .. 4i+3
-      u[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-      u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-      u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-      u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    float* d = dst + 8 * half;
-    for (int c = 0; c < 4; ++c) {
-      _mm256_storeu_ps(d + c * ld, _mm256_permute2f128_ps(u[c], u[4 + c], 0x20));
-      _mm256_storeu_ps(d + (c + 4) * ld, _mm256_permute2f128_ps(u[c], u[4 + c], 0x31));
-    }
+    __m256 v[8];
+    for (int i = 0; i < 8; ++i) v[i] = _mm256_loadu_ps(rows[8 * half + i] + j);
+    transpose_8x8(v);
+    for (int c = 0; c < 8; ++c) _mm256_storeu_ps(dst + 8 * half + c * ld, v[c]);
   }
 }
 

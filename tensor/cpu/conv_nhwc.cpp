@@ -152,20 +152,9 @@ template <int R>
   static_assert(R == 8 || R == 6 || R == 4, "transpose_8: 4, 6 or 8 rows");
   __m256 r[8];
   for (int i = 0; i < 8; ++i) r[i] = i < R ? _mm256_loadu_ps(rows[i]) : _mm256_setzero_ps();
-  __m256 t[8], u[8];
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);  // a0 b0 a1 b1 | a4 b4 a5 b5
-    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 8; i += 4) {
-    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);  // a0 b0 c0 d0 | a4 b4 c4 d4
-    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
-    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-  }
-  for (int p = 0; p < 8; ++p) {  // column p: rows 0-3 from u[p % 4], rows 4-7 from u[4 + p % 4]
-    const __m256 column = p < 4 ? _mm256_permute2f128_ps(u[p % 4], u[4 + p % 4], 0x20)
-                                : _mm256_permute2f128_ps(u[p % 4], u[4 + p % 4], 0x31);
+  transpose_8x8(r);
+  for (int p = 0; p < 8; ++p) {
+    const __m256 column = r[p];
     float* d = dst + p * ld;
     if constexpr (R == 8) {
       _mm256_storeu_ps(d, column);

@@ -468,8 +468,30 @@ void packed_gemm(int64_t m, int64_t n, int64_t k, ABlock&& a_block, PackB&& pack
 // fetched one line each while this one is transposed. On a 1024^3 GEMM with the AVX-512 kernel
 // that took packing from 5.7% of the time to 2.6% (perf, 1 thread; docs/cpu_speed.md).
 
+// v[i][j] becomes v[j][i]: eight rows of eight floats transposed in AVX registers (pairs of
+// rows interleaved, then pairs of pairs, then the 128-bit halves exchanged). The packers of
+// conv2d's engines and Winograd's tile gathers load and store around it.
+[[gnu::always_inline]] inline void transpose_8x8(__m256 v[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(v[i], v[i + 1]);  // a0 b0 a1 b1 | a4 b4 a5 b5
+    t[i + 1] = _mm256_unpackhi_ps(v[i], v[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);  // a0 b0 c0 d0 | a4 b4 c4 d4
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int p = 0; p < 4; ++p) {  // column p: rows 0-3 from u[p], rows 4-7 from u[4 + p]
+    v[p] = _mm256_permute2f128_ps(u[p], u[4 + p], 0x20);
+    v[p + 4] = _mm256_permute2f128_ps(u[p], u[4 + p], 0x31);
+  }
+}
+
 // dst[p * 6 + r] = src[r * ld + p] for r < 6, p < 8: six rows of eight floats, transposed in
-// registers (as an 8 x 8 with two rows of zeros).
+// registers (as an 8 x 8 with two rows of zeros). It stops before transpose_8x8's last step:
+// each column's six values are stored from the two halves where they lie, with no exchange.
 [[gnu::always_inline]] inline void transpose_6x8(const float* src, int64_t ld, float* dst) {
   __m256 r[8];
 #pragma GCC unroll 6

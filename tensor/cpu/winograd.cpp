@@ -10,18 +10,10 @@
 #include <utility>
 
 #include "tensor/cpu/gemm.h"
+#include "tensor/cpu/packed_gemm.h"
 #include "tensor/cpu/scratch.h"
 #include "tensor/error.h"
 #include "tensor/parallel.h"
-
-// The tile gathers and scatters of NCHW planes use AVX2 where the build's baseline has it
-// (Note [Moving tiles with transposes]); elsewhere, scalar loops.
-#if defined(__AVX2__)
-#include <immintrin.h>
-#define LOOM_WINOGRAD_AVX2 1
-#else
-#define LOOM_WINOGRAD_AVX2 0
-#endif
 
 namespace loom::cpu {
 
@@ -318,39 +310,16 @@ struct Planes {
 //   a window row is Side consecutive floats. Moved one float at a time (and, for a window that
 //   crosses the image's edge, zeroed first and copied within computed bounds), the gathers and
 //   scatters took as long as the transforms' arithmetic: at 4 x 4 images, where every window
-//   crosses the edge, more. With AVX2, gather_tiles loads each lane's window row as one masked
-//   vector (the columns outside the image, and past Side, masked off and read as zeros) and
-//   transposes the 8 lanes' rows in registers, so that column j of the result is the window's
+//   crosses the edge, more. With AVX2 (where the baseline has it, as the packed GEMM's kernels
+//   need), gather_tiles loads each lane's window row as one masked vector (the columns outside
+//   the image, and past Side, masked off and read as zeros) and transposes the 8 lanes' rows in
+//   registers (transpose_8x8 in packed_gemm.h), so that column j of the result is the window's
 //   element j of all 8 tiles; scatter_tiles does the reverse with masked stores. Where it adds
 //   into the planes (the backward-data's overlapping windows) it stays scalar: a masked load that
 //   overlaps a recent masked store (the next row of a narrow image, the next tile's window) waits
 //   for the store to leave the core, and that ran slower than the scalar adds. They move the
 //   same values, so the results are the scalar loops' to the bit.
-#if LOOM_WINOGRAD_AVX2
-// v[i][j] becomes v[j][i].
-inline void transpose8x8(__m256 v[8]) {
-  const __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
-  const __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
-  const __m256 t4 = _mm256_unpacklo_ps(v[4], v[5]), t5 = _mm256_unpackhi_ps(v[4], v[5]);
-  const __m256 t6 = _mm256_unpacklo_ps(v[6], v[7]), t7 = _mm256_unpackhi_ps(v[6], v[7]);
-  const __m256 s0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
-  const __m256 s1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
-  const __m256 s2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
-  const __m256 s3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
-  const __m256 s4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
-  const __m256 s5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
-  const __m256 s6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
-  const __m256 s7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
-  v[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
-  v[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
-  v[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
-  v[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
-  v[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
-  v[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
-  v[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
-  v[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
-}
-
+#if LOOM_PACKED_GEMM_SIMD  // AVX2 and FMA in the baseline: transpose_8x8 (packed_gemm.h)
 // The columns j of a window starting at column c0 that a masked load or store may touch: j <
 // Side and c0 + j inside [0, width).
 template <int Side>
@@ -370,7 +339,7 @@ __m256i window_columns(int64_t c0, int64_t width) {
 template <int Side>
 void gather_tiles(const TilePosition* at, const Planes<const float>& src, int64_t channel,
                   int64_t offset_h, int64_t offset_w, int lanes, float* tiles) {
-#if LOOM_WINOGRAD_AVX2
+#if LOOM_PACKED_GEMM_SIMD
   static_assert(kLanes == 8 && Side <= 8);
   const float* origin[kLanes];  // where the lane's window row 0 would start
   int64_t r0[kLanes];
@@ -393,7 +362,7 @@ void gather_tiles(const TilePosition* at, const Planes<const float>& src, int64_
                     ? _mm256_maskload_ps(origin[l] + r * src.width, columns[l])
                     : _mm256_setzero_ps();
     }
-    transpose8x8(rows);
+    transpose_8x8(rows);
     for (int j = 0; j < Side; ++j) _mm256_storeu_ps(tiles + (i * Side + j) * kLanes, rows[j]);
   }
 #else
@@ -419,7 +388,7 @@ void gather_tiles(const TilePosition* at, const Planes<const float>& src, int64_
 template <int Side, bool kAdd>
 void scatter_tiles(const TilePosition* at, const Planes<float>& dst, int64_t channel,
                    int64_t offset_h, int64_t offset_w, int lanes, const float* tiles) {
-#if LOOM_WINOGRAD_AVX2
+#if LOOM_PACKED_GEMM_SIMD
   if constexpr (!kAdd) {
     static_assert(kLanes == 8 && Side <= 8);
     __m256 rows[Side][kLanes];  // [i][l]: lane l's window row i
@@ -427,7 +396,7 @@ void scatter_tiles(const TilePosition* at, const Planes<float>& dst, int64_t cha
       for (int j = 0; j < kLanes; ++j)
         rows[i][j] =
             j < Side ? _mm256_loadu_ps(tiles + (i * Side + j) * kLanes) : _mm256_setzero_ps();
-      transpose8x8(rows[i]);
+      transpose_8x8(rows[i]);
     }
     for (int l = 0; l < lanes; ++l) {
       const int64_t r0 = at[l].row + offset_h, c0 = at[l].col + offset_w;
