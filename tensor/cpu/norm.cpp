@@ -10,6 +10,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -105,12 +106,11 @@ T* ptr_or_null(const Tensor& t) {
 // A channel of [N, C, S] is N rows of S values, C S apart. The hardware prefetchers follow a
 // stream within a page, so they start over at every row, and the passes that read a channel
 // from memory (its statistics, the backward's sums) wait on the first lines of each row: all of
-// a row at 8 x 8 (S = 64, four lines). Where a row is shorter than a page, these passes (not
-// the ones that follow them over the same channel, in cache by then) ask for the row `ahead`
-// rows on, about 2 KiB ahead, a line at a time, as they start each row. On [128, C, S] with 2
-// threads that took 15-20% off the batch norm's forward and backward at 16 x 16 and 8 x 8; at
-// 32 x 32 (a page per row) it added 5-20%, so rows of a page or more are left to the hardware
-// (ahead = 0).
+// a row at 8 x 8 (S = 64, four lines). Where a row is shorter than a page, these passes ask for
+// the row `ahead` rows on, about 2 KiB ahead, a line at a time, as they start each row. On
+// [128, C, S] with 2 threads that took 15-20% off the batch norm's forward and backward at 16 x
+// 16 and 8 x 8; at 32 x 32 (a page per row) it added 5-20%, so rows of a page or more are left
+// to the hardware (ahead = 0).
 template <typename T>
 int64_t rows_ahead(const ChannelLayout& l) {
   const int64_t per_page = 4096 / static_cast<int64_t>(sizeof(T));
@@ -124,21 +124,21 @@ inline void fetch_row(const T* row, int64_t s) {
   for (int64_t i = 0; i < s; i += kLine) __builtin_prefetch(row + i);
 }
 
-// Where a pass finds the channel: read from memory (its first pass), or in cache (a pass
-// that follows one over the same channel), where fetching ahead would only add instructions.
-enum class Source { kMemory, kCache };
-
-// Sum of f(value, index-in-row) over one channel of [N, C, S].
-template <typename T, typename F>
-double channel_sum(const T* data, const ChannelLayout& l, int64_t c, Source source, F&& f) {
-  LaneSum total;
-  const int64_t ahead = source == Source::kMemory ? rows_ahead<T>(l) : 0;
+// The sums of f(value) and g(value) over one channel of [N, C, S], in one pass over it (each
+// lane adds what LaneSum::add would give it).
+template <typename T, typename F, typename G>
+std::pair<double, double> channel_sums(const T* data, const ChannelLayout& l, int64_t c, F&& f,
+                                       G&& g) {
+  LaneSum sum_f, sum_g;
+  const int64_t ahead = rows_ahead<T>(l);
   for (int64_t b = 0; b < l.n; ++b) {
     if (ahead && b + ahead < l.n) fetch_row(data + l.row(b + ahead, c), l.s);
     const T* row = data + l.row(b, c);
-    total.add(l.s, [&](int64_t i) { return f(row, i); });
+    LaneSum::add_pairs(
+        sum_f, sum_g, l.s, [&](int64_t i) { return f(static_cast<double>(row[i])); },
+        [&](int64_t i) { return g(static_cast<double>(row[i])); });
   }
-  return total.total();
+  return {sum_f.total(), sum_g.total()};
 }
 
 // Note [Batch norm's moments in one pass]
@@ -154,21 +154,10 @@ template <typename T>
 std::pair<double, double> channel_moments(const T* x, const ChannelLayout& l, int64_t c) {
   const double count = static_cast<double>(l.count());
   const double k = l.count() > 0 ? static_cast<double>(x[l.row(0, c)]) : 0.0;  // none: NaN
-  LaneSum sum, sum_sq;
-  const int64_t ahead = rows_ahead<T>(l);
-  for (int64_t b = 0; b < l.n; ++b) {
-    // Note [Fetching a channel's rows ahead]
-    if (ahead && b + ahead < l.n) fetch_row(x + l.row(b + ahead, c), l.s);
-    const T* row = x + l.row(b, c);
-    LaneSum::add_pairs(
-        sum, sum_sq, l.s, [&](int64_t i) { return static_cast<double>(row[i]) - k; },
-        [&](int64_t i) {
-          const double d = static_cast<double>(row[i]) - k;
-          return d * d;
-        });
-  }
-  const double shift = sum.total() / count;
-  double var = sum_sq.total() / count - shift * shift;
+  const auto [sum, sum_sq] = channel_sums(
+      x, l, c, [k](double v) { return v - k; }, [k](double v) { return (v - k) * (v - k); });
+  const double shift = sum / count;
+  double var = sum_sq / count - shift * shift;
   if (var < 0) var = 0;
   return {k + shift, var};
 }
@@ -457,10 +446,8 @@ BatchNormSums batch_norm_sums(const Tensor& x) {
     }
     parallel_for(0, l.c, grain_for(l.count()), [&](int64_t lo, int64_t hi) {
       for (int64_t c = lo; c < hi; ++c) {
-        sum[c] = channel_sum(xp, mem, c, Source::kMemory,
-                             [](const T* r, int64_t i) { return double(r[i]); });
-        sum_sq[c] = channel_sum(xp, mem, c, Source::kCache,
-                                [](const T* r, int64_t i) { return double(r[i]) * double(r[i]); });
+        std::tie(sum[c], sum_sq[c]) = channel_sums(
+            xp, mem, c, [](double v) { return v; }, [](double v) { return v * v; });
       }
     });
   });
