@@ -126,7 +126,7 @@ struct TapTable {
 //   s - 1 columns, tap (r, s) at (s, i + r, j). tap: the distance from s to s + 1.
 //   Stride 2 (Note [Stride 2 in phases]): four phase planes [ho+1, wo+1] per channel, (p, q) at
 //   2p + q; on narrow rows six [ho+1, wo], (p, s) at 3p + s; tap: the distance between planes.
-//   `taps` holds the nine taps' offsets.
+//   `taps` holds their nine taps' offsets (empty at stride 1).
 struct Padded {
   int64_t c, h, w, stride;  // the input
   int64_t ho, wo;           // the output grid
@@ -146,19 +146,16 @@ struct Padded {
       plane = (narrow ? 6 : 4) * tap;
     }
     sample = c * plane;
+    if (stride == 1) return;  // the tiles' offsets are compile-time constants (tap_offset)
     taps.count = 9;
     for (int r = 0; r < 3; ++r)
       for (int s = 0; s < 3; ++s) {
         const int t = r * 3 + s;
+        const int p = (r + 1) % 2, q = (s + 1) % 2;  // the phases; the row is i - 1 at r = 0
+        const int64_t row = r == 0 ? 0 : 1;
         taps.weight[t] = t;
-        if (stride == 1) {
-          taps.offset[t] = r * wp + (narrow ? s * tap : s);
-        } else {
-          const int p = (r + 1) % 2, q = (s + 1) % 2;  // the phases; the row is i - 1 at r = 0
-          const int64_t row = r == 0 ? 0 : 1;
-          taps.offset[t] = narrow ? (3 * p + s) * tap + row * wp
-                                  : (2 * p + q) * tap + row * wp + (s == 0 ? 0 : 1);
-        }
+        taps.offset[t] =
+            narrow ? (3 * p + s) * tap + row * wp : (2 * p + q) * tap + row * wp + (s == 0 ? 0 : 1);
       }
   }
 };
