@@ -92,6 +92,9 @@ const std::vector<Config> kConfigs = {
     {2, 16, 5, 5, 3, 3, 3, {{1, 1}, {3, 3}, {1, 1}, 1}, "16 channels, padding past the kernel"},
     {3, 2, 3, 3, 3, 3, 3, {{1, 1}, {0, 0}, {1, 1}, 1}, "1x1 output"},
     {2, 3, 3, 4, 2, 3, 3, {{1, 1}, {3, 3}, {1, 1}, 1}, "taps wholly in the padding"},
+    // 'same' at stride 1: im2col copies shifted planes; the corner taps of a 5 x 5 kernel on a
+    // 2 x 3 image read only padding
+    {2, 3, 2, 3, 4, 5, 5, {{1, 1}, {2, 2}, {1, 1}, 1}, "'same', taps wholly in the padding"},
 };
 
 // The forward and the three gradients of one config on the path in scope, against float64.
