@@ -10,6 +10,7 @@
 
 #include "tensor/cpu/gemm.h"
 #include "tensor/cpu/scratch.h"
+#include "tensor/error.h"
 #include "tensor/parallel.h"
 
 namespace loom::cpu {
@@ -230,18 +231,17 @@ void scale_rows(int64_t m, int64_t n, float scale, float* c, int64_t ldc) {
   }
 }
 
-// C += op(A) op(B) (or C = when !accumulate) by the packed driver with kernel K, whose panels
-// pack_a(src, rs, cs, m, kc, dst) and pack_b(src, rs, cs, kc, nc, dst) fill. Threads split C by
-// columns, whole NR-wide panels each, as cpu::gemm's float32 path does; each packs its own
-// blocks, and calls enter() before its products and leave() after (the AMX kernel sets and
-// releases its tiles there).
-template <typename K, typename PackA, typename PackB, typename Enter, typename Leave>
-void threaded_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BFloat16* a,
-                   int64_t lda, const BFloat16* b, int64_t ldb, float* c, int64_t ldc,
-                   bool accumulate, PackA pack_a, PackB pack_b, Enter enter, Leave leave) {
+// C += A B (or C = when !accumulate) by the packed driver with kernel K. A(i, p) = a[i a_rs + p
+// a_cs], packed by pack_a(src, rs, cs, m, kc, dst); B's blocks come from b_block(pc, kc, j, nc,
+// dst), which packs rows [pc, pc + kc) and columns [j, j + nc) of B. Threads split C by columns,
+// whole NR-wide panels each, as cpu::gemm's float32 path does; each packs its own blocks, and
+// calls enter() before its products and leave() after (the AMX kernel sets and releases its
+// tiles there).
+template <typename K, typename PackA, typename BBlock, typename Enter, typename Leave>
+void threaded_gemm_blocks(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t a_rs,
+                          int64_t a_cs, float* c, int64_t ldc, bool accumulate, PackA pack_a,
+                          const BBlock& b_block, Enter enter, Leave leave) {
   using P = typename K::Packed;
-  const int64_t a_rs = trans_a ? 1 : lda, a_cs = trans_a ? lda : 1;
-  const int64_t b_rs = trans_b ? 1 : ldb, b_cs = trans_b ? ldb : 1;
   const int64_t panels = (n + K::nr - 1) / K::nr, depth = K::kc / K::k_group;
   parallel_for(0, panels, 2, [&](int64_t lo, int64_t hi) {
     const int64_t j0 = lo * K::nr, cols = std::min(n, hi * K::nr) - j0;
@@ -252,13 +252,27 @@ void threaded_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, 
       pack_a(a + ic * a_rs + pc * a_cs, a_rs, a_cs, mc, kc, scratch);
       return scratch;
     };
-    auto b_block = [&](int64_t pc, int64_t kc, int64_t jc, int64_t nc, P* dst) {
-      pack_b(b + pc * b_rs + (j0 + jc) * b_cs, b_rs, b_cs, kc, nc, dst);
+    auto thread_b_block = [&](int64_t pc, int64_t kc, int64_t jc, int64_t nc, P* dst) {
+      b_block(pc, kc, j0 + jc, nc, dst);
     };
     enter();
-    packed_gemm<K>(m, cols, k, a_block, b_block, c + j0, ldc, accumulate, b_scratch, a_scratch);
+    packed_gemm<K>(m, cols, k, a_block, thread_b_block, c + j0, ldc, accumulate, b_scratch,
+                   a_scratch);
     leave();
   });
+}
+
+// C += op(A) op(B) (or C = when !accumulate), with B packed by pack_b(src, rs, cs, kc, nc, dst).
+template <typename K, typename PackA, typename PackB, typename Enter, typename Leave>
+void threaded_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const BFloat16* a,
+                   int64_t lda, const BFloat16* b, int64_t ldb, float* c, int64_t ldc,
+                   bool accumulate, PackA pack_a, PackB pack_b, Enter enter, Leave leave) {
+  const int64_t b_rs = trans_b ? 1 : ldb, b_cs = trans_b ? ldb : 1;
+  auto b_block = [&](int64_t pc, int64_t kc, int64_t j, int64_t nc, typename K::Packed* dst) {
+    pack_b(b + pc * b_rs + j * b_cs, b_rs, b_cs, kc, nc, dst);
+  };
+  threaded_gemm_blocks<K>(m, n, k, a, trans_a ? 1 : lda, trans_a ? lda : 1, c, ldc, accumulate,
+                          pack_a, b_block, enter, leave);
 }
 
 // C += op(A) op(B) (or C = when !accumulate) with the vdpbf16ps kernel.
@@ -271,6 +285,18 @@ void threaded_bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
 }
 
 }  // namespace
+
+void gemm_bf16_pair_panels(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t lda,
+                           const PairPanelPacker& pack_b, float* c, int64_t ldc) {
+  LOOM_CHECK(bf16_dot_products() && !amx_bf16_products(), ValueError,
+             "gemm_bf16_pair_panels: needs the vdpbf16ps kernel (AVX512_BF16 without AMX); this "
+             "CPU runs ",
+             to_string(cpu_isa()), " (m=", m, " n=", n, " k=", k, ")");
+  if (m == 0 || n == 0) return;
+  if (k == 0) return scale_rows(m, n, 0.0f, c, ldc);
+  threaded_gemm_blocks<Bf16Kernel>(
+      m, n, k, a, lda, 1, c, ldc, false, pack_a_pairs, pack_b, [] {}, [] {});
+}
 
 #if defined(__x86_64__)
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "tensor/cpu/packed_gemm.h"
 #include "tensor/dtype.h"
@@ -75,6 +76,20 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
                int64_t ldc);
 
 #if LOOM_PACKED_GEMM_SIMD
+
+// pack_b(pc, kc, j, nc, dst): rows [pc, pc + kc) and columns [j, j + nc) of a B [k, n] as
+// 32-column panels of k-pairs, [ceil(kc / 2), 32] each (Note [bf16 dot products]), columns past
+// nc and the high half of an odd kc's last pair zero. pc is even.
+using PairPanelPacker =
+    std::function<void(int64_t pc, int64_t kc, int64_t j, int64_t nc, uint32_t* dst)>;
+
+// C [m, n] (float32, row stride ldc) = A [m, k] (bfloat16, rows lda apart) @ B, B packed by the
+// caller: conv2d packs image patches straight into the panels (Note [bf16 patch panels] in
+// tensor/cpu/conv_bf16.cpp). Threads split C's columns, each packing its own; pack_b runs on
+// them. The vdpbf16ps kernel only: ValueError unless bf16_dot_products() and not
+// amx_bf16_products().
+void gemm_bf16_pair_panels(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t lda,
+                           const PairPanelPacker& pack_b, float* c, int64_t ldc);
 
 // The vdpbf16ps micro-kernel (Note [bf16 dot products]): C's tile is float32, the packed panels
 // hold pairs of bfloat16. Defined in bf16_gemm.cpp, compiled for AVX512F and AVX512_BF16, and

@@ -34,7 +34,10 @@ namespace loom::cpu {
 //   columns over the threads) and col at most kMaxColBytes. With stride 1 and at least 16 input
 //   channels, dx is instead the forward convolution of dY with the weight flipped and its
 //   channels swapped (Note [dx as a convolution] in tensor/cpu/conv.cpp): no float32 dcol and
-//   no col2im, whose overlap-add took a tenth of the bf16 ResNet-18 step. x and dy are read as
+//   no col2im, whose overlap-add took a tenth of the bf16 ResNet-18 step. On the vdpbf16ps
+//   kernel the forward of a "same" stride-1 layer (dx as a convolution included) packs the
+//   patches straight into the GEMM's panels and never writes col (Note [bf16 patch panels]); the
+//   AMX kernel, strided layers and dW still go through col. x and dy are read as
 //   contiguous NCHW (a channels-last operand is copied first); groups other than 1 keep the widened
 //   path.
 
@@ -139,6 +142,114 @@ void im2col(const Geometry& g, const BFloat16* x, int64_t first, int64_t count, 
                });
 }
 
+#if LOOM_PACKED_GEMM_SIMD
+// Note [bf16 patch panels]
+//   On the vdpbf16ps kernel, a "same" stride-1 layer (the planes of im2col above) skips col:
+//   the GEMM's B panels, 32 columns of k-pairs (Note [bf16 dot products]), are packed from the
+//   image itself, as the float32 packed engine packs its patches (Note [conv2d on the CPU]).
+//   A panel's 32 columns are pixels of the chunk, in runs along output rows (one run of 32 on a
+//   32 x 32 image, eight of 4 on 4 x 4 ones, crossing images). For each pair of k, each run of
+//   each of the two taps is one masked load of the input row, shifted by the tap, its lanes
+//   outside the image (the padding) masked off and placed at the run's column; the two rows of
+//   32 are then interleaved into 32 pairs by two permutes. im2col and the pair packer wrote and
+//   read col, nine times the input, and took about a third of a bf16 layer's time.
+namespace avx512 {
+
+// A tap's offsets from an output pixel (oh, ow) to its input pixel (oh + top, ow + offset), and
+// the output columns [lo_col, hi_col) where that pixel lies inside the row.
+struct PatchTap {
+  int64_t top, offset, lo_col, hi_col;
+};
+
+// A run of a panel: `len` output columns from (image, oh, ow0) at the panel's column `pos`.
+struct PatchRun {
+  int64_t image, oh, ow0, len, pos;
+};
+
+// Lanes [lo, hi) of 32 as a mask (empty when lo >= hi).
+[[gnu::always_inline]] inline uint32_t lanes(int64_t lo, int64_t hi) {
+  if (lo >= hi) return 0;
+  const uint64_t ones = (uint64_t{1} << hi) - 1;
+  return static_cast<uint32_t>(ones & ~((uint64_t{1} << lo) - 1));
+}
+
+// Row k of col over a panel's runs as 32 lanes of bfloat16 (zeros outside the image and past
+// the runs). x is the chunk's first image.
+[[gnu::always_inline, gnu::target("avx512f,avx512bw")]] inline __m512i patch_row(
+    const Geometry& g, const PatchTap* taps, const BFloat16* x, int64_t k, const PatchRun* runs,
+    int runs_count) {
+  const int64_t kk = g.kh * g.kw, c = k / kk;
+  const PatchTap& tap = taps[k % kk];
+  __m512i row = _mm512_setzero_si512();
+  for (int r = 0; r < runs_count; ++r) {
+    const PatchRun& run = runs[r];
+    const int64_t ih = run.oh + tap.top;
+    if (ih < 0 || ih >= g.h) continue;
+    const uint32_t valid =
+        lanes(std::max<int64_t>(tap.lo_col - run.ow0, 0), std::min(tap.hi_col - run.ow0, run.len));
+    if (valid == 0) continue;
+    // Lane run.pos + i reads input column run.ow0 + i + tap.offset of row ih; the address of lane
+    // 0 may lie outside the plane, whose lanes there are masked off (and never read).
+    const int64_t index = ((run.image * g.c + c) * g.h + ih) * g.w + run.ow0 + tap.offset - run.pos;
+    const auto address = reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(x) +
+                                                       static_cast<uintptr_t>(index * 2));
+    row = _mm512_mask_loadu_epi16(row, valid << run.pos, address);
+  }
+  return row;
+}
+
+// pack_b of gemm_bf16_pair_panels for col [K, count P] of a chunk whose first image is x.
+[[gnu::target("avx512f,avx512bw")]] void pack_patch_pairs(const Geometry& g, const PatchTap* taps,
+                                                          const BFloat16* x, int64_t pc, int64_t kc,
+                                                          int64_t j, int64_t nc, uint32_t* dst) {
+  // Lane l of the first permute is pair l: word 2l from lo[l], word 2l + 1 from hi[l] (index 32
+  // + l in the second source); the second permute holds pairs 16..31.
+  alignas(64) uint16_t order[2][32];
+  for (int half = 0; half < 2; ++half)
+    for (int l = 0; l < 16; ++l) {
+      order[half][2 * l] = static_cast<uint16_t>(16 * half + l);
+      order[half][2 * l + 1] = static_cast<uint16_t>(32 + 16 * half + l);
+    }
+  const __m512i first = _mm512_load_si512(order[0]), second = _mm512_load_si512(order[1]);
+  const int64_t pairs = (kc + 1) / 2, p = g.p();
+  for (int64_t panel = 0; panel * 32 < nc; ++panel) {
+    const int64_t col0 = j + panel * 32, width = std::min<int64_t>(32, nc - panel * 32);
+    PatchRun runs[32];
+    int runs_count = 0;
+    for (int64_t pos = 0; pos < width;) {
+      const int64_t column = col0 + pos, image = column / p, pixel = column % p;
+      const int64_t oh = pixel / g.wo, ow0 = pixel % g.wo;
+      const int64_t len = std::min(g.wo - ow0, width - pos);
+      runs[runs_count++] = {image, oh, ow0, len, pos};
+      pos += len;
+    }
+    uint32_t* out = dst + panel * pairs * 32;
+    for (int64_t q = 0; q < pairs; ++q, out += 32) {
+      const int64_t k = pc + 2 * q;
+      const __m512i lo = patch_row(g, taps, x, k, runs, runs_count);
+      const __m512i hi =
+          k + 1 < pc + kc ? patch_row(g, taps, x, k + 1, runs, runs_count) : _mm512_setzero_si512();
+      _mm512_storeu_si512(out, _mm512_permutex2var_epi16(lo, first, hi));
+      _mm512_storeu_si512(out + 16, _mm512_permutex2var_epi16(lo, second, hi));
+    }
+  }
+}
+
+}  // namespace avx512
+#endif  // LOOM_PACKED_GEMM_SIMD
+
+// Whether conv2d_bf16's forward packs patch panels (Note [bf16 patch panels]): a "same" stride-1
+// layer, on the vdpbf16ps kernel.
+bool patch_panels(const Geometry& g) {
+#if LOOM_PACKED_GEMM_SIMD
+  return g.stride == kernels::Pair{1, 1} && g.wo == g.w && bf16_dot_products() &&
+         !amx_bf16_products();
+#else
+  (void)g;
+  return false;
+#endif
+}
+
 // dx planes of images [first, first + count) (float32, zeroed here) += col2im(dcol [K, count
 // P]); each (image, channel) plane on one thread.
 void col2im(const Geometry& g, const float* dcol, int64_t ld, int64_t count, float* dx) {
@@ -221,13 +332,35 @@ Tensor conv2d_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias,
   const float* bp = bc.defined() ? bc.data_ptr<float>() : nullptr;
   BFloat16* yp = y.data_ptr<BFloat16>();
   const int64_t chunk = chunk_images(g), p = g.p();
+  const bool panels = patch_panels(g);
   ScratchFrame frame;
-  BFloat16* col = frame.get<BFloat16>(g.k() * chunk * p);
+  BFloat16* col = panels ? nullptr : frame.get<BFloat16>(g.k() * chunk * p);
   float* out = frame.get<float>(g.o * chunk * p);
+#if LOOM_PACKED_GEMM_SIMD
+  std::vector<avx512::PatchTap> taps;
+  for (int64_t ki = 0; ki < g.kh; ++ki)
+    for (int64_t kj = 0; kj < g.kw; ++kj) {
+      const auto [lo_col, hi_col] = valid_columns(g, kj);
+      taps.push_back(
+          {ki * g.dilation[0] - g.padding[0], kj * g.dilation[1] - g.padding[1], lo_col, hi_col});
+    }
+#endif
   for (int64_t first = 0; first < g.n; first += chunk) {
     const int64_t count = std::min(chunk, g.n - first), cols = count * p;
-    im2col(g, xp, first, count, col, cols);
-    gemm_bf16(false, false, g.o, cols, g.k(), 1.0f, wp, g.k(), col, cols, 0.0f, out, cols);
+    if (panels) {
+#if LOOM_PACKED_GEMM_SIMD
+      const BFloat16* chunk_x = xp + first * g.c * g.h * g.w;
+      gemm_bf16_pair_panels(
+          g.o, cols, g.k(), wp, g.k(),
+          [&](int64_t pc, int64_t kc, int64_t j, int64_t nc, uint32_t* dst) {
+            avx512::pack_patch_pairs(g, taps.data(), chunk_x, pc, kc, j, nc, dst);
+          },
+          out, cols);
+#endif
+    } else {
+      im2col(g, xp, first, count, col, cols);
+      gemm_bf16(false, false, g.o, cols, g.k(), 1.0f, wp, g.k(), col, cols, 0.0f, out, cols);
+    }
     parallel_for(0, count * g.o, 16, [&](int64_t lo, int64_t hi) {
       for (int64_t unit = lo; unit < hi; ++unit) {
         const int64_t image = unit / g.o, o = unit % g.o;

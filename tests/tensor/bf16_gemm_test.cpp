@@ -202,6 +202,50 @@ TEST(Bf16Gemm, ThreadsSplitColumnsSoTheBitsDoNotDependOnThem) {
   }
 }
 
+#if LOOM_PACKED_GEMM_SIMD
+// The packer of a row-major B [k, n] as gemm_bf16_pair_panels asks for it: 32-column panels of
+// k-pairs, the low half the even k, zeros past n and past an odd k.
+cpu::PairPanelPacker plain_pairs(const BFloat16* b, int64_t k, int64_t n) {
+  return [=](int64_t pc, int64_t kc, int64_t j, int64_t nc, uint32_t* dst) {
+    const int64_t pairs = (kc + 1) / 2;
+    for (int64_t panel = 0; panel * 32 < nc; ++panel)
+      for (int64_t q = 0; q < pairs; ++q)
+        for (int64_t l = 0; l < 32; ++l) {
+          const int64_t col = j + panel * 32 + l, lo = pc + 2 * q;
+          const bool inside = panel * 32 + l < nc;
+          const uint16_t low = inside ? b[lo * n + col].bits : 0;
+          const uint16_t high =
+              inside && lo + 1 < pc + kc && lo + 1 < k ? b[(lo + 1) * n + col].bits : 0;
+          dst[(panel * pairs + q) * 32 + l] = low | static_cast<uint32_t>(high) << 16;
+        }
+  };
+}
+
+TEST(Bf16Gemm, CallerPackedPanelsGiveTheBitsOfThePackedB) {
+  SKIP_WITHOUT_BF16();
+  if (detected_cpu_isa() >= CpuIsa::kAmxBf16) GTEST_SKIP() << "AMX runs the tile kernel";
+  // Odd k across two K blocks, n past a panel: as conv2d's patch panels feed it.
+  const int64_t m = 29, n = 75, k = 801;
+  manual_seed(5);
+  const Tensor a = randn({m, k}).to(kBFloat16), b = randn({k, n}).to(kBFloat16);
+  for (const int threads : {1, 2}) {
+    Scope scope(CpuIsa::kAvx512Bf16, threads);
+    Tensor packed = empty({m, n}), plain = empty({m, n});
+    cpu::gemm_bf16(false, false, m, n, k, 1.0f, a.data_ptr<BFloat16>(), k, b.data_ptr<BFloat16>(),
+                   n, 0.0f, plain.data_ptr<float>(), n);
+    cpu::gemm_bf16_pair_panels(m, n, k, a.data_ptr<BFloat16>(), k,
+                               plain_pairs(b.data_ptr<BFloat16>(), k, n), packed.data_ptr<float>(),
+                               n);
+    EXPECT_TRUE(same_bits(packed, plain)) << threads << " threads";
+  }
+  Scope below(CpuIsa::kAvx512, 1);
+  EXPECT_LOOM_ERROR(cpu::gemm_bf16_pair_panels(m, n, k, a.data_ptr<BFloat16>(), k,
+                                               plain_pairs(b.data_ptr<BFloat16>(), k, n),
+                                               empty({m, n}).data_ptr<float>(), n),
+                    ValueError, {"gemm_bf16_pair_panels", "avx512", "k=801"});
+}
+#endif
+
 TEST(Bf16Gemm, TheKernelSumsInAnotherOrderThanTheWidenedPath) {
   SKIP_WITHOUT_BF16();
   // Evidence that the kernel ran: 512-long sums in pairs differ in some bits from the float32
