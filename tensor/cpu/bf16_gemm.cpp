@@ -47,22 +47,39 @@ float* widen(const BFloat16* src, int64_t rows, int64_t cols, int64_t ld, Scratc
 
 using Bf16Kernel = Kernel<BFloat16, CpuIsa::kAvx512Bf16>;
 
-// The 24 accumulators stay in zmm registers; per pair of k, GCC loads the two vectors of B and
-// broadcasts each pair of A once for its two vdpbf16ps.
+// One pair of k: the two vectors of B loaded, each pair of A broadcast once for its two
+// vdpbf16ps; the 24 accumulators stay in zmm registers.
+[[gnu::always_inline, gnu::target("avx512f,avx512bf16")]] inline void dot_step_12x32(
+    __m512 (&acc)[12][2], const uint32_t* a, const uint32_t* b) {
+  const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b), b1 = (__m512bh)_mm512_loadu_si512(b + 16);
+#pragma GCC unroll 12
+  for (int i = 0; i < 12; ++i) {
+    const __m512bh ai = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[i]));
+    acc[i][0] = _mm512_dpbf16_ps(acc[i][0], ai, b0);
+    acc[i][1] = _mm512_dpbf16_ps(acc[i][1], ai, b1);
+  }
+}
+
+// The float kernel's schedule (Note [Prefetching the C tile]) over pairs of k: the quiet pairs
+// first, then one line of the C tile fetched every four pairs over the last 96 (the lines that
+// leaves out fetched at the start). Paired in one process on an AMD EPYC, against the plain
+// loop: 1024^3 1.05-1.10x as fast on 1 and 2 threads, the ResNet-18 width-64 layers' forward and
+// backward in 0.94-1.0 of the time; the same bits.
 [[gnu::noinline, gnu::visibility("hidden"), gnu::target("avx512f,avx512bf16")]] void
 Bf16Kernel::micro_kernel(int64_t kc, const uint32_t* a, const uint32_t* b, const CTile<float>& c) {
+  constexpr int kLines = 24, kStride = 4;
+  const int64_t pairs = (kc + 1) / 2, quiet = std::max<int64_t>(pairs - kLines * kStride, 0);
+  int line = static_cast<int>(std::max<int64_t>(kLines - (pairs + kStride - 1) / kStride, 0));
+  for (int early = 0; early < line; ++early) prefetch_tile_line_12x32(c, early);
   __m512 acc[12][2];
 #pragma GCC unroll 12
   for (int i = 0; i < 12; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-  const int64_t pairs = (kc + 1) / 2;
-  for (int64_t q = 0; q < pairs; ++q, a += 12, b += 32) {
-    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b), b1 = (__m512bh)_mm512_loadu_si512(b + 16);
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) {
-      const __m512bh ai = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[i]));
-      acc[i][0] = _mm512_dpbf16_ps(acc[i][0], ai, b0);
-      acc[i][1] = _mm512_dpbf16_ps(acc[i][1], ai, b1);
-    }
+  int64_t q = 0;
+  for (; q < quiet; ++q, a += 12, b += 32) dot_step_12x32(acc, a, b);
+  for (; q < pairs; q += kStride) {
+    if (line < kLines) prefetch_tile_line_12x32(c, line++);
+    for (int64_t r = q; r < std::min(q + kStride, pairs); ++r, a += 12, b += 32)
+      dot_step_12x32(acc, a, b);
   }
   store_tile_12x32(acc, c);
 }
