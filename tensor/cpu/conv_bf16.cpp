@@ -4,6 +4,7 @@
 #include "tensor/cpu/conv_bf16.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -67,20 +68,35 @@ int64_t chunk_images(const Geometry& g) {
   return std::clamp<int64_t>(std::min(by_columns, by_bytes), 1, std::max<int64_t>(g.n, 1));
 }
 
-// The output columns [lo, hi) whose input column ow s - p + kj d lies inside the image.
-std::pair<int64_t, int64_t> valid_columns(const Geometry& g, int64_t kj) {
-  const int64_t offset = kj * g.dilation[1] - g.padding[1];
-  int64_t lo = 0;
-  while (lo < g.wo && lo * g.stride[1] + offset < 0) ++lo;
-  int64_t hi = g.wo;
-  while (hi > lo && (hi - 1) * g.stride[1] + offset >= g.w) --hi;
-  return {lo, hi};
+// Where tap (ki, kj) reads: output pixel (oh, ow) takes input pixel (oh sh + top, ow sw +
+// offset), top = ki dh - ph and offset = kj dw - pw, which lies inside its row for the output
+// columns [lo_col, hi_col).
+struct Tap {
+  int64_t top, offset, lo_col, hi_col;
+};
+
+// The kh kw taps, tap ki kw + kj at that index.
+std::vector<Tap> taps_of(const Geometry& g) {
+  std::vector<Tap> taps;
+  for (int64_t ki = 0; ki < g.kh; ++ki)
+    for (int64_t kj = 0; kj < g.kw; ++kj) {
+      const int64_t offset = kj * g.dilation[1] - g.padding[1];
+      int64_t lo = 0;
+      while (lo < g.wo && lo * g.stride[1] + offset < 0) ++lo;
+      int64_t hi = g.wo;
+      while (hi > lo && (hi - 1) * g.stride[1] + offset >= g.w) --hi;
+      taps.push_back({ki * g.dilation[0] - g.padding[0], offset, lo, hi});
+    }
+  return taps;
 }
 
+// Stride 1 with output rows as wide as the input's (a "same" layer, and dx as a convolution):
+// a tap's plane of col is then the input plane shifted by top w + offset, with zeros where the
+// tap reads the padding.
+bool shifted_planes(const Geometry& g) { return g.stride == kernels::Pair{1, 1} && g.wo == g.w; }
+
 // col [K, count P] (row stride ld) = the patches of images [first, first + count) of x.
-// Where the stride is 1 and the output rows are as wide as the input's (a "same" layer, and dx
-// as a convolution), a tap's plane of col is the input plane shifted by a fixed offset, with
-// zeros where the tap reads the padding: one copy of the run between its first and last valid
+// With shifted_planes, a tap's plane is one copy of the run between its first and last valid
 // pixels, then zeros over the rows above and below and the columns at the sides, which the run
 // filled with the neighbouring rows' pixels. Row by row, a 4 x 4 plane took four copies and
 // eight fills of one to four values, and the calls cost more than the data (Note [bf16
@@ -88,21 +104,17 @@ std::pair<int64_t, int64_t> valid_columns(const Geometry& g, int64_t kj) {
 void im2col(const Geometry& g, const BFloat16* x, int64_t first, int64_t count, BFloat16* col,
             int64_t ld) {
   const int64_t kk = g.kh * g.kw;
-  std::vector<std::pair<int64_t, int64_t>> columns;
-  for (int64_t kj = 0; kj < g.kw; ++kj) columns.push_back(valid_columns(g, kj));
-  const bool shifted_planes = g.stride == kernels::Pair{1, 1} && g.wo == g.w;
+  const std::vector<Tap> taps = taps_of(g);
+  const bool shifted = shifted_planes(g);
   parallel_for(0, g.k() * count, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, g.p())),
                [&](int64_t lo, int64_t hi) {
                  for (int64_t unit = lo; unit < hi; ++unit) {
                    const int64_t row = unit / count, image = unit % count;
-                   const int64_t c = row / kk, ki = row % kk / g.kw, kj = row % g.kw;
+                   const int64_t c = row / kk;
                    const BFloat16* plane = x + ((first + image) * g.c + c) * g.h * g.w;
                    BFloat16* out = col + row * ld + image * g.p();
-                   const auto [lo_col, hi_col] = columns[kj];
-                   // Input column of output column ow: ow s + offset.
-                   const int64_t offset = kj * g.dilation[1] - g.padding[1];
-                   if (shifted_planes) {
-                     const int64_t top = ki * g.dilation[0] - g.padding[0];  // ih = oh + top
+                   const auto [top, offset, lo_col, hi_col] = taps[row % kk];
+                   if (shifted) {
                      const int64_t oh_lo = std::max<int64_t>(0, -top),
                                    oh_hi = std::min(g.ho, g.h - top);
                      if (oh_lo >= oh_hi || lo_col >= hi_col) {
@@ -122,7 +134,7 @@ void im2col(const Geometry& g, const BFloat16* x, int64_t first, int64_t count, 
                      continue;
                    }
                    for (int64_t oh = 0; oh < g.ho; ++oh) {
-                     const int64_t ih = oh * g.stride[0] - g.padding[0] + ki * g.dilation[0];
+                     const int64_t ih = oh * g.stride[0] + top;
                      BFloat16* dst = out + oh * g.wo;
                      if (ih < 0 || ih >= g.h || lo_col >= hi_col) {
                        std::fill(dst, dst + g.wo, BFloat16());
@@ -156,11 +168,18 @@ void im2col(const Geometry& g, const BFloat16* x, int64_t first, int64_t count, 
 //   width 64 layers on an AMD EPYC).
 namespace avx512 {
 
-// A tap's offsets from an output pixel (oh, ow) to its input pixel (oh + top, ow + offset), and
-// the output columns [lo_col, hi_col) where that pixel lies inside the row.
-struct PatchTap {
-  int64_t top, offset, lo_col, hi_col;
-};
+// The permutes that interleave two rows of 32 bfloat16 into 32 pairs: word 2l of the first is
+// lo[l] and word 2l + 1 is hi[l] (index 32 + l, the second source), for pairs 0..15; the second
+// does pairs 16..31.
+alignas(64) constexpr auto kPairOrder = [] {
+  std::array<std::array<uint16_t, 32>, 2> order{};
+  for (int half = 0; half < 2; ++half)
+    for (int l = 0; l < 16; ++l) {
+      order[half][2 * l] = static_cast<uint16_t>(16 * half + l);
+      order[half][2 * l + 1] = static_cast<uint16_t>(32 + 16 * half + l);
+    }
+  return order;
+}();
 
 // A run of a panel: `len` output columns from (image, oh, ow0) at the panel's column `pos`.
 struct PatchRun {
@@ -177,10 +196,10 @@ struct PatchRun {
 // Row k of col over a panel's runs as 32 lanes of bfloat16 (zeros outside the image and past
 // the runs). x is the chunk's first image.
 [[gnu::always_inline, gnu::target("avx512f,avx512bw")]] inline __m512i patch_row(
-    const Geometry& g, const PatchTap* taps, const BFloat16* x, int64_t k, const PatchRun* runs,
+    const Geometry& g, const Tap* taps, const BFloat16* x, int64_t k, const PatchRun* runs,
     int runs_count) {
   const int64_t kk = g.kh * g.kw, c = k / kk;
-  const PatchTap& tap = taps[k % kk];
+  const Tap& tap = taps[k % kk];
   __m512i row = _mm512_setzero_si512();
   for (int r = 0; r < runs_count; ++r) {
     const PatchRun& run = runs[r];
@@ -200,18 +219,11 @@ struct PatchRun {
 }
 
 // pack_b of gemm_bf16_pair_panels for col [K, count P] of a chunk whose first image is x.
-[[gnu::target("avx512f,avx512bw")]] void pack_patch_pairs(const Geometry& g, const PatchTap* taps,
+[[gnu::target("avx512f,avx512bw")]] void pack_patch_pairs(const Geometry& g, const Tap* taps,
                                                           const BFloat16* x, int64_t pc, int64_t kc,
                                                           int64_t j, int64_t nc, uint32_t* dst) {
-  // Lane l of the first permute is pair l: word 2l from lo[l], word 2l + 1 from hi[l] (index 32
-  // + l in the second source); the second permute holds pairs 16..31.
-  alignas(64) uint16_t order[2][32];
-  for (int half = 0; half < 2; ++half)
-    for (int l = 0; l < 16; ++l) {
-      order[half][2 * l] = static_cast<uint16_t>(16 * half + l);
-      order[half][2 * l + 1] = static_cast<uint16_t>(32 + 16 * half + l);
-    }
-  const __m512i first = _mm512_load_si512(order[0]), second = _mm512_load_si512(order[1]);
+  const __m512i first = _mm512_load_si512(kPairOrder[0].data()),
+                second = _mm512_load_si512(kPairOrder[1].data());
   const int64_t pairs = (kc + 1) / 2, p = g.p();
   for (int64_t panel = 0; panel * 32 < nc; ++panel) {
     const int64_t col0 = j + panel * 32, width = std::min<int64_t>(32, nc - panel * 32);
@@ -243,8 +255,7 @@ struct PatchRun {
 // layer, on the vdpbf16ps kernel.
 bool patch_panels(const Geometry& g) {
 #if LOOM_PACKED_GEMM_SIMD
-  return g.stride == kernels::Pair{1, 1} && g.wo == g.w && bf16_dot_products() &&
-         !amx_bf16_products();
+  return shifted_planes(g) && bf16_dot_products() && !amx_bf16_products();
 #else
   (void)g;
   return false;
@@ -255,23 +266,20 @@ bool patch_panels(const Geometry& g) {
 // P]); each (image, channel) plane on one thread.
 void col2im(const Geometry& g, const float* dcol, int64_t ld, int64_t count, float* dx) {
   const int64_t kk = g.kh * g.kw;
-  std::vector<std::pair<int64_t, int64_t>> columns;
-  for (int64_t kj = 0; kj < g.kw; ++kj) columns.push_back(valid_columns(g, kj));
+  const std::vector<Tap> taps = taps_of(g);
   parallel_for(0, count * g.c, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t unit = lo; unit < hi; ++unit) {
       const int64_t image = unit / g.c, c = unit % g.c;
       float* plane = dx + unit * g.h * g.w;
       std::fill(plane, plane + g.h * g.w, 0.0f);
       for (int64_t tap = 0; tap < kk; ++tap) {
-        const int64_t ki = tap / g.kw, kj = tap % g.kw;
+        const auto [top, offset, lo_col, hi_col] = taps[tap];
         const float* src = dcol + (c * kk + tap) * ld + image * g.p();
         for (int64_t oh = 0; oh < g.ho; ++oh) {
-          const int64_t ih = oh * g.stride[0] - g.padding[0] + ki * g.dilation[0];
+          const int64_t ih = oh * g.stride[0] + top;
           if (ih < 0 || ih >= g.h) continue;
           float* row = plane + ih * g.w;
           const float* from = src + oh * g.wo;
-          const int64_t offset = kj * g.dilation[1] - g.padding[1];
-          const auto [lo_col, hi_col] = columns[kj];
           if (g.stride[1] == 1) {
             for (int64_t ow = lo_col; ow < hi_col; ++ow) row[ow + offset] += from[ow];
           } else {
@@ -337,15 +345,7 @@ Tensor conv2d_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias,
   ScratchFrame frame;
   BFloat16* col = panels ? nullptr : frame.get<BFloat16>(g.k() * chunk * p);
   float* out = frame.get<float>(g.o * chunk * p);
-#if LOOM_PACKED_GEMM_SIMD
-  std::vector<avx512::PatchTap> taps;
-  for (int64_t ki = 0; ki < g.kh; ++ki)
-    for (int64_t kj = 0; kj < g.kw; ++kj) {
-      const auto [lo_col, hi_col] = valid_columns(g, kj);
-      taps.push_back(
-          {ki * g.dilation[0] - g.padding[0], kj * g.dilation[1] - g.padding[1], lo_col, hi_col});
-    }
-#endif
+  const std::vector<Tap> taps = panels ? taps_of(g) : std::vector<Tap>();
   for (int64_t first = 0; first < g.n; first += chunk) {
     const int64_t count = std::min(chunk, g.n - first), cols = count * p;
     if (panels) {
