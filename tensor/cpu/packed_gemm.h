@@ -281,17 +281,36 @@ Kernel<double, CpuIsa::kAvx2>::micro_kernel(int64_t kc, const double* a, const d
 // loads before the stores miss to L3. On an AVX-512 Xeon with 48 KiB of L1 that cost a 12 x 32
 // tile a tenth of its time when the A and B panels were hot (0.90 of the FMA peak against
 // 1.00). Prefetching all 24 lines at the start fills the line-fill buffers that the A stream
-// needs and lets the lines go cold again over 192 k steps; one line every 4 k steps over the
-// last 96 spreads the misses and lands them shortly before the stores (1024^3 GEMM, 1 thread:
-// about 0.80 of peak with none, 0.83 all at the start, 0.86 spread; docs/cpu_speed.md). When kc
-// is under 96, the lines the spread cannot reach are fetched at the start.
-// The k loop runs in two phases, four k per pass: the quiet one without prefetches, then the
-// last 96 k with one C line fetched per pass. Written as one loop with the prefetch test inside,
+// needs and lets the lines go cold again over 192 k steps; one line every 4 k steps spreads
+// the misses and lands them shortly before the stores (1024^3 GEMM, 1 thread: about 0.80 of
+// peak with none, 0.83 all at the start, 0.86 spread; docs/cpu_speed.md). The spread ends
+// kLead steps before the stores: a line fetched 4 steps (about 100 cycles) before them can
+// still be on its way from L3 on an AMD EPYC (Zen 4), whose kernel gained 3% on 1 thread (1-2%
+// on 2) when the spread ended 16 to 64 steps earlier (32 is in the middle). When kc is too
+// short for the spread, the lines it cannot reach are fetched at the start.
+// The k loop runs in phases, four k per pass: the quiet one without prefetches, the spread with
+// one C line fetched per pass, and the lead. Written as one loop with the prefetch test inside,
 // each k paid a compare and two branches beside its 24 FMAs, and the 1024^3 GEMM ran about 2%
 // slower. The accumulators are named registers of a fixed tile; GCC keeps all 24 in zmm
 // registers and broadcasts each value of A into one register (vbroadcastss; renaming makes the
 // twelve independent). Folding the broadcasts into the FMAs ({1to16}, written as inline
-// assembly) measured the same.
+// assembly) measured the same on the Xeon and slower on the EPYC.
+//
+// TilePrefetch is that schedule over a kernel's `steps` (k for the float kernel, pairs of k for
+// bfloat16's; a step is 24 multiply-add instructions in either): steps [0, quiet) fetch
+// nothing, [quiet, spread_end) fetch one line at the start of every kStride, the last kLead
+// steps nothing, and `early` lines are fetched before the first step.
+struct TilePrefetch {
+  static constexpr int kLines = 24, kStride = 4, kLead = 32;
+  int64_t spread_end, quiet;
+  int early;
+  explicit TilePrefetch(int64_t steps)
+      : spread_end(steps - std::min<int64_t>(kLead, steps)),
+        quiet(std::max<int64_t>(spread_end - kLines * kStride, 0)),
+        early(static_cast<int>(
+            std::max<int64_t>(kLines - (spread_end - quiet + kStride - 1) / kStride, 0))) {}
+};
+
 [[gnu::always_inline, gnu::target("avx512f")]] inline void k_step_12x32(__m512 (&acc)[12][2],
                                                                         const float* a,
                                                                         const float* b) {
@@ -314,22 +333,25 @@ Kernel<double, CpuIsa::kAvx2>::micro_kernel(int64_t kc, const double* a, const d
 [[gnu::noinline, gnu::visibility("hidden"), gnu::target("avx512f")]] inline void
 Kernel<float, CpuIsa::kAvx512>::micro_kernel(int64_t kc, const float* a, const float* b,
                                              const CTile<float>& c) {
-  constexpr int kLines = 24, kStride = 4;
-  const int64_t quiet = std::max<int64_t>(kc - kLines * kStride, 0);
-  int line = static_cast<int>(std::max<int64_t>(kLines - (kc + kStride - 1) / kStride, 0));
-  for (int early = 0; early < line; ++early) prefetch_tile_line_12x32(c, early);
+  constexpr int kStride = TilePrefetch::kStride;
+  const TilePrefetch schedule(kc);
+  int line = 0;
+  for (; line < schedule.early; ++line) prefetch_tile_line_12x32(c, line);
   __m512 acc[12][2];
 #pragma GCC unroll 12
   for (int i = 0; i < 12; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
   int64_t p = 0;
-  for (; p + kStride <= quiet; p += kStride, a += 12 * kStride, b += 32 * kStride)
+  for (; p + kStride <= schedule.quiet; p += kStride, a += 12 * kStride, b += 32 * kStride)
     k_steps_4_12x32(acc, a, b);
-  for (; p < quiet; ++p, a += 12, b += 32) k_step_12x32(acc, a, b);
-  for (; p + kStride <= kc; p += kStride, a += 12 * kStride, b += 32 * kStride) {
-    if (line < kLines) prefetch_tile_line_12x32(c, line++);
+  for (; p < schedule.quiet; ++p, a += 12, b += 32) k_step_12x32(acc, a, b);
+  for (; p + kStride <= schedule.spread_end; p += kStride, a += 12 * kStride, b += 32 * kStride) {
+    prefetch_tile_line_12x32(c, line++);
     k_steps_4_12x32(acc, a, b);
   }
-  if (p < kc && line < kLines) prefetch_tile_line_12x32(c, line++);
+  if (p < schedule.spread_end) prefetch_tile_line_12x32(c, line++);
+  for (; p < schedule.spread_end; ++p, a += 12, b += 32) k_step_12x32(acc, a, b);
+  for (; p + kStride <= kc; p += kStride, a += 12 * kStride, b += 32 * kStride)
+    k_steps_4_12x32(acc, a, b);
   for (; p < kc; ++p, a += 12, b += 32) k_step_12x32(acc, a, b);
   store_tile_12x32(acc, c);
 }

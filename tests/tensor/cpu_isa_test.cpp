@@ -70,6 +70,28 @@ TEST(CpuIsa, EachWidthsPeakIsMeasuredWhereTheCpuHasIt) {
   EXPECT_LOOM_ERROR(fma_peak_gflops(1, 128), ValueError, {"fma_peak_gflops", "128"});
 }
 
+#if LOOM_PACKED_GEMM_SIMD
+// Note [Prefetching the C tile]: whatever the depth, the 24 lines of the tile are fetched once
+// each (early, or one per kStride steps of the spread), the spread covers at most 96 steps and
+// ends kLead steps before the stores (or at once when there are fewer).
+TEST(CpuIsa, TheCTilePrefetchFetchesEachLineOnceAndEndsBeforeTheStores) {
+  using cpu::TilePrefetch;
+  for (int64_t steps = 0; steps <= 400; ++steps) {
+    const TilePrefetch s(steps);
+    const int64_t spread = s.spread_end - s.quiet;
+    EXPECT_EQ(s.early + (spread + TilePrefetch::kStride - 1) / TilePrefetch::kStride,
+              TilePrefetch::kLines)
+        << steps << " steps";
+    EXPECT_GE(s.quiet, 0) << steps;
+    EXPECT_LE(spread, TilePrefetch::kLines * TilePrefetch::kStride) << steps;
+    EXPECT_EQ(steps - s.spread_end, std::min<int64_t>(TilePrefetch::kLead, steps)) << steps;
+    if (steps >= TilePrefetch::kLead + TilePrefetch::kLines * TilePrefetch::kStride) {
+      EXPECT_EQ(s.early, 0) << steps << " steps: deep enough to spread every line";
+    }
+  }
+}
+#endif
+
 // C = alpha op(A) op(B) + beta C in float32 on the path `isa`, against float64.
 void check_gemm(CpuIsa isa, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
                 float beta) {
