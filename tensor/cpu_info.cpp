@@ -323,4 +323,26 @@ double fma_peak_gflops(int threads) {
   return wide > 0 ? wide : fma_peak_gflops(threads, 0);
 }
 
+double best_rate_ratio(const std::function<double()>& numerator,
+                       const std::function<double()>& denominator, int rounds) {
+  double best_numerator = 0, best_denominator = 0;
+  for (int round = 0; round < rounds; ++round) {
+    best_numerator = std::max(best_numerator, numerator());
+    best_denominator = std::max(best_denominator, denominator());
+  }
+  return best_denominator > 0 ? best_numerator / best_denominator : 0;
+}
+
+double bf16_peak_ratio(bool amx) {
+  const int bits = amx ? kAmxTiles : kBf16Dots;
+  if (sample(1, 10'000, bits) == 0) return 0;  // also wakes the core
+  // A 512-bit chain of 250'000 iterations is 3 million dependent-free instructions: about a
+  // millisecond, shorter than the time slice a busy neighbour gets.
+  constexpr int64_t kIterations = 250'000;
+  constexpr int kRounds = 15;
+  return best_rate_ratio(
+      [&] { return sample(1, kIterations, bits); },
+      [&] { return std::max(sample(1, kIterations, 256), sample(1, kIterations, 512)); }, kRounds);
+}
+
 }  // namespace loom

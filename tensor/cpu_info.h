@@ -5,6 +5,7 @@
 // compare.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -71,5 +72,19 @@ double bf16_dot_peak_gflops(int threads);
 // 16 x 16 float32 tiles (16 x 16 x 32 multiply-adds each), measured as fma_peak_gflops is: the
 // peak of the AMX kernel; 0 where detected_cpu_isa() is below kAmxBf16.
 double amx_bf16_peak_gflops(int threads);
+
+// The ratio of two rates, each the best of `rounds` samples, the two sampled in alternation
+// (numerator, denominator, numerator, ...); 0 when the denominator never exceeds 0. Another
+// process on the core can only slow a sample, so the best of many short ones is close to the
+// unloaded rate even when most were slowed, where a median of a few long ones moves with the
+// load (and a decision taken on it flips between runs).
+double best_rate_ratio(const std::function<double()>& numerator,
+                       const std::function<double()>& denominator, int rounds);
+
+// On one thread, the bfloat16 peak (amx_bf16_peak_gflops with `amx`, else bf16_dot_peak_gflops)
+// over the float32 FMA peak of the widest full-rate vector (fma_peak_gflops): best_rate_ratio of
+// 15 rounds of samples of about a millisecond. 0 where the bfloat16 instructions do not run.
+// The measurement behind Note [When bf16 dot products pay] in tensor/cpu/linalg.cpp.
+double bf16_peak_ratio(bool amx);
 
 }  // namespace loom

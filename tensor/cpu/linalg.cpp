@@ -98,10 +98,14 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 //   while 512-bit FMAs issue twice per cycle, so its peak is half float32's and the widened path
 //   is faster. Elsewhere it may issue as fast as the FMAs, and then it doubles the rate. So the
 //   default is decided by measurement, once per process: the kernel is used when the dot-product
-//   peak on one thread is at least 1.25 times the float32 FMA peak (bf16_dot_peak_gflops and
-//   fma_peak_gflops, a few milliseconds each). On AMX the kernel is the tile one, measured the
-//   same way (amx_bf16_peak_gflops: 14 times float32 on that Xeon). The two paths give different
-//   bits (Note [bf16 dot products]), so LOOM_BF16_DOT=on|off fixes the choice where that matters.
+//   peak on one thread is at least 1.25 times the float32 FMA peak (bf16_peak_ratio: about 2.0
+//   on an AMD EPYC with AVX512_BF16, 0.5 on that Xeon). On AMX the kernel is the tile one,
+//   measured the same way (14 times float32 on that Xeon). The two paths give different bits
+//   (Note [bf16 dot products]), so the measurement must not flip with the machine's load: it
+//   takes the best of 15 alternating samples of about a millisecond each (best_rate_ratio). The
+//   median of three samples of each peak, taken one after the other, fell below 1.25 on the
+//   EPYC with two busy processes on its two cores, and a fixed seed then gave other bits.
+//   LOOM_BF16_DOT=on|off fixes the choice outright.
 namespace {
 
 constexpr double kBf16DotPays = 1.25;
@@ -138,15 +142,11 @@ Bf16DotPolicy set_bf16_dot_policy(Bf16DotPolicy policy) {
 double bf16_dot_speedup() {
   const CpuIsa isa = cpu_isa();
   if (isa < CpuIsa::kAvx512Bf16) return 0.0;
-  const auto ratio = [](double peak) {
-    const double fma = fma_peak_gflops(1);
-    return fma > 0 ? peak / fma : 0.0;
-  };
   if (isa >= CpuIsa::kAmxBf16) {
-    static const double amx = ratio(amx_bf16_peak_gflops(1));
+    static const double amx = bf16_peak_ratio(/*amx=*/true);
     return amx;
   }
-  static const double dot = ratio(bf16_dot_peak_gflops(1));
+  static const double dot = bf16_peak_ratio(/*amx=*/false);
   return dot;
 }
 

@@ -70,6 +70,42 @@ TEST(CpuIsa, EachWidthsPeakIsMeasuredWhereTheCpuHasIt) {
   EXPECT_LOOM_ERROR(fma_peak_gflops(1, 128), ValueError, {"fma_peak_gflops", "128"});
 }
 
+// A decision taken on a ratio of two measured rates must not move with the machine's load:
+// here the numerator's true rate is 200 and the denominator's 100, but load slows nine of ten
+// numerator samples to 90 and one denominator sample in ten. The median of each, or the first
+// sample of each, puts the ratio at 0.9; the best of each finds 2.
+TEST(CpuIsa, ARatioOfRatesTakesTheBestSampleOfEachInAlternation) {
+  std::string order;
+  int n = 0, d = 0;
+  const auto numerator = [&] {
+    order += 'n';
+    return n++ % 10 == 7 ? 200.0 : 90.0;
+  };
+  const auto denominator = [&] {
+    order += 'd';
+    return d++ % 10 == 3 ? 50.0 : 100.0;
+  };
+  EXPECT_DOUBLE_EQ(best_rate_ratio(numerator, denominator, 10), 2.0);
+  EXPECT_EQ(order, "ndndndndndndndndndnd");
+  EXPECT_DOUBLE_EQ(best_rate_ratio(
+                       numerator, [] { return 0.0; }, 3),
+                   0.0);
+}
+
+TEST(CpuIsa, TheBf16PeakRatioIsMeasuredWhereTheCpuHasTheInstructions) {
+  const CpuIsa detected = detected_cpu_isa();
+  const double dot = bf16_peak_ratio(/*amx=*/false), amx = bf16_peak_ratio(/*amx=*/true);
+  std::printf("[ measured ] bfloat16 over float32 peak: vdpbf16ps %.2f, AMX %.2f\n", dot, amx);
+  EXPECT_EQ(dot > 0, detected >= CpuIsa::kAvx512Bf16);
+  EXPECT_EQ(amx > 0, detected >= CpuIsa::kAmxBf16);
+  if (dot > 0) {
+    // vdpbf16ps does 32 multiply-adds against a 512-bit FMA's 16: where it issues at all, it
+    // is at most 2x float32's peak, and CPUs seen so far issue it at half or full rate.
+    EXPECT_GT(dot, 0.3);
+    EXPECT_LT(dot, 2.6);
+  }
+}
+
 #if LOOM_PACKED_GEMM_SIMD
 // Note [Prefetching the C tile]: whatever the depth, the 24 lines of the tile are fetched once
 // each (early, or one per kStride steps of the spread), the spread covers at most 96 steps and
