@@ -87,6 +87,41 @@ Bf16Kernel::micro_kernel(int64_t kc, const uint32_t* a, const uint32_t* b, const
   store_tile_12x32(acc, c);
 }
 
+// Rows [0, R) of the 12 x 32 tile (Note [Edge tiles] in tensor/cpu/packed_gemm.h):
+// dot_step_12x32 on fewer rows.
+template <int R>
+[[gnu::always_inline, gnu::target("avx512f,avx512bf16")]] inline void edge_tile_12x32(
+    int64_t rows, int64_t kc, const uint32_t* a, const uint32_t* b, const CTile<float>& c) {
+  prefetch_rows_x32(c, rows);
+  __m512 acc[R][2];
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (int64_t q = 0, pairs = (kc + 1) / 2; q < pairs; ++q, a += 12, b += 32) {
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b), b1 = (__m512bh)_mm512_loadu_si512(b + 16);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      const __m512bh ai = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[i]));
+      acc[i][0] = _mm512_dpbf16_ps(acc[i][0], ai, b0);
+      acc[i][1] = _mm512_dpbf16_ps(acc[i][1], ai, b1);
+    }
+  }
+  store_rows_x32<R>(acc, rows, c);
+}
+
+[[gnu::noinline, gnu::visibility("hidden"), gnu::target("avx512f,avx512bf16")]] bool
+Bf16Kernel::edge_kernel(int64_t rows, int64_t kc, const uint32_t* a, const uint32_t* b,
+                        const CTile<float>& c) {
+  if (rows <= 4) {
+    edge_tile_12x32<4>(rows, kc, a, b, c);
+    return true;
+  }
+  if (rows <= 8) {
+    edge_tile_12x32<8>(rows, kc, a, b, c);
+    return true;
+  }
+  return false;
+}
+
 namespace {
 
 // The pair (lo, hi) of consecutive k as the kernel reads it: lo in the low half.

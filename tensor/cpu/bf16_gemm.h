@@ -101,6 +101,8 @@ struct Kernel<BFloat16, CpuIsa::kAvx512Bf16> {
   static constexpr int64_t k_group = 2;
   static constexpr int64_t mr = 12, nr = 32, kc = 384, mc = 144, nc = 3072;
   static void micro_kernel(int64_t kc, const uint32_t* a, const uint32_t* b, const CTile<float>& c);
+  static bool edge_kernel(int64_t rows, int64_t kc, const uint32_t* a, const uint32_t* b,
+                          const CTile<float>& c);
 };
 
 // The packed element of the AMX kernel, 64 bytes (Note [bf16 products on AMX tiles]): the 32

@@ -92,6 +92,8 @@ struct Kernel<float, CpuIsa::kAvx512> {
   static constexpr int64_t k_group = 1;
   static constexpr int64_t mr = 12, nr = 32, kc = 192, mc = 144, nc = 3072;
   static void micro_kernel(int64_t kc, const float* a, const float* b, const CTile<float>& c);
+  static bool edge_kernel(int64_t rows, int64_t kc, const float* a, const float* b,
+                          const CTile<float>& c);
   static void pack_rows(const float* src, int64_t ld, int64_t kc, const float* next, float* dst);
 };
 
@@ -355,6 +357,81 @@ Kernel<float, CpuIsa::kAvx512>::micro_kernel(int64_t kc, const float* a, const f
   for (; p < kc; ++p, a += 12, b += 32) k_step_12x32(acc, a, b);
   store_tile_12x32(acc, c);
 }
+
+// Note [Edge tiles]
+// A block of A whose rows are not a multiple of MR ends in a panel with fewer real rows (the
+// rest packed as zeros): 1024 = 85 x 12 + 4, and a layer of 64 channels is 5 x 12 + 4, one
+// tile in six. The full kernel computes such a tile whole, into a scratch tile that is then
+// copied: a tile of 4 rows costs as much as one of 12. Kernels that have an edge_kernel(rows,
+// kc, a, b, c) compute only the first 4 or 8 rows of the panel (A's stride stays MR) and store
+// the `rows` real ones straight into C; it returns false for rows it does not take (more than
+// 8: the whole tile is then nearly all real rows). Each row is the same chain of
+// multiply-adds as in the full kernel, so the bits do not change. The C tile's lines are
+// fetched at the start: the edge tiles are too few for the spread to matter. Paired in one
+// process on an AMD EPYC, 1 thread: 1024^3 1.01x; [64 x 576] @ [576 x 4096] 1.11x in float32
+// and 1.06x in bfloat16; [128 x 1152] @ [1152 x 1024] 1.02x.
+
+// The first `rows` (at most R) rows of an R-row tile: c.out = (c.accumulate ? c.in : 0) + acc.
+template <int R>
+[[gnu::always_inline, gnu::target("avx512f")]] inline void store_rows_x32(__m512 (&acc)[R][2],
+                                                                          int64_t rows,
+                                                                          const CTile<float>& c) {
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) {
+    if (i < rows && c.accumulate) {
+      acc[i][0] = _mm512_add_ps(acc[i][0], _mm512_loadu_ps(c.in + i * c.ld_in));
+      acc[i][1] = _mm512_add_ps(acc[i][1], _mm512_loadu_ps(c.in + i * c.ld_in + 16));
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) {
+    if (i < rows) {
+      _mm512_storeu_ps(c.out + i * c.ld_out, acc[i][0]);
+      _mm512_storeu_ps(c.out + i * c.ld_out + 16, acc[i][1]);
+    }
+  }
+}
+
+// Fetches the lines of the first `rows` rows of a tile of C 32 floats wide.
+inline void prefetch_rows_x32(const CTile<float>& c, int64_t rows) {
+  for (int line = 0; line < 2 * rows; ++line) prefetch_tile_line_12x32(c, line);
+}
+
+// Rows [0, R) of the 12 x 32 float tile: k_step_12x32 on fewer rows.
+template <int R>
+[[gnu::always_inline, gnu::target("avx512f")]] inline void edge_tile_12x32(int64_t rows, int64_t kc,
+                                                                           const float* a,
+                                                                           const float* b,
+                                                                           const CTile<float>& c) {
+  prefetch_rows_x32(c, rows);
+  __m512 acc[R][2];
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < kc; ++p, a += 12, b += 32) {
+    const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; ++i) {
+      const __m512 ai = _mm512_set1_ps(a[i]);
+      acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
+    }
+  }
+  store_rows_x32<R>(acc, rows, c);
+}
+
+[[gnu::noinline, gnu::visibility("hidden"), gnu::target("avx512f")]] inline bool
+Kernel<float, CpuIsa::kAvx512>::edge_kernel(int64_t rows, int64_t kc, const float* a,
+                                            const float* b, const CTile<float>& c) {
+  if (rows <= 4) {
+    edge_tile_12x32<4>(rows, kc, a, b, c);
+    return true;
+  }
+  if (rows <= 8) {
+    edge_tile_12x32<8>(rows, kc, a, b, c);
+    return true;
+  }
+  return false;
+}
 #endif  // LOOM_PACKED_GEMM_SIMD
 
 // Calls f.template operator()<I>() with the instruction set whose packed kernels run here
@@ -466,6 +543,11 @@ void packed_gemm(int64_t m, int64_t n, int64_t k, ABlock&& a_block, PackB&& pack
             if (mr == B::mr && nr == B::nr) {
               B::micro_kernel(kc, a + ir * depth, b_panel, {tile_in, ld_in, tile_out, ld_out, acc});
               continue;
+            }
+            if constexpr (requires { &B::edge_kernel; }) {  // Note [Edge tiles]
+              if (nr == B::nr && B::edge_kernel(mr, kc, a + ir * depth, b_panel,
+                                                {tile_in, ld_in, tile_out, ld_out, acc}))
+                continue;
             }
             // An edge tile: computed whole into `tile`, then the part inside C is kept.
             B::micro_kernel(kc, a + ir * depth, b_panel, {tile, B::nr, tile, B::nr, false});

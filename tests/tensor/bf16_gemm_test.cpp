@@ -202,6 +202,37 @@ TEST(Bf16Gemm, ThreadsSplitColumnsSoTheBitsDoNotDependOnThem) {
   }
 }
 
+// Note [Edge tiles] in tensor/cpu/packed_gemm.h: the vdpbf16ps kernel's last tile with 4 or 8
+// real rows (of 12) runs a shorter kernel; its rows are the bits a full tile gives them (the
+// first m rows against a product with a whole number of tiles, C accumulated and not), and
+// the rows past m are left alone.
+TEST(Bf16Gemm, EdgeTilesGiveTheirRowsTheBitsOfAFullTile) {
+  SKIP_WITHOUT_BF16();
+  Scope scope(CpuIsa::kAvx512Bf16, 2);
+  const cpu::Bf16DotPolicy policy = cpu::set_bf16_dot_policy(cpu::Bf16DotPolicy::kOn);
+  const int64_t k = 801, n = 100, rows = 156;
+  manual_seed(12);
+  const Tensor a = randn({rows, k}).to(kBFloat16), b = randn({k, n}).to(kBFloat16);
+  const Tensor c0 = randn({rows, n});
+  for (const float beta : {0.0f, 1.0f}) {
+    Tensor whole = c0.clone();
+    cpu::gemm_bf16(false, false, rows, n, k, 1.0f, a.data_ptr<BFloat16>(), k,
+                   b.data_ptr<BFloat16>(), n, beta, whole.data_ptr<float>(), n);
+    for (const int64_t m : {64, 66, 68, 70, 148}) {
+      Tensor part = c0.clone();
+      cpu::gemm_bf16(false, false, m, n, k, 1.0f, a.data_ptr<BFloat16>(), k, b.data_ptr<BFloat16>(),
+                     n, beta, part.data_ptr<float>(), n);
+      EXPECT_EQ(std::memcmp(part.data(), whole.data(), m * n * sizeof(float)), 0)
+          << m << " rows, beta " << beta;
+      EXPECT_EQ(std::memcmp(part.data_ptr<float>() + m * n, c0.data_ptr<float>() + m * n,
+                            (rows - m) * n * sizeof(float)),
+                0)
+          << "the rows past " << m << " were written";
+    }
+  }
+  cpu::set_bf16_dot_policy(policy);
+}
+
 #if LOOM_PACKED_GEMM_SIMD
 // The packer of a row-major B [k, n] as gemm_bf16_pair_panels asks for it: 32-column panels of
 // k-pairs, the low half the even k, zeros past n and past an odd k.

@@ -179,6 +179,38 @@ TEST(CpuIsa, EveryPathThisCpuRunsMultipliesCorrectly) {
   }
 }
 
+// Note [Edge tiles]: the last tile of an A block with 4 or 8 real rows runs a shorter kernel,
+// whose rows must be the bits the full kernel gives them. So the first m rows of a product are
+// compared with the same rows of a product whose m is a whole number of tiles: 64 and 68 rows
+// end in tiles of 4 and 8 (of 12), 66 in 6 rows of the 8-row kernel, 148 in one of 4 in the
+// second MC block, and 70 (10 rows) in a full tile; two passes over K, C accumulated (beta 1)
+// and not. The rows past m must be left as they were.
+TEST(CpuIsa, EdgeTilesGiveTheirRowsTheBitsOfAFullTile) {
+  const int64_t k = 300, n = 100, rows = 156;
+  manual_seed(11);
+  const Tensor a = randn({rows, k}), b = randn({k, n}), c0 = randn({rows, n});
+  for (const CpuIsa isa : {CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (isa > detected_cpu_isa()) continue;
+    IsaCap scope(isa);
+    for (const float beta : {0.0f, 1.0f}) {
+      Tensor whole = c0.clone();
+      cpu::gemm<float>(false, false, rows, n, k, 1.0f, a.data_ptr<float>(), k, b.data_ptr<float>(),
+                       n, beta, whole.data_ptr<float>(), n);
+      for (const int64_t m : {64, 66, 68, 70, 148}) {
+        Tensor part = c0.clone();
+        cpu::gemm<float>(false, false, m, n, k, 1.0f, a.data_ptr<float>(), k, b.data_ptr<float>(),
+                         n, beta, part.data_ptr<float>(), n);
+        EXPECT_EQ(std::memcmp(part.data(), whole.data(), m * n * sizeof(float)), 0)
+            << to_string(isa) << ": " << m << " rows, beta " << beta;
+        EXPECT_EQ(std::memcmp(part.data_ptr<float>() + m * n, c0.data_ptr<float>() + m * n,
+                              (rows - m) * n * sizeof(float)),
+                  0)
+            << to_string(isa) << ": the rows past " << m << " were written";
+      }
+    }
+  }
+}
+
 // The AVX-512 float kernel's K block, for balanced_kc.
 struct Blocks {
   static constexpr int64_t kc = 192;
