@@ -173,9 +173,8 @@ void transpose_pairs_8x8(const BFloat16* src, int64_t ld_src, int rows, uint32_t
   }
 }
 
-// Rows r < count (each src + r * ld_src, k contiguous) as `count` columns of a panel [pairs, ld]
-// starting at dst: the 8 x 8 transposes over whole groups of eight pairs, then one pair at a
-// time, the last half zero when kc is odd. count is a multiple of 4 (12 for A, 32 for B).
+}  // namespace
+
 void pack_rows_of_pairs(const BFloat16* src, int64_t ld_src, int64_t count, int64_t kc,
                         uint32_t* dst, int64_t ld) {
   const int64_t full = kc / 2;
@@ -190,6 +189,8 @@ void pack_rows_of_pairs(const BFloat16* src, int64_t ld_src, int64_t count, int6
     for (int64_t r = 0; r < count; ++r)
       dst[full * ld + r] = pair_of(src[r * ld_src + kc - 1], BFloat16());
 }
+
+namespace {
 
 // Two rows of the stored matrix, k = 2q and 2q + 1 (`hi` null past an odd kc), `count`
 // contiguous elements each, interleaved into `count` pairs: count a multiple of 4.
@@ -342,15 +343,15 @@ void threaded_bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
 }  // namespace
 
 void gemm_bf16_pair_panels(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t lda,
-                           const PairPanelPacker& pack_b, float* c, int64_t ldc) {
+                           const PairPanelPacker& pack_b, float* c, int64_t ldc, bool accumulate) {
   LOOM_CHECK(bf16_dot_products() && !amx_bf16_products(), ValueError,
              "gemm_bf16_pair_panels: needs the vdpbf16ps kernel (AVX512_BF16 without AMX); this "
              "CPU runs ",
              to_string(cpu_isa()), " (m=", m, " n=", n, " k=", k, ")");
   if (m == 0 || n == 0) return;
-  if (k == 0) return scale_rows(m, n, 0.0f, c, ldc);
+  if (k == 0) return scale_rows(m, n, accumulate ? 1.0f : 0.0f, c, ldc);
   threaded_gemm_blocks<Bf16Kernel>(
-      m, n, k, a, lda, 1, c, ldc, false, pack_a_pairs, pack_b, [] {}, [] {});
+      m, n, k, a, lda, 1, c, ldc, accumulate, pack_a_pairs, pack_b, [] {}, [] {});
 }
 
 #if defined(__x86_64__)

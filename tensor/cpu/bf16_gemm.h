@@ -83,13 +83,20 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
 using PairPanelPacker =
     std::function<void(int64_t pc, int64_t kc, int64_t j, int64_t nc, uint32_t* dst)>;
 
-// C [m, n] (float32, row stride ldc) = A [m, k] (bfloat16, rows lda apart) @ B, B packed by the
-// caller: conv2d packs image patches straight into the panels (Note [bf16 patch panels] in
-// tensor/cpu/conv_bf16.cpp). Threads split C's columns, each packing its own; pack_b runs on
-// them. The vdpbf16ps kernel only: ValueError unless bf16_dot_products() and not
-// amx_bf16_products().
+// C [m, n] (float32, row stride ldc) = (accumulate ? C : 0) + A [m, k] (bfloat16, rows lda
+// apart) @ B, B packed by the caller: conv2d packs image patches straight into the panels (Note
+// [bf16 patch panels] in tensor/cpu/conv_bf16.cpp). Threads split C's columns, each packing its
+// own; pack_b runs on them. The vdpbf16ps kernel only: ValueError unless bf16_dot_products() and
+// not amx_bf16_products().
 void gemm_bf16_pair_panels(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t lda,
-                           const PairPanelPacker& pack_b, float* c, int64_t ldc);
+                           const PairPanelPacker& pack_b, float* c, int64_t ldc,
+                           bool accumulate = false);
+
+// Rows r < count (each src + r * ld_src, k contiguous) as `count` columns of a panel [pairs, ld]
+// starting at dst: 8 x 8 transposes of pairs over whole groups of eight pairs, then one pair at
+// a time, the last half zero when kc is odd. count is a multiple of 4 (12 for A, 32 for B).
+void pack_rows_of_pairs(const BFloat16* src, int64_t ld_src, int64_t count, int64_t kc,
+                        uint32_t* dst, int64_t ld);
 
 // The vdpbf16ps micro-kernel (Note [bf16 dot products]): C's tile is float32, the packed panels
 // hold pairs of bfloat16. Defined in bf16_gemm.cpp, compiled for AVX512F and AVX512_BF16, and

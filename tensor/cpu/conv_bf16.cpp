@@ -36,11 +36,11 @@ namespace loom::cpu {
 //   channels, dx is instead the forward convolution of dY with the weight flipped and its
 //   channels swapped (Note [dx as a convolution] in tensor/cpu/conv.cpp): no float32 dcol and
 //   no col2im, whose overlap-add took a tenth of the bf16 ResNet-18 step. On the vdpbf16ps
-//   kernel the forward of a "same" stride-1 layer (dx as a convolution included) packs the
-//   patches straight into the GEMM's panels and never writes col (Note [bf16 patch panels]); the
-//   AMX kernel, strided layers and dW still go through col. x and dy are read as
-//   contiguous NCHW (a channels-last operand is copied first); groups other than 1 keep the widened
-//   path.
+//   kernel a "same" stride-1 layer packs the patches straight into the GEMM's panels and never
+//   writes col (Note [bf16 patch panels]): the forward's B (and dx's, as a convolution), and
+//   dW's col^T; the AMX kernel and strided layers still go through col. x and dy are read as
+//   contiguous NCHW (a channels-last operand is copied first); groups other than 1 keep the
+//   widened path.
 
 namespace {
 
@@ -172,6 +172,11 @@ void im2col(const Geometry& g, const BFloat16* x, int64_t first, int64_t count, 
 //   on its own (four loads per tap on 8 x 8 images, eight on 4 x 4) and divided k by the taps
 //   per row; against it, paired in one process, forward and dx of the ResNet-18 layers take
 //   0.84 (64 channels, 32 x 32) to 0.90 (512, 4 x 4) of the time, a 5 x 5 layer 0.60.
+//   dW = dY col^T takes col^T's panels the same way, k now running over the pixels: each of a
+//   panel's 32 rows of col is gathered from the image 32 pixels at a time (the same span
+//   tables, over the block's pixels) into a buffer of 32 x kc, which the pair transposes of a
+//   stored col^T then pack. Against im2col and those transposes, paired, dW alone takes 0.78
+//   (512, 4 x 4) to 0.83 (64, 32 x 32) of the time.
 namespace avx512 {
 
 // The permutes that interleave two rows of 32 bfloat16 into 32 pairs: word 2l of the first is
@@ -221,49 +226,59 @@ struct SpanTap {
   return row;
 }
 
-// pack_b of gemm_bf16_pair_panels for col [K, count P] of a chunk whose first image is x.
+// The spans of the chunk's pixels [col0, col0 + width) (width at most 32, lane 0 at col0), and
+// for each span s and tap t, table[s kk + t]: the lanes where the tap reads inside the image
+// (the output rows the span crosses, each cut to the columns whose input lies inside the row,
+// none where the input row is padding) and where lane 0 reads in channel 0. Returns the count.
+int span_table(const Geometry& g, const Tap* taps, int64_t col0, int64_t width,
+               std::vector<SpanTap>& table) {
+  const int64_t p = g.p(), kk = g.kh * g.kw, plane = g.h * g.w;
+  PanelSpan spans[32];
+  int span_count = 0;
+  for (int64_t pos = 0; pos < width;) {
+    const int64_t column = col0 + pos, image = column / p, pixel = column % p;
+    const int64_t len = std::min(p - pixel, width - pos);
+    spans[span_count++] = {image, pixel, pos, len};
+    pos += len;
+  }
+  table.assign(static_cast<size_t>(span_count * kk), SpanTap{0, 0});
+  for (int s = 0; s < span_count; ++s) {
+    const PanelSpan& span = spans[s];
+    for (int64_t t = 0; t < kk; ++t) {
+      const Tap& tap = taps[t];
+      uint32_t mask = 0;
+      for (int64_t pixel = span.pixel; pixel < span.pixel + span.len;) {
+        const int64_t oh = pixel / g.wo, ow0 = pixel % g.wo;
+        const int64_t end = std::min(span.pixel + span.len, (oh + 1) * g.wo);
+        const int64_t ih = oh + tap.top;
+        if (ih >= 0 && ih < g.h) {
+          const int64_t lo = std::max(ow0, tap.lo_col),
+                        hi = std::min(ow0 + end - pixel, tap.hi_col);
+          const int64_t lane0 = span.pos + pixel - span.pixel - ow0;  // lane of column 0
+          mask |= lanes(lane0 + lo, lane0 + hi);
+        }
+        pixel = end;
+      }
+      // Lane l reads input pixel (l - pos + span.pixel) + top w + offset of the image.
+      table[s * kk + t] = {
+          mask, span.image * g.c * plane + span.pixel - span.pos + tap.top * g.w + tap.offset};
+    }
+  }
+  return span_count;
+}
+
+// pack_b of gemm_bf16_pair_panels for col [K, count P] of a chunk whose first image is x: the
+// forward's B, and dx's as a convolution.
 [[gnu::target("avx512f,avx512bw")]] void pack_patch_pairs(const Geometry& g, const Tap* taps,
                                                           const BFloat16* x, int64_t pc, int64_t kc,
                                                           int64_t j, int64_t nc, uint32_t* dst) {
   const __m512i first = _mm512_load_si512(kPairOrder[0].data()),
                 second = _mm512_load_si512(kPairOrder[1].data());
-  const int64_t pairs = (kc + 1) / 2, p = g.p(), kk = g.kh * g.kw, plane = g.h * g.w;
+  const int64_t pairs = (kc + 1) / 2, kk = g.kh * g.kw, plane = g.h * g.w;
   std::vector<SpanTap> table;
   for (int64_t panel = 0; panel * 32 < nc; ++panel) {
-    const int64_t col0 = j + panel * 32, width = std::min<int64_t>(32, nc - panel * 32);
-    PanelSpan spans[32];
-    int span_count = 0;
-    for (int64_t pos = 0; pos < width;) {
-      const int64_t column = col0 + pos, image = column / p, pixel = column % p;
-      const int64_t len = std::min(p - pixel, width - pos);
-      spans[span_count++] = {image, pixel, pos, len};
-      pos += len;
-    }
-    // A tap's lanes, span by span: the output rows the span crosses, each cut to the columns
-    // whose input lies inside the row, and dropped where the input row is padding.
-    table.assign(static_cast<size_t>(span_count * kk), SpanTap{0, 0});
-    for (int s = 0; s < span_count; ++s) {
-      const PanelSpan& span = spans[s];
-      for (int64_t t = 0; t < kk; ++t) {
-        const Tap& tap = taps[t];
-        uint32_t mask = 0;
-        for (int64_t pixel = span.pixel; pixel < span.pixel + span.len;) {
-          const int64_t oh = pixel / g.wo, ow0 = pixel % g.wo;
-          const int64_t end = std::min(span.pixel + span.len, (oh + 1) * g.wo);
-          const int64_t ih = oh + tap.top;
-          if (ih >= 0 && ih < g.h) {
-            const int64_t lo = std::max(ow0, tap.lo_col),
-                          hi = std::min(ow0 + end - pixel, tap.hi_col);
-            const int64_t lane0 = span.pos + pixel - span.pixel - ow0;  // lane of column 0
-            mask |= lanes(lane0 + lo, lane0 + hi);
-          }
-          pixel = end;
-        }
-        // Lane l reads input pixel (l - pos + span.pixel) + top w + offset of the image.
-        table[s * kk + t] = {
-            mask, span.image * g.c * plane + span.pixel - span.pos + tap.top * g.w + tap.offset};
-      }
-    }
+    const int span_count =
+        span_table(g, taps, j + panel * 32, std::min<int64_t>(32, nc - panel * 32), table);
     uint32_t* out = dst + panel * pairs * 32;
     int64_t c = pc / kk, t = pc % kk;
     for (int64_t q = 0; q < pairs; ++q, out += 32) {
@@ -277,6 +292,40 @@ struct SpanTap {
       _mm512_storeu_si512(out, _mm512_permutex2var_epi16(lo, first, hi));
       _mm512_storeu_si512(out + 16, _mm512_permutex2var_epi16(lo, second, hi));
     }
+  }
+}
+
+// pack_b of gemm_bf16_pair_panels for col^T [count P, K] of a chunk whose first image is x, the
+// weight gradient's B (dW = dY col^T): k runs over the chunk's pixels, a panel's 32 columns are
+// 32 rows of col. Each row's kc pixels are gathered into `rows`, 32 pixels (a span table's
+// width) at a time, then the 32 rows are turned into pairs as a stored col^T would be.
+[[gnu::target("avx512f,avx512bw")]] void pack_patch_columns(const Geometry& g, const Tap* taps,
+                                                            const BFloat16* x, int64_t pc,
+                                                            int64_t kc, int64_t j, int64_t nc,
+                                                            uint32_t* dst) {
+  const int64_t pairs = (kc + 1) / 2, kk = g.kh * g.kw, plane = g.h * g.w;
+  const int64_t blocks = (kc + 31) / 32;
+  std::vector<std::vector<SpanTap>> tables(static_cast<size_t>(blocks));
+  std::vector<int> span_counts(static_cast<size_t>(blocks));
+  for (int64_t b = 0; b < blocks; ++b)
+    span_counts[b] =
+        span_table(g, taps, pc + 32 * b, std::min<int64_t>(32, kc - 32 * b), tables[b]);
+  std::vector<BFloat16> rows(static_cast<size_t>(32 * kc));
+  for (int64_t panel = 0; panel * 32 < nc; ++panel) {
+    const int64_t width = std::min<int64_t>(32, nc - panel * 32);
+    for (int64_t l = 0; l < 32; ++l) {
+      BFloat16* row = rows.data() + l * kc;
+      if (l >= width) {
+        std::fill(row, row + kc, BFloat16());
+        continue;
+      }
+      const int64_t r = j + panel * 32 + l, c = r / kk, t = r % kk;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const __m512i v = span_row(x, tables[b].data() + t, kk, span_counts[b], c * plane);
+        _mm512_mask_storeu_epi16(row + 32 * b, lanes(0, std::min<int64_t>(32, kc - 32 * b)), v);
+      }
+    }
+    pack_rows_of_pairs(rows.data(), kc, 32, kc, dst + panel * pairs * 32, 32);
   }
 }
 
@@ -432,14 +481,28 @@ kernels::Conv2dGrads conv2d_bf16_backward(const Tensor& dout, const Tensor& x, c
   }
   ScratchFrame frame;
   BFloat16* dy = frame.get<BFloat16>(g.o * chunk * p);
-  BFloat16* col = needs[1] ? frame.get<BFloat16>(k * chunk * p) : nullptr;
+  // dW's B straight from the image where the forward packs its panels so (Note [bf16 patch
+  // panels]); col otherwise.
+  const bool dw_panels = needs[1] && patch_panels(g);
+  const std::vector<Tap> taps = dw_panels ? taps_of(g) : std::vector<Tap>();
+  BFloat16* col = needs[1] && !dw_panels ? frame.get<BFloat16>(k * chunk * p) : nullptr;
   float* dcol = dx_by_dcol ? frame.get<float>(k * chunk * p) : nullptr;
   float* dx_chunk = dx_by_dcol ? frame.get<float>(chunk * g.c * g.h * g.w) : nullptr;
   std::vector<float> dw(needs[1] ? static_cast<size_t>(g.o * k) : 0, 0.0f);
   for (int64_t first = 0; first < g.n && (needs[1] || dx_by_dcol); first += chunk) {
     const int64_t count = std::min(chunk, g.n - first), cols = count * p;
     gather_planes(g, dyp, first, count, dy);
-    if (needs[1]) {  // dW [O, K] += dY [O, cols] @ col^T
+    if (dw_panels) {  // dW [O, K] += dY [O, cols] @ col^T
+#if LOOM_PACKED_GEMM_SIMD
+      const BFloat16* chunk_x = xp + first * g.c * g.h * g.w;
+      gemm_bf16_pair_panels(
+          g.o, k, cols, dy, cols,
+          [&](int64_t pc, int64_t kc, int64_t j, int64_t nc, uint32_t* dst) {
+            avx512::pack_patch_columns(g, taps.data(), chunk_x, pc, kc, j, nc, dst);
+          },
+          dw.data(), k, /*accumulate=*/first != 0);
+#endif
+    } else if (needs[1]) {
       im2col(g, xp, first, count, col, cols);
       gemm_bf16(false, true, g.o, k, cols, 1.0f, dy, cols, col, cols, first == 0 ? 0.0f : 1.0f,
                 dw.data(), k);

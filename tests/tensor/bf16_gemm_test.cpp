@@ -268,6 +268,16 @@ TEST(Bf16Gemm, CallerPackedPanelsGiveTheBitsOfThePackedB) {
                                plain_pairs(b.data_ptr<BFloat16>(), k, n), packed.data_ptr<float>(),
                                n);
     EXPECT_TRUE(same_bits(packed, plain)) << threads << " threads";
+    // Accumulating into C (conv2d's weight gradient sums its chunks so) is gemm_bf16's beta 1.
+    const Tensor c0 = randn({m, n});
+    Tensor added = c0.clone(), plain_added = c0.clone();
+    cpu::gemm_bf16(false, false, m, n, k, 1.0f, a.data_ptr<BFloat16>(), k, b.data_ptr<BFloat16>(),
+                   n, 1.0f, plain_added.data_ptr<float>(), n);
+    cpu::gemm_bf16_pair_panels(m, n, k, a.data_ptr<BFloat16>(), k,
+                               plain_pairs(b.data_ptr<BFloat16>(), k, n), added.data_ptr<float>(),
+                               n, /*accumulate=*/true);
+    EXPECT_TRUE(same_bits(added, plain_added)) << threads << " threads, accumulating";
+    EXPECT_FALSE(same_bits(added, packed)) << "C was not added";
   }
   Scope below(CpuIsa::kAvx512, 1);
   EXPECT_LOOM_ERROR(cpu::gemm_bf16_pair_panels(m, n, k, a.data_ptr<BFloat16>(), k,
