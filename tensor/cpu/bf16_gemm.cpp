@@ -90,7 +90,7 @@ Bf16Kernel::micro_kernel(int64_t kc, const uint32_t* a, const uint32_t* b, const
 // Rows [0, R) of the 12 x 32 tile (Note [Edge tiles] in tensor/cpu/packed_gemm.h):
 // dot_step_12x32 on fewer rows.
 template <int R>
-[[gnu::always_inline, gnu::target("avx512f,avx512bf16")]] inline void edge_tile_12x32(
+[[gnu::noinline, gnu::target("avx512f,avx512bf16")]] void dot_edge_tile_12x32(
     int64_t rows, int64_t kc, const uint32_t* a, const uint32_t* b, const CTile<float>& c) {
   prefetch_rows_x32(c, rows);
   __m512 acc[R][2];
@@ -108,18 +108,11 @@ template <int R>
   store_rows_x32<R>(acc, rows, c);
 }
 
-[[gnu::noinline, gnu::visibility("hidden"), gnu::target("avx512f,avx512bf16")]] bool
-Bf16Kernel::edge_kernel(int64_t rows, int64_t kc, const uint32_t* a, const uint32_t* b,
-                        const CTile<float>& c) {
-  if (rows <= 4) {
-    edge_tile_12x32<4>(rows, kc, a, b, c);
-    return true;
-  }
-  if (rows <= 8) {
-    edge_tile_12x32<8>(rows, kc, a, b, c);
-    return true;
-  }
-  return false;
+[[gnu::noinline, gnu::visibility("hidden")]] bool Bf16Kernel::edge_kernel(int64_t rows, int64_t kc,
+                                                                          const uint32_t* a,
+                                                                          const uint32_t* b,
+                                                                          const CTile<float>& c) {
+  return edge_rows<dot_edge_tile_12x32<4>, dot_edge_tile_12x32<8>>(rows, kc, a, b, c);
 }
 
 namespace {

@@ -210,8 +210,9 @@ struct SpanTap {
   int64_t from;
 };
 
-// Row (c, t) of col over a panel: each span's lanes of the tap (entries span_count, kk
-// apart), `channel` elements into the chunk, zeros elsewhere.
+// A row of col over a panel: for each of span_count spans, the tap's entry (`tap` points at
+// the first span's; the others follow kk apart) read `channel` elements further into the
+// chunk (c h w for channel c), zeros in the lanes no span covers.
 [[gnu::always_inline, gnu::target("avx512f,avx512bw")]] inline __m512i span_row(
     const BFloat16* x, const SpanTap* tap, int64_t kk, int span_count, int64_t channel) {
   __m512i row = _mm512_setzero_si512();

@@ -397,12 +397,25 @@ inline void prefetch_rows_x32(const CTile<float>& c, int64_t rows) {
   for (int line = 0; line < 2 * rows; ++line) prefetch_tile_line_12x32(c, line);
 }
 
+// The tile of `rows` real rows on Four's kernel (4 rows) or Eight's (8); false for more rows,
+// which the full kernel takes.
+template <auto Four, auto Eight, typename P>
+[[gnu::always_inline]] inline bool edge_rows(int64_t rows, int64_t kc, const P* a, const P* b,
+                                             const CTile<float>& c) {
+  if (rows > 8) return false;
+  if (rows <= 4)
+    Four(rows, kc, a, b, c);
+  else
+    Eight(rows, kc, a, b, c);
+  return true;
+}
+
 // Rows [0, R) of the 12 x 32 float tile: k_step_12x32 on fewer rows.
 template <int R>
-[[gnu::always_inline, gnu::target("avx512f")]] inline void edge_tile_12x32(int64_t rows, int64_t kc,
-                                                                           const float* a,
-                                                                           const float* b,
-                                                                           const CTile<float>& c) {
+[[gnu::noinline, gnu::target("avx512f")]] inline void edge_tile_12x32(int64_t rows, int64_t kc,
+                                                                      const float* a,
+                                                                      const float* b,
+                                                                      const CTile<float>& c) {
   prefetch_rows_x32(c, rows);
   __m512 acc[R][2];
 #pragma GCC unroll 8
@@ -419,18 +432,10 @@ template <int R>
   store_rows_x32<R>(acc, rows, c);
 }
 
-[[gnu::noinline, gnu::visibility("hidden"), gnu::target("avx512f")]] inline bool
+[[gnu::noinline, gnu::visibility("hidden")]] inline bool
 Kernel<float, CpuIsa::kAvx512>::edge_kernel(int64_t rows, int64_t kc, const float* a,
                                             const float* b, const CTile<float>& c) {
-  if (rows <= 4) {
-    edge_tile_12x32<4>(rows, kc, a, b, c);
-    return true;
-  }
-  if (rows <= 8) {
-    edge_tile_12x32<8>(rows, kc, a, b, c);
-    return true;
-  }
-  return false;
+  return edge_rows<edge_tile_12x32<4>, edge_tile_12x32<8>>(rows, kc, a, b, c);
 }
 #endif  // LOOM_PACKED_GEMM_SIMD
 
