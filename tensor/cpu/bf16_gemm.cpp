@@ -47,17 +47,24 @@ float* widen(const BFloat16* src, int64_t rows, int64_t cols, int64_t ld, Scratc
 
 using Bf16Kernel = Kernel<BFloat16, CpuIsa::kAvx512Bf16>;
 
-// One pair of k: the two vectors of B loaded, each pair of A broadcast once for its two
-// vdpbf16ps; the 24 accumulators stay in zmm registers.
-[[gnu::always_inline, gnu::target("avx512f,avx512bf16")]] inline void dot_step_12x32(
-    __m512 (&acc)[12][2], const uint32_t* a, const uint32_t* b) {
+// One pair of k of the first R rows of a 12-row panel (R = 12 for the full tile, 4 or 8 for
+// Note [Edge tiles]): the two vectors of B loaded, each pair of A broadcast once for its two
+// vdpbf16ps; the accumulators stay in zmm registers.
+template <int R>
+[[gnu::always_inline, gnu::target("avx512f,avx512bf16")]] inline void dot_step_rows_x32(
+    __m512 (&acc)[R][2], const uint32_t* a, const uint32_t* b) {
   const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b), b1 = (__m512bh)_mm512_loadu_si512(b + 16);
 #pragma GCC unroll 12
-  for (int i = 0; i < 12; ++i) {
+  for (int i = 0; i < R; ++i) {
     const __m512bh ai = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[i]));
     acc[i][0] = _mm512_dpbf16_ps(acc[i][0], ai, b0);
     acc[i][1] = _mm512_dpbf16_ps(acc[i][1], ai, b1);
   }
+}
+
+[[gnu::always_inline, gnu::target("avx512f,avx512bf16")]] inline void dot_step_12x32(
+    __m512 (&acc)[12][2], const uint32_t* a, const uint32_t* b) {
+  dot_step_rows_x32<12>(acc, a, b);
 }
 
 // The float kernel's schedule (Note [Prefetching the C tile]) over pairs of k. Paired in one
@@ -87,8 +94,7 @@ Bf16Kernel::micro_kernel(int64_t kc, const uint32_t* a, const uint32_t* b, const
   store_tile_12x32(acc, c);
 }
 
-// Rows [0, R) of the 12 x 32 tile (Note [Edge tiles] in tensor/cpu/packed_gemm.h):
-// dot_step_12x32 on fewer rows.
+// Rows [0, R) of the 12 x 32 tile (Note [Edge tiles] in tensor/cpu/packed_gemm.h).
 template <int R>
 [[gnu::noinline, gnu::target("avx512f,avx512bf16")]] void dot_edge_tile_12x32(
     int64_t rows, int64_t kc, const uint32_t* a, const uint32_t* b, const CTile<float>& c) {
@@ -96,15 +102,8 @@ template <int R>
   __m512 acc[R][2];
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-  for (int64_t q = 0, pairs = (kc + 1) / 2; q < pairs; ++q, a += 12, b += 32) {
-    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b), b1 = (__m512bh)_mm512_loadu_si512(b + 16);
-#pragma GCC unroll 8
-    for (int i = 0; i < R; ++i) {
-      const __m512bh ai = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[i]));
-      acc[i][0] = _mm512_dpbf16_ps(acc[i][0], ai, b0);
-      acc[i][1] = _mm512_dpbf16_ps(acc[i][1], ai, b1);
-    }
-  }
+  for (int64_t q = 0, pairs = (kc + 1) / 2; q < pairs; ++q, a += 12, b += 32)
+    dot_step_rows_x32<R>(acc, a, b);
   store_rows_x32<R>(acc, rows, c);
 }
 

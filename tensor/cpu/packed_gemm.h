@@ -249,22 +249,33 @@ Kernel<double, CpuIsa::kAvx2>::micro_kernel(int64_t kc, const double* a, const d
   }
 }
 
-// The end of a 12 x 32 float tile held in 24 zmm registers, shared by the AVX-512 kernels:
+// The end of a tile of 32 floats per row held in zmm registers, R rows of which the first
+// `rows` are stored, shared by the AVX-512 kernels (the 12-row tile and Note [Edge tiles]):
 // c.out = (c.accumulate ? c.in : 0) + acc, every load before any store (as in the AVX2 kernel).
-[[gnu::always_inline, gnu::target("avx512f")]] inline void store_tile_12x32(__m512 (&acc)[12][2],
-                                                                            const CTile<float>& c) {
+template <int R>
+[[gnu::always_inline, gnu::target("avx512f")]] inline void store_rows_x32(__m512 (&acc)[R][2],
+                                                                          int64_t rows,
+                                                                          const CTile<float>& c) {
 #pragma GCC unroll 12
-  for (int i = 0; i < 12; ++i) {
-    if (c.accumulate) {
+  for (int i = 0; i < R; ++i) {
+    if (i < rows && c.accumulate) {
       acc[i][0] = _mm512_add_ps(acc[i][0], _mm512_loadu_ps(c.in + i * c.ld_in));
       acc[i][1] = _mm512_add_ps(acc[i][1], _mm512_loadu_ps(c.in + i * c.ld_in + 16));
     }
   }
 #pragma GCC unroll 12
-  for (int i = 0; i < 12; ++i) {
-    _mm512_storeu_ps(c.out + i * c.ld_out, acc[i][0]);
-    _mm512_storeu_ps(c.out + i * c.ld_out + 16, acc[i][1]);
+  for (int i = 0; i < R; ++i) {
+    if (i < rows) {
+      _mm512_storeu_ps(c.out + i * c.ld_out, acc[i][0]);
+      _mm512_storeu_ps(c.out + i * c.ld_out + 16, acc[i][1]);
+    }
   }
+}
+
+// The whole 12 x 32 tile.
+[[gnu::always_inline, gnu::target("avx512f")]] inline void store_tile_12x32(__m512 (&acc)[12][2],
+                                                                            const CTile<float>& c) {
+  store_rows_x32<12>(acc, 12, c);
 }
 
 // Fetches line `line` (0-23; row line / 2, half line % 2) of a 12 x 32 float C tile into L1:
@@ -313,16 +324,25 @@ struct TilePrefetch {
             std::max<int64_t>(kLines - (spread_end - quiet + kStride - 1) / kStride, 0))) {}
 };
 
-[[gnu::always_inline, gnu::target("avx512f")]] inline void k_step_12x32(__m512 (&acc)[12][2],
-                                                                        const float* a,
-                                                                        const float* b) {
+// One k of the first R rows of a 12-row A panel against a 32-float B row: R = 12 for the full
+// tile, 4 or 8 for Note [Edge tiles].
+template <int R>
+[[gnu::always_inline, gnu::target("avx512f")]] inline void k_step_rows_x32(__m512 (&acc)[R][2],
+                                                                           const float* a,
+                                                                           const float* b) {
   const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
 #pragma GCC unroll 12
-  for (int i = 0; i < 12; ++i) {
+  for (int i = 0; i < R; ++i) {
     const __m512 ai = _mm512_set1_ps(a[i]);
     acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
     acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
   }
+}
+
+[[gnu::always_inline, gnu::target("avx512f")]] inline void k_step_12x32(__m512 (&acc)[12][2],
+                                                                        const float* a,
+                                                                        const float* b) {
+  k_step_rows_x32<12>(acc, a, b);
 }
 
 [[gnu::always_inline, gnu::target("avx512f")]] inline void k_steps_4_12x32(__m512 (&acc)[12][2],
@@ -371,27 +391,6 @@ Kernel<float, CpuIsa::kAvx512>::micro_kernel(int64_t kc, const float* a, const f
 // process on an AMD EPYC, 1 thread: 1024^3 1.01x; [64 x 576] @ [576 x 4096] 1.11x in float32
 // and 1.06x in bfloat16; [128 x 1152] @ [1152 x 1024] 1.02x.
 
-// The first `rows` (at most R) rows of an R-row tile: c.out = (c.accumulate ? c.in : 0) + acc.
-template <int R>
-[[gnu::always_inline, gnu::target("avx512f")]] inline void store_rows_x32(__m512 (&acc)[R][2],
-                                                                          int64_t rows,
-                                                                          const CTile<float>& c) {
-#pragma GCC unroll 8
-  for (int i = 0; i < R; ++i) {
-    if (i < rows && c.accumulate) {
-      acc[i][0] = _mm512_add_ps(acc[i][0], _mm512_loadu_ps(c.in + i * c.ld_in));
-      acc[i][1] = _mm512_add_ps(acc[i][1], _mm512_loadu_ps(c.in + i * c.ld_in + 16));
-    }
-  }
-#pragma GCC unroll 8
-  for (int i = 0; i < R; ++i) {
-    if (i < rows) {
-      _mm512_storeu_ps(c.out + i * c.ld_out, acc[i][0]);
-      _mm512_storeu_ps(c.out + i * c.ld_out + 16, acc[i][1]);
-    }
-  }
-}
-
 // Fetches the lines of the first `rows` rows of a tile of C 32 floats wide.
 inline void prefetch_rows_x32(const CTile<float>& c, int64_t rows) {
   for (int line = 0; line < 2 * rows; ++line) prefetch_tile_line_12x32(c, line);
@@ -410,7 +409,7 @@ template <auto Four, auto Eight, typename P>
   return true;
 }
 
-// Rows [0, R) of the 12 x 32 float tile: k_step_12x32 on fewer rows.
+// Rows [0, R) of the 12 x 32 float tile.
 template <int R>
 [[gnu::noinline, gnu::target("avx512f")]] inline void edge_tile_12x32(int64_t rows, int64_t kc,
                                                                       const float* a,
@@ -420,15 +419,7 @@ template <int R>
   __m512 acc[R][2];
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < kc; ++p, a += 12, b += 32) {
-    const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
-#pragma GCC unroll 8
-    for (int i = 0; i < R; ++i) {
-      const __m512 ai = _mm512_set1_ps(a[i]);
-      acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
-      acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
-    }
-  }
+  for (int64_t p = 0; p < kc; ++p, a += 12, b += 32) k_step_rows_x32<R>(acc, a, b);
   store_rows_x32<R>(acc, rows, c);
 }
 
