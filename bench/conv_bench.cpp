@@ -1,6 +1,8 @@
-// bench/conv_bench.cpp — conv2d on the ResNet-18 (CIFAR) layer shapes at batch 64, float32:
-// forward and backward (data + weight) times, GFLOP/s, and PyTorch's times for the same layers
-// measured in the same run by bench/conv_torch.py, with the ratio loom / PyTorch per layer.
+// bench/conv_bench.cpp — conv2d on the ResNet-18 (CIFAR) layer shapes at batch 64, float32 or
+// bfloat16: forward and backward (data + weight) times, GFLOP/s, and PyTorch's times for the same
+// layers measured in the same run by bench/conv_torch.py, with the ratio loom / PyTorch per layer.
+// With --dtype bf16 the input, weight and output gradient are bfloat16 tensors on both sides, as
+// bf16 autocast hands them to a convolution (loom: Note [bf16 convolutions]; PyTorch: oneDNN).
 // PyTorch runs as a co-process (--serve) and the two alternate repetition by repetition, so
 // that load from other processes on the machine falls on both alike. Times are medians.
 //
@@ -9,7 +11,7 @@
 //
 //   conv_bench [--threads N (2)] [--repeats R (7)] [--batch B (64)] [--width W (64)] [--layer I]
 //              [--algorithm auto|benchmark|packed|im2col|winograd2|winograd4|direct]
-//              [--no-torch] [--python PATH] [--script PATH]
+//              [--dtype float32|bf16] [--no-torch] [--python PATH] [--script PATH]
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -68,10 +70,11 @@ struct Times {
 }  // namespace
 
 int main(int argc, char** argv) {
+  loom::bench::wait_passively(argv);
   int threads = 2, repeats = 7, only = -1;
   int64_t batch = 64, width = 64;
   bool with_torch = true;
-  std::string python = LOOM_TORCH_PYTHON, algorithm = "auto";
+  std::string python = LOOM_TORCH_PYTHON, algorithm = "auto", dtype_name = "float32";
   std::string script = (std::filesystem::path(__FILE__).parent_path() / "conv_torch.py").string();
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -94,6 +97,8 @@ int main(int argc, char** argv) {
       only = std::stoi(next());
     else if (arg == "--algorithm")
       algorithm = next();
+    else if (arg == "--dtype")
+      dtype_name = next();
     else if (arg == "--no-torch")
       with_torch = false;
     else if (arg == "--python")
@@ -101,13 +106,11 @@ int main(int argc, char** argv) {
     else if (arg == "--script")
       script = next();
     else {
-      std::fprintf(
-          stderr,
-          "usage: %s [--threads N] [--repeats R] [--batch B] [--width W] [--layer I] "
-          "[--algorithm auto|benchmark|packed|im2col|winograd2|winograd4|direct] [--no-torch] "
-          "[--python PATH] "
-          "[--script PATH]\n",
-          argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--threads N] [--repeats R] [--batch B] [--width W] [--layer I] "
+                   "[--algorithm auto|benchmark|packed|im2col|winograd2|winograd4|direct] "
+                   "[--dtype float32|bf16] [--no-torch] [--python PATH] [--script PATH]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -117,13 +120,19 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "conv_bench: %s\n", e.what());
     return 2;
   }
+  if (dtype_name != "float32" && dtype_name != "bf16") {
+    std::fprintf(stderr, "conv_bench: --dtype float32 or bf16, not %s\n", dtype_name.c_str());
+    return 2;
+  }
+  const loom::DType dtype = dtype_name == "bf16" ? loom::kBFloat16 : loom::kFloat32;
   loom::set_num_threads(threads);
   loom::manual_seed(0);
   std::signal(SIGPIPE, SIG_IGN);
 
   TorchPeer torch;
-  const bool have_torch = with_torch && !python.empty() &&
-                          torch.start(python, script, {"--threads", std::to_string(threads)});
+  const bool have_torch =
+      with_torch && !python.empty() &&
+      torch.start(python, script, {"--threads", std::to_string(threads), "--dtype", dtype_name});
   if (with_torch && !have_torch)
     std::printf("PyTorch not measured: %s\n", torch.header().is_object()
                                                   ? torch.header().value("error", "?").c_str()
@@ -135,10 +144,11 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < kLayers.size(); ++i) {
     if (only >= 0 && static_cast<size_t>(only) != i) continue;
     const Layer l = at_width(kLayers[i], width);
-    const Tensor x = loom::randn({batch, l.c, l.hw, l.hw});
-    const Tensor w = loom::randn({l.o, l.c, l.k, l.k}).mul_(0.1);
+    const Tensor x = loom::randn({batch, l.c, l.hw, l.hw}).to(dtype);
+    const Tensor w = loom::randn({l.o, l.c, l.k, l.k}).mul_(0.1).to(dtype);
     const loom::kernels::Conv2dOptions options{{l.stride, l.stride}, {l.pad, l.pad}, {1, 1}, 1};
-    const Tensor dy = loom::randn(loom::kernels::conv2d_output_shape(x, w, Tensor(), options));
+    const Tensor dy =
+        loom::randn(loom::kernels::conv2d_output_shape(x, w, Tensor(), options)).to(dtype);
     auto forward = [&] { loom::kernels::conv2d(x, w, Tensor(), options); };
     auto backward = [&] { loom::kernels::conv2d_backward(dy, x, w, options, {true, true, false}); };
     for (int r = 0; r < 2; ++r) forward(), backward();  // warm-up
@@ -160,7 +170,7 @@ int main(int argc, char** argv) {
   }
 
   loom::bench::print_machine();
-  std::printf("conv2d float32, batch %lld, %d threads, median of %d, algorithm %s",
+  std::printf("conv2d %s, batch %lld, %d threads, median of %d, algorithm %s", dtype_name.c_str(),
               static_cast<long long>(batch), threads, repeats, algorithm.c_str());
   if (have_torch)
     std::printf(

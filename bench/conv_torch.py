@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 # bench/conv_torch.py — PyTorch's side of bench/conv_bench.cpp: times conv2d forward and the
 # backward (data + weight, through aten::convolution_backward, the kernel autograd calls).
-# Prints JSON. Two modes:
+# --dtype bf16 makes the input, weight and output gradient bfloat16 tensors (oneDNN's bf16
+# convolutions, what autocast runs). Prints JSON. Two modes:
 #   --serve: a co-process of conv_bench, so that loom and PyTorch repetitions alternate (the
 #     machine is shared and noisy). Prints a header line, then answers one line per request:
 #       layer N,C,H,W,O,k,s,p  -> {"ok": true}    (allocate and warm up)
@@ -15,11 +16,11 @@ import time
 
 
 class Layer:
-    def __init__(self, torch, spec):
+    def __init__(self, torch, spec, dtype):
         n, c, h, w, o, k, s, p = (int(v) for v in spec.split(","))
         self.torch, self.stride, self.padding = torch, s, p
-        self.x = torch.randn(n, c, h, w)
-        self.weight = torch.randn(o, c, k, k) * 0.1
+        self.x = torch.randn(n, c, h, w).to(dtype)
+        self.weight = (torch.randn(o, c, k, k) * 0.1).to(dtype)
         with torch.no_grad():
             y = torch.nn.functional.conv2d(self.x, self.weight, None, s, p)
         self.dy = torch.randn_like(y)
@@ -51,6 +52,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--serve", action="store_true")
     parser.add_argument("--layers", default="")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bf16"])
     args = parser.parse_args()
     try:
         import torch
@@ -59,6 +61,7 @@ def main():
         return 0
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     header = {"torch": torch.__version__, "threads": torch.get_num_threads(),
               "mkldnn": torch.backends.mkldnn.is_available()}
     if args.serve:
@@ -69,7 +72,7 @@ def main():
             if not words:
                 continue
             if words[0] == "layer":
-                layer = Layer(torch, words[1])
+                layer = Layer(torch, words[1], dtype)
                 for _ in range(2):
                     layer.forward()
                     layer.backward()
@@ -83,7 +86,7 @@ def main():
         return 0
     results = []
     for spec in filter(None, args.layers.split(";")):
-        layer = Layer(torch, spec)
+        layer = Layer(torch, spec, dtype)
         times = {}
         for name, fn in (("forward", layer.forward), ("backward", layer.backward)):
             for _ in range(2):
