@@ -116,11 +116,6 @@ template <int R>
 
 namespace {
 
-// The pair (lo, hi) of consecutive k as the kernel reads it: lo in the low half.
-uint32_t pair_of(BFloat16 lo, BFloat16 hi) {
-  return lo.bits | static_cast<uint32_t>(hi.bits) << 16;
-}
-
 // The q-th pair of a row whose k are contiguous (memcpy: the row may be 2-byte aligned only).
 uint32_t pair_at(const BFloat16* row, int64_t q) {
   uint32_t bits;

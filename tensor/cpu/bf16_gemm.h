@@ -92,6 +92,11 @@ void gemm_bf16_pair_panels(int64_t m, int64_t n, int64_t k, const BFloat16* a, i
                            const PairPanelPacker& pack_b, float* c, int64_t ldc,
                            bool accumulate = false);
 
+// The pair (lo, hi) of consecutive k as the vdpbf16ps kernel reads it: lo in the low half.
+inline uint32_t pair_of(BFloat16 lo, BFloat16 hi) {
+  return lo.bits | static_cast<uint32_t>(hi.bits) << 16;
+}
+
 // Rows r < count (each src + r * ld_src, k contiguous) as `count` columns of a panel [pairs, ld]
 // starting at dst: 8 x 8 transposes of pairs over whole groups of eight pairs, then one pair at
 // a time, the last half zero when kc is odd. count is a multiple of 4 (12 for A, 32 for B).
