@@ -367,9 +367,11 @@ bool patch_panels(const Geometry& g) {
 //   loses what the skipped taps gain: the path is taken where the products it runs, the taps
 //   inside over the lanes in use, are at most kLanesPay of the panels' (batch_lanes); an
 //   image of more than kMaxLanePixels pixels has too few taps in the padding to pay for the
-//   transposes. dx as a convolution runs here too. Paired in one process against the patch
-//   panels, AMD EPYC, 2 threads, batch 64: 0.72 of the time at 512 channels on 4 x 4 (forward,
-//   and dx alike), 0.88-0.90 at 256 on 8 x 8; the ResNet-18 width-64 bf16 step 0.97.
+//   transposes. dx as a convolution runs here too, and the weight gradient turns the same idea
+//   round (weight_grad_batch_lanes: k over pairs of images and the pixels a tap reads inside).
+//   Paired in one process against the patch panels, AMD EPYC, 2 threads, batch 64: 0.72 of the
+//   time at 512 channels on 4 x 4 (forward, and dx alike), 0.88-0.90 at 256 on 8 x 8; the
+//   weight gradient 0.78 and 0.90; the ResNet-18 width-64 bf16 step 0.94.
 constexpr int64_t kLanes = 32;          // Kernel<BFloat16, kAvx512Bf16>::nr
 constexpr int64_t kMaxLanePixels = 64;  // output pixels per image
 constexpr double kLanesPay = 0.9;
@@ -530,6 +532,132 @@ void forward_batch_lanes(const Geometry& g, const BFloat16* x, const BFloat16* w
       }
     });
   }
+}
+
+// The runs of Note [bf16 batch lanes]'s weight gradient: for tap t, the output pixels where it
+// reads inside the image, as runs of consecutive pixels whose inputs are consecutive too (one
+// output row's columns inside, each run within a row): entries [first[t], first[t + 1]).
+struct TapRun {
+  int64_t out, in, len;  // first output pixel, the input pixel it reads, pixels in the run
+};
+struct TapRuns {
+  std::vector<int64_t> first;
+  std::vector<TapRun> runs;
+};
+
+TapRuns tap_runs(const Geometry& g) {
+  TapRuns runs;
+  runs.first.push_back(0);
+  for (int64_t ki = 0; ki < g.kh; ++ki)
+    for (int64_t kj = 0; kj < g.kw; ++kj) {
+      for (int64_t oh = 0; oh < g.ho; ++oh) {
+        const int64_t ih = oh + ki * g.dilation[0] - g.padding[0];
+        if (ih < 0 || ih >= g.h) continue;
+        const int64_t offset = kj * g.dilation[1] - g.padding[1];
+        const int64_t lo = std::max<int64_t>(0, -offset), hi = std::min(g.wo, g.w - offset);
+        if (lo < hi) runs.runs.push_back({oh * g.wo + lo, ih * g.w + lo + offset, hi - lo});
+      }
+      runs.first.push_back(static_cast<int64_t>(runs.runs.size()));
+    }
+  return runs;
+}
+
+// dw [O, C, kh, kw] (float32) = the weight gradient of the convolution of x by Note [bf16 batch
+// lanes], turned for the weight: k runs over the images, paired, and the pixels,
+//       dW_t [O, C] = sum over runs of tap t of dyt[the run's pixels] @ xc[their inputs]
+//   dyt  [O/12, P_out, 16, 12]  dY's A panels: pairs of images (2j, 2j + 1) of a group of 32
+//   xc   [C/32, P_in, 16, 32]   x's B panels: the same pairs of images, 32 channels a panel
+// so a run of r pixels is one kernel call of k = 32 r; each thread owns whole tiles of dW_t,
+// summed over the runs and the groups of 32 images.
+void weight_grad_batch_lanes(const Geometry& g, const BFloat16* dy, const BFloat16* x, float* dw) {
+  using K = Kernel<BFloat16, CpuIsa::kAvx512Bf16>;
+  constexpr int64_t kImagePairs = kLanes / 2;
+  const int64_t kk = g.kh * g.kw, p_in = g.h * g.w, p_out = g.p();
+  const int64_t tiles = (g.o + K::mr - 1) / K::mr, o_pad = tiles * K::mr;
+  const int64_t panels = (g.c + K::nr - 1) / K::nr, c_pad = panels * K::nr;
+  const int64_t groups = (g.n + kLanes - 1) / kLanes;
+  const TapRuns runs = tap_runs(g);
+  ScratchFrame frame;
+  float* dwt = frame.get<float>(o_pad * kk * c_pad);  // [O, kh kw, C] padded
+  const int64_t group_bytes = (tiles * p_out * K::mr + panels * p_in * K::nr) * kImagePairs * 4;
+  const int64_t per_chunk = std::clamp<int64_t>(kMaxColBytes / group_bytes, 1, groups);
+  uint32_t* dyt = frame.get<uint32_t>(per_chunk * tiles * p_out * kImagePairs * K::mr);
+  uint32_t* xc = frame.get<uint32_t>(per_chunk * panels * p_in * kImagePairs * K::nr);
+  // Row `row` of images 2j and 2j + 1 of group `group` of t [N, rows, len] as len pairs in out
+  // (zeros for images past the batch and rows past `rows`).
+  auto pair_rows = [&](const BFloat16* t, int64_t rows, int64_t len, int64_t group, int64_t j,
+                       int64_t row, uint32_t* out) {
+    const int64_t n = group * kLanes + 2 * j;
+    if (n >= g.n || row >= rows) return std::fill(out, out + len, 0u);
+    const BFloat16* lo = t + (n * rows + row) * len;
+    if (n + 1 == g.n)
+      for (int64_t i = 0; i < len; ++i) out[i] = lo[i].bits;
+    else
+      for (int64_t i = 0; i < len; ++i) out[i] = pair_of(lo[i], lo[rows * len + i]);
+  };
+  for (int64_t group0 = 0; group0 < groups; group0 += per_chunk) {
+    const int64_t count = std::min(per_chunk, groups - group0);
+    // Each unit pairs the rows of one image pair into a buffer, then deals them out to the
+    // panels' pixels.
+    parallel_for(0, count * (tiles + panels), 1, [&](int64_t lo, int64_t hi) {
+      ScratchFrame unit_frame;
+      uint32_t* rows = unit_frame.get<uint32_t>(K::nr * std::max(p_in, p_out));
+      for (int64_t unit = lo; unit < hi; ++unit) {
+        const int64_t group = unit / (tiles + panels), part = unit % (tiles + panels);
+        if (part < tiles) {
+          uint32_t* dst = dyt + (group * tiles + part) * p_out * kImagePairs * K::mr;
+          for (int64_t j = 0; j < kImagePairs; ++j) {
+            for (int64_t r = 0; r < K::mr; ++r)
+              pair_rows(dy, g.o, p_out, group0 + group, j, part * K::mr + r, rows + r * p_out);
+            for (int64_t q = 0; q < p_out; ++q)
+              for (int64_t r = 0; r < K::mr; ++r)
+                dst[(q * kImagePairs + j) * K::mr + r] = rows[r * p_out + q];
+          }
+        } else {
+          const int64_t panel = part - tiles;
+          uint32_t* dst = xc + (group * panels + panel) * p_in * kImagePairs * K::nr;
+          for (int64_t j = 0; j < kImagePairs; ++j) {
+            for (int64_t col = 0; col < K::nr; ++col)
+              pair_rows(x, g.c, p_in, group0 + group, j, panel * K::nr + col, rows + col * p_in);
+            for (int64_t pixel = 0; pixel < p_in; ++pixel)
+              for (int64_t col = 0; col < K::nr; ++col)
+                dst[(pixel * kImagePairs + j) * K::nr + col] = rows[col * p_in + pixel];
+          }
+        }
+      }
+    });
+    parallel_for(0, tiles * panels, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t unit = lo; unit < hi; ++unit) {
+        const int64_t tile = unit / panels, panel = unit % panels;
+        const int64_t rows = std::min(K::mr, g.o - tile * K::mr);
+        for (int64_t group = 0; group < count; ++group) {
+          const uint32_t* a_panels = dyt + (group * tiles + tile) * p_out * kImagePairs * K::mr;
+          const uint32_t* b_panels = xc + (group * panels + panel) * p_in * kImagePairs * K::nr;
+          for (int64_t t = 0; t < kk; ++t) {
+            float* tile_out = dwt + (tile * K::mr * kk + t) * c_pad + panel * K::nr;
+            bool accumulate = group0 + group > 0;  // the first product writes the tile
+            for (int64_t e = runs.first[t]; e < runs.first[t + 1]; ++e) {
+              const TapRun& run = runs.runs[e];
+              const uint32_t* a = a_panels + run.out * kImagePairs * K::mr;
+              const uint32_t* b = b_panels + run.in * kImagePairs * K::nr;
+              const CTile<float> c{tile_out, kk * c_pad, tile_out, kk * c_pad, accumulate};
+              if (rows == K::mr || !K::edge_kernel(rows, run.len * kLanes, a, b, c))
+                K::micro_kernel(run.len * kLanes, a, b, c);
+              accumulate = true;
+            }
+            if (!accumulate)  // a tap wholly in the padding
+              for (int64_t r = 0; r < rows; ++r)
+                std::fill_n(tile_out + r * kk * c_pad, K::nr, 0.0f);
+          }
+        }
+      }
+    });
+  }
+  parallel_for(0, g.o, 16, [&](int64_t lo, int64_t hi) {
+    for (int64_t o = lo; o < hi; ++o)
+      for (int64_t c = 0; c < g.c; ++c)
+        for (int64_t t = 0; t < kk; ++t) dw[(o * g.c + c) * kk + t] = dwt[(o * kk + t) * c_pad + c];
+  });
 }
 #endif  // LOOM_PACKED_GEMM_SIMD
 
@@ -693,13 +821,18 @@ kernels::Conv2dGrads conv2d_bf16_backward(const Tensor& dout, const Tensor& x, c
   BFloat16* dy = frame.get<BFloat16>(g.o * chunk * p);
   // dW's B straight from the image where the forward packs its panels so (Note [bf16 patch
   // panels]); col otherwise.
-  const bool dw_panels = needs[1] && patch_panels(g);
+  const bool dw_lanes = needs[1] && batch_lanes(g);
+  const bool dw_panels = needs[1] && !dw_lanes && patch_panels(g);
   const std::vector<Tap> taps = dw_panels ? taps_of(g) : std::vector<Tap>();
-  BFloat16* col = needs[1] && !dw_panels ? frame.get<BFloat16>(k * chunk * p) : nullptr;
+  BFloat16* col =
+      needs[1] && !dw_panels && !dw_lanes ? frame.get<BFloat16>(k * chunk * p) : nullptr;
   float* dcol = dx_by_dcol ? frame.get<float>(k * chunk * p) : nullptr;
   float* dx_chunk = dx_by_dcol ? frame.get<float>(chunk * g.c * g.h * g.w) : nullptr;
   std::vector<float> dw(needs[1] ? static_cast<size_t>(g.o * k) : 0, 0.0f);
-  for (int64_t first = 0; first < g.n && (needs[1] || dx_by_dcol); first += chunk) {
+#if LOOM_PACKED_GEMM_SIMD
+  if (dw_lanes) weight_grad_batch_lanes(g, dyp, xp, dw.data());
+#endif
+  for (int64_t first = 0; first < g.n && ((needs[1] && !dw_lanes) || dx_by_dcol); first += chunk) {
     const int64_t count = std::min(chunk, g.n - first), cols = count * p;
     gather_planes(g, dyp, first, count, dy);
     if (dw_panels) {  // dW [O, K] += dY [O, cols] @ col^T
@@ -712,7 +845,7 @@ kernels::Conv2dGrads conv2d_bf16_backward(const Tensor& dout, const Tensor& x, c
           },
           dw.data(), k, /*accumulate=*/first != 0);
 #endif
-    } else if (needs[1]) {
+    } else if (needs[1] && !dw_lanes) {
       im2col(g, xp, first, count, col, cols);
       gemm_bf16(false, true, g.o, k, cols, 1.0f, dy, cols, col, cols, first == 0 ? 0.0f : 1.0f,
                 dw.data(), k);
@@ -736,7 +869,9 @@ kernels::Conv2dGrads conv2d_bf16_backward(const Tensor& dout, const Tensor& x, c
   if (needs[1]) {
     Tensor dweight = empty(weight.sizes(), kBFloat16);
     BFloat16* dst = dweight.data_ptr<BFloat16>();
-    for (int64_t i = 0; i < g.o * k; ++i) dst[i] = BFloat16(g.n == 0 ? 0.0f : dw[i]);
+    parallel_for(0, g.o * k, kParallelGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) dst[i] = BFloat16(g.n == 0 ? 0.0f : dw[i]);
+    });
     grads.dweight = suggest_memory_format(weight) == MemoryFormat::kContiguous
                         ? dweight
                         : kernels::contiguous(dweight, suggest_memory_format(weight));

@@ -99,11 +99,13 @@ const std::vector<Config> kConfigs = {
 
 // Small images at stride 1 with the batch near a multiple of 32 images: the forward takes the
 // batch into the vector lanes where the CPU has vdpbf16ps (Note [bf16 batch lanes]), and so
-// does dx where it is a convolution. Odd channels leave half a pair, O past a tile of 12 the
-// 4- and 8-row edge kernels and a 1-row tail, 60 images a second group of 28.
+// does dx where it is a convolution, and the weight gradient. Odd channels leave half a pair, O
+// past a tile of 12 the 4- and 8-row edge kernels and a 1-row tail, 60 images a second group of
+// 28, and an odd batch the weight gradient's last pair of images half empty.
 const std::vector<Config> kLaneConfigs = {
     {32, 6, 4, 4, 5, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, "lanes: 4 x 4, O = 5"},
     {60, 7, 4, 4, 13, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, "lanes: two groups, odd C, O = 13"},
+    {63, 16, 4, 4, 12, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, "lanes: an odd batch, O = 12"},
     {32, 17, 8, 8, 20, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, "lanes: 8 x 8, dx as a convolution"},
     {32, 16, 7, 7, 24, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, "lanes: 7 x 7, O = 24"},
     {32, 4, 6, 6, 5, 3, 3, {{1, 1}, {2, 2}, {2, 2}, 1}, "lanes: dilation 2"},
