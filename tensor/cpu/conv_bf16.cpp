@@ -367,14 +367,18 @@ bool patch_panels(const Geometry& g) {
 //   loses what the skipped taps gain: the path is taken where the products it runs, the taps
 //   inside over the lanes in use, are at most kLanesPay of the panels' (batch_lanes); an
 //   image of more than kMaxLanePixels pixels has too few taps in the padding to pay for the
-//   transposes. dx as a convolution runs here too, and the weight gradient turns the same idea
-//   round (weight_grad_batch_lanes: k over pairs of images and the pixels a tap reads inside).
+//   transposes. A strided forward has no patch panels to lose to, only im2col, which writes
+//   nine times its input where the lanes transpose it once: there the lanes are taken unless
+//   they would run more products than col, or transpose pixels that no tap reads (a 1 x 1
+//   kernel at stride 2). dx as a convolution runs here too, and the weight gradient turns the same
+//   idea round (weight_grad_batch_lanes: k over pairs of images and the pixels a tap reads inside).
 //   Paired in one process against the patch panels, AMD EPYC, 2 threads, batch 64: 0.72 of the
 //   time at 512 channels on 4 x 4 (forward, and dx alike), 0.88-0.90 at 256 on 8 x 8; the
 //   weight gradient 0.78 and 0.90; the ResNet-18 width-64 bf16 step 0.94.
 constexpr int64_t kLanes = 32;          // Kernel<BFloat16, kAvx512Bf16>::nr
 constexpr int64_t kMaxLanePixels = 64;  // output pixels per image
 constexpr double kLanesPay = 0.9;
+constexpr int64_t kBlock = 64;  // input pixels per block of the input's transpose
 
 // For output pixel q, the taps inside the image: entries [first[q], first[q + 1]) of `taps`,
 // each the tap's index and the input pixel it reads.
@@ -390,8 +394,8 @@ InsideTaps inside_taps(const Geometry& g) {
     for (int64_t ow = 0; ow < g.wo; ++ow) {
       for (int64_t ki = 0; ki < g.kh; ++ki)
         for (int64_t kj = 0; kj < g.kw; ++kj) {
-          const int64_t ih = oh + ki * g.dilation[0] - g.padding[0];
-          const int64_t iw = ow + kj * g.dilation[1] - g.padding[1];
+          const int64_t ih = oh * g.stride[0] + ki * g.dilation[0] - g.padding[0];
+          const int64_t iw = ow * g.stride[1] + kj * g.dilation[1] - g.padding[1];
           if (ih >= 0 && ih < g.h && iw >= 0 && iw < g.w)
             inside.taps.emplace_back(ki * g.kw + kj, ih * g.w + iw);
         }
@@ -402,13 +406,16 @@ InsideTaps inside_taps(const Geometry& g) {
 
 // Whether conv2d_bf16's forward takes Note [bf16 batch lanes].
 bool batch_lanes(const Geometry& g) {
-  if (g.stride != kernels::Pair{1, 1} || g.n == 0 || g.p() > kMaxLanePixels || g.kh * g.kw > 16 ||
-      !bf16_dot_products() || amx_bf16_products())
+  if (g.n == 0 || g.p() > kMaxLanePixels || g.kh * g.kw > 16 || !bf16_dot_products() ||
+      amx_bf16_products())
     return false;
-  const double inside =
-      static_cast<double>(inside_taps(g).taps.size()) / static_cast<double>(g.p() * g.kh * g.kw);
+  const bool strided = g.stride != kernels::Pair{1, 1};
+  const int64_t taps_inside = static_cast<int64_t>(inside_taps(g).taps.size());
+  if (taps_inside < g.h * g.w) return false;  // pixels transposed that no product reads
+  const double inside = static_cast<double>(taps_inside) / static_cast<double>(g.p() * g.kh * g.kw);
   const int64_t padded = (g.n + kLanes - 1) / kLanes * kLanes;
-  return inside * static_cast<double>(padded) / static_cast<double>(g.n) <= kLanesPay;
+  const double products = inside * static_cast<double>(padded) / static_cast<double>(g.n);
+  return products <= (strided ? 1.0 : kLanesPay);
 }
 
 namespace avx512 {
@@ -466,33 +473,36 @@ void forward_batch_lanes(const Geometry& g, const BFloat16* x, const BFloat16* w
   uint32_t* xt = frame.get<uint32_t>(per_chunk * p_in * pairs * kLanes);
   for (int64_t group0 = 0; group0 < groups; group0 += per_chunk) {
     const int64_t count = std::min(per_chunk, groups - group0);
-    // Each unit pairs one pair of channels of 32 images, [32, P_in], in a buffer, then writes it
-    // to xt as [P_in, 32]: 128 contiguous bytes per pixel. Written a pair at a time, the pixels
-    // of an image lie pairs x 128 bytes apart (32 KiB at 512 channels): a page per store.
+    // Each unit pairs one pair of channels of 32 images, kBlock pixels at a time, in a buffer
+    // [32, kBlock], then writes it to xt as [kBlock, 32]: 128 contiguous bytes per pixel.
+    // Written a pair at a time, the pixels of an image lie pairs x 128 bytes apart (32 KiB at
+    // 512 channels): a page per store.
     parallel_for(0, count * pairs, 1, [&](int64_t lo, int64_t hi) {
-      ScratchFrame unit_frame;
-      uint32_t* by_image = unit_frame.get<uint32_t>(kLanes * p_in);
+      uint32_t by_image[kLanes][kBlock];
       for (int64_t unit = lo; unit < hi; ++unit) {
         const int64_t group = unit / pairs, i = unit % pairs, c = 2 * i;
         const int64_t image0 = (group0 + group) * kLanes;
-        for (int64_t lane = 0; lane < kLanes; ++lane) {
-          uint32_t* row = by_image + lane * p_in;
-          const int64_t n = image0 + lane;
-          if (n >= g.n) {
-            std::fill(row, row + p_in, 0u);
-            continue;
-          }
-          const BFloat16* lo_plane = x + (n * g.c + c) * p_in;
-          if (c + 1 < g.c)
-            for (int64_t pixel = 0; pixel < p_in; ++pixel)
-              row[pixel] = pair_of(lo_plane[pixel], lo_plane[p_in + pixel]);
-          else
-            for (int64_t pixel = 0; pixel < p_in; ++pixel) row[pixel] = lo_plane[pixel].bits;
-        }
         uint32_t* dst = xt + (group * p_in * pairs + i) * kLanes;
-        for (int64_t pixel = 0; pixel < p_in; ++pixel)
-          for (int64_t lane = 0; lane < kLanes; ++lane)
-            dst[pixel * pairs * kLanes + lane] = by_image[lane * p_in + pixel];
+        for (int64_t p0 = 0; p0 < p_in; p0 += kBlock) {
+          const int64_t width = std::min(kBlock, p_in - p0);
+          for (int64_t lane = 0; lane < kLanes; ++lane) {
+            uint32_t* row = by_image[lane];
+            const int64_t n = image0 + lane;
+            if (n >= g.n) {
+              std::fill(row, row + width, 0u);
+              continue;
+            }
+            const BFloat16* lo_plane = x + (n * g.c + c) * p_in + p0;
+            if (c + 1 < g.c)
+              for (int64_t pixel = 0; pixel < width; ++pixel)
+                row[pixel] = pair_of(lo_plane[pixel], lo_plane[p_in + pixel]);
+            else
+              for (int64_t pixel = 0; pixel < width; ++pixel) row[pixel] = lo_plane[pixel].bits;
+          }
+          for (int64_t pixel = 0; pixel < width; ++pixel)
+            for (int64_t lane = 0; lane < kLanes; ++lane)
+              dst[(p0 + pixel) * pairs * kLanes + lane] = by_image[lane][pixel];
+        }
       }
     });
     // Each unit's 12 rows of yt, for every output pixel, stay in this thread's cache until
@@ -821,7 +831,7 @@ kernels::Conv2dGrads conv2d_bf16_backward(const Tensor& dout, const Tensor& x, c
   BFloat16* dy = frame.get<BFloat16>(g.o * chunk * p);
   // dW's B straight from the image where the forward packs its panels so (Note [bf16 patch
   // panels]); col otherwise.
-  const bool dw_lanes = needs[1] && batch_lanes(g);
+  const bool dw_lanes = needs[1] && g.stride == kernels::Pair{1, 1} && batch_lanes(g);
   const bool dw_panels = needs[1] && !dw_lanes && patch_panels(g);
   const std::vector<Tap> taps = dw_panels ? taps_of(g) : std::vector<Tap>();
   BFloat16* col =

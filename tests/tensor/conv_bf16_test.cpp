@@ -111,6 +111,7 @@ const std::vector<Config> kLaneConfigs = {
     {32, 4, 6, 6, 5, 3, 3, {{1, 1}, {2, 2}, {2, 2}, 1}, "lanes: dilation 2"},
     {32, 16, 5, 6, 9, 3, 2, {{1, 1}, {1, 0}, {1, 1}, 1}, "lanes: 3 x 2 kernel, not 'same'"},
     {32, 3, 4, 4, 4, 3, 3, {{1, 1}, {3, 3}, {1, 1}, 1}, "lanes: taps wholly in the padding"},
+    {32, 6, 8, 9, 5, 3, 3, {{2, 2}, {1, 1}, {1, 1}, 1}, "lanes: stride 2 (the forward)"},
 };
 
 // The forward and the three gradients of one config on the path in scope, against float64.
@@ -184,7 +185,8 @@ TEST(Conv2dBf16, TheBatchInTheLanesIsWithinABfloat16RoundingOfFloat64) {
 }
 
 // Lanes left empty cost what the skipped taps save: a batch far from a multiple of 32, large
-// images, strides and kernels of more than 16 taps keep the patch panels.
+// images and kernels of more than 16 taps keep the patch panels; strided layers take the lanes
+// instead of im2col where the output is small and every input pixel is read.
 TEST(Conv2dBf16, TheBatchGoesInTheLanesWhereItPays) {
   SKIP_WITHOUT_BF16();
   Scope scope(CpuIsa::kAvx512Bf16, cpu::Bf16DotPolicy::kOn, 2);
@@ -198,7 +200,10 @@ TEST(Conv2dBf16, TheBatchGoesInTheLanesWhereItPays) {
   EXPECT_TRUE(lanes(30, 4, 3, same));   // 30 of 32 lanes: 0.69 of the taps over 0.94
   EXPECT_FALSE(lanes(40, 4, 3, same));  // 40 of 64 lanes
   EXPECT_FALSE(lanes(64, 16, 3, same));
-  EXPECT_FALSE(lanes(64, 8, 3, two));
+  EXPECT_TRUE(lanes(64, 8, 3, two));  // instead of im2col
+  EXPECT_TRUE(lanes(64, 16, 3, two));
+  EXPECT_FALSE(lanes(64, 32, 3, two));
+  EXPECT_FALSE(lanes(64, 8, 1, {{2, 2}, {0, 0}, {1, 1}, 1}));  // 3 of 4 pixels read by none
   EXPECT_FALSE(lanes(64, 8, 5, {{1, 1}, {2, 2}, {1, 1}, 1}));
   EXPECT_FALSE(lanes(64, 8, 1, {}));  // a 1x1 kernel reads no padding
   Scope capped(CpuIsa::kAvx512, cpu::Bf16DotPolicy::kOn, 2);
