@@ -353,7 +353,7 @@ bool patch_panels(const Geometry& g) {
 //   0.84. The patch panels cannot skip those products: a panel's 32 columns are 32 consecutive
 //   pixels, for which a tap is inside at some and outside at others. Turned round, a panel's 32
 //   columns are one pixel of 32 images (the batch in the vector lanes), every column of it has
-//   the same taps inside, and a tap outside is skipped whole:
+//   the same taps inside, and a tap outside is skipped whole (lanes_products):
 //       xt    [P_in, C/2, 32]          the input of 32 images: for each input pixel the pairs of
 //                                      channels (2i, 2i + 1) across the images, which is a B
 //                                      panel of the vdpbf16ps kernel as it lies (32 pairs a row)
@@ -362,23 +362,39 @@ bool patch_panels(const Geometry& g) {
 //                                        wt[t] @ xt[the input pixel t reads at q]
 //   one kernel call per tap over all C channels (k = C), the tile kept in yt between the
 //   calls; then y[n, o, q] = yt[q][o, n] + bias[o], rounded once. The products and sums are
-//   those of the patch panels less the zeros, in another order. The images are taken 32 at a
-//   time (the last group padded with zero images), so a batch that leaves many lanes empty
-//   loses what the skipped taps gain: the path is taken where the products it runs, the taps
-//   inside over the lanes in use, are at most kLanesPay of the panels' (batch_lanes); an
-//   image of more than kMaxLanePixels pixels has too few taps in the padding to pay for the
-//   transposes. A strided forward has no patch panels to lose to, only im2col, which writes
-//   nine times its input where the lanes transpose it once: there the lanes are taken unless
-//   they would run more products than col, or transpose pixels that no tap reads (a 1 x 1
-//   kernel at stride 2). dx as a convolution runs here too, and the weight gradient turns the same
-//   idea round (weight_grad_batch_lanes: k over pairs of images and the pixels a tap reads inside).
-//   Paired in one process against the patch panels, AMD EPYC, 2 threads, batch 64: 0.72 of the
-//   time at 512 channels on 4 x 4 (forward, and dx alike), 0.88-0.90 at 256 on 8 x 8; the
-//   weight gradient 0.78 and 0.90; the ResNet-18 width-64 bf16 step 0.94.
-constexpr int64_t kLanes = 32;          // Kernel<BFloat16, kAvx512Bf16>::nr
-constexpr int64_t kMaxLanePixels = 64;  // output pixels per image
-constexpr double kLanesPay = 0.9;
-constexpr int64_t kBlock = 64;  // input pixels per block of the input's transpose
+//   those of the patch panels less the zeros, in another order. The input is paired and
+//   transposed once, where the panels pack each value once per tap and im2col writes nine
+//   copies of it, so the lanes pay beyond the padding: against the panels they took 0.92-0.94
+//   of the forward's time at 128 channels on 16 x 16 (0.918 of the taps inside) and 0.92-0.95
+//   at 64 on 32 x 32. Each unit of work (32 images, 12 output channels) goes kBlock output
+//   pixels at a time so that its yt stays in cache.
+//   The same products serve three more passes: a strided forward (a tap's input pixel depends
+//   only on the output pixel, at any stride); dx as a convolution (stride 1); and a strided dx,
+//   each input pixel summing the (tap, output pixel) pairs that read it (reading_taps) with
+//   the weight's channels swapped, instead of dcol and col2im. The weight gradient turns the
+//   idea round (weight_grad_batch_lanes: k over pairs of images and the pixels where a tap
+//   reads inside). The images are taken 32 at a time, the last group padded with zero images,
+//   so a batch that leaves many lanes empty loses what the skipped taps gain: a layer takes the
+//   lanes where they run fewer products than the panels or col (the taps inside over the lanes
+//   in use), every input pixel is read (not a 1 x 1 kernel at stride 2, which ran 1.1-2x
+//   slower), the output has at most kMaxLanePixels pixels (at 32 x 32 the forward gained and
+//   dx as a convolution lost, 1.13-1.16) and, for a strided dx, the input at most
+//   kMaxDxLanePixels. Paired in one process, AMD EPYC, 2 threads, batch 64, against the
+//   panels: forward 0.72 of the time at 512 channels on 4 x 4 (dx alike), 0.88-0.90 at 256 on
+//   8 x 8; dW 0.78 and 0.90; against im2col, the forward of 256 -> 512 at stride 2 0.55-0.67;
+//   against dcol and col2im, the strided dx 0.69 (64 -> 128 on 32 x 32), 0.62 and 0.47 (8 x 8).
+//   The ResNet-18 width-64 bf16 step took 0.94 of the panels' time with the lanes on small
+//   images, and 0.95-0.96 of that again with the strided dx and 16 x 16 layers.
+constexpr int64_t kLanes = 32;              // Kernel<BFloat16, kAvx512Bf16>::nr
+constexpr int64_t kMaxLanePixels = 256;     // output pixels per image
+constexpr int64_t kMaxDxLanePixels = 1024;  // input pixels per image, for a strided dx
+constexpr int64_t kBlock = 64;              // pixels per block of the transposes and of a unit's yt
+
+// The products of Note [bf16 batch lanes] as lanes_products sees them: n images of c channels
+// of p_src pixels in, o channels of p_dst pixels out, a weight [o, c, taps].
+struct LaneShape {
+  int64_t n, c, p_src, o, p_dst, taps;
+};
 
 // For output pixel q, the taps inside the image: entries [first[q], first[q + 1]) of `taps`,
 // each the tap's index and the input pixel it reads.
@@ -404,18 +420,43 @@ InsideTaps inside_taps(const Geometry& g) {
   return inside;
 }
 
-// Whether conv2d_bf16's forward takes Note [bf16 batch lanes].
-bool batch_lanes(const Geometry& g) {
-  if (g.n == 0 || g.p() > kMaxLanePixels || g.kh * g.kw > 16 || !bf16_dot_products() ||
-      amx_bf16_products())
-    return false;
-  const bool strided = g.stride != kernels::Pair{1, 1};
+// The entries of a strided layer's dx in lanes_products: for each input pixel, the taps and
+// output pixels whose products read it (the forward's inside_taps turned round).
+InsideTaps reading_taps(const Geometry& g) {
+  const InsideTaps inside = inside_taps(g);
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> by_pixel(static_cast<size_t>(g.h * g.w));
+  for (int64_t q = 0; q < g.p(); ++q)
+    for (int64_t e = inside.first[q]; e < inside.first[q + 1]; ++e)
+      by_pixel[inside.taps[e].second].emplace_back(inside.taps[e].first, q);
+  InsideTaps reading;
+  reading.first.push_back(0);
+  for (const auto& entries : by_pixel) {
+    reading.taps.insert(reading.taps.end(), entries.begin(), entries.end());
+    reading.first.push_back(static_cast<int64_t>(reading.taps.size()));
+  }
+  return reading;
+}
+
+// Whether the lanes pay for a layer (Note [bf16 batch lanes]): the vdpbf16ps kernel, at most 16
+// taps, every input pixel read by some product, and fewer products than the patch panels or col
+// run (the taps inside the image over the lanes in use; a layer that reads no padding keeps
+// its plain product).
+bool lanes_pay(const Geometry& g) {
+  if (g.n == 0 || g.kh * g.kw > 16 || !bf16_dot_products() || amx_bf16_products()) return false;
   const int64_t taps_inside = static_cast<int64_t>(inside_taps(g).taps.size());
-  if (taps_inside < g.h * g.w) return false;  // pixels transposed that no product reads
+  if (taps_inside < g.h * g.w) return false;
   const double inside = static_cast<double>(taps_inside) / static_cast<double>(g.p() * g.kh * g.kw);
   const int64_t padded = (g.n + kLanes - 1) / kLanes * kLanes;
-  const double products = inside * static_cast<double>(padded) / static_cast<double>(g.n);
-  return products <= (strided ? 1.0 : kLanesPay);
+  return inside * static_cast<double>(padded) / static_cast<double>(g.n) < 1.0;
+}
+
+// Whether conv2d_bf16's forward takes Note [bf16 batch lanes] (and, at stride 1, dW).
+bool batch_lanes(const Geometry& g) { return g.p() <= kMaxLanePixels && lanes_pay(g); }
+
+// Whether a strided layer's dx takes the lanes (lanes_products with reading_taps) instead of
+// dcol and col2im.
+bool strided_dx_lanes(const Geometry& g) {
+  return g.stride != kernels::Pair{1, 1} && g.h * g.w <= kMaxDxLanePixels && lanes_pay(g);
 }
 
 namespace avx512 {
@@ -424,11 +465,11 @@ namespace avx512 {
 // tile) of wt, pairs of channels (2i, 2i + 1) in its rows, zeros past O and C. A row's two
 // channels are 2 kh kw contiguous values (kh kw <= 16); a permute turns them into the kh kw
 // pairs, which `rows` holds for the 12 rows of one i before they are dealt out to the taps.
-[[gnu::target("avx512f,avx512bw")]] void pack_lane_weights(const Geometry& g, const BFloat16* w,
+[[gnu::target("avx512f,avx512bw")]] void pack_lane_weights(const LaneShape& s, const BFloat16* w,
                                                            int64_t tile, int64_t tiles,
                                                            uint32_t* wt) {
   constexpr int64_t kRows = Kernel<BFloat16, CpuIsa::kAvx512Bf16>::mr;
-  const int64_t kk = g.kh * g.kw, pairs = (g.c + 1) / 2;
+  const int64_t kk = s.taps, pairs = (s.c + 1) / 2;
   alignas(64) uint16_t order[32] = {};
   for (int64_t t = 0; t < kk; ++t)
     order[2 * t] = static_cast<uint16_t>(t), order[2 * t + 1] = static_cast<uint16_t>(kk + t);
@@ -438,10 +479,10 @@ namespace avx512 {
     for (int64_t r = 0; r < kRows; ++r) {
       const int64_t o = tile * kRows + r, c = 2 * i;
       __m512i both = _mm512_setzero_si512();
-      if (o < g.o) {
-        const int64_t count = c + 1 < g.c ? 2 * kk : kk;
+      if (o < s.o) {
+        const int64_t count = c + 1 < s.c ? 2 * kk : kk;
         both = _mm512_maskz_loadu_epi16(static_cast<__mmask32>((uint64_t{1} << count) - 1),
-                                        w + (o * g.c + c) * kk);
+                                        w + (o * s.c + c) * kk);
       }
       _mm512_store_si512(rows[r], _mm512_permutexvar_epi16(permute, both));
     }
@@ -454,17 +495,17 @@ namespace avx512 {
 
 }  // namespace avx512
 
-// y [N, O, Ho, Wo] (bfloat16) = the convolution of x [N, C, H, W] by w [O, C, kh, kw], plus
-// bias (null: none), by Note [bf16 batch lanes].
-void forward_batch_lanes(const Geometry& g, const BFloat16* x, const BFloat16* w, const float* bias,
-                         BFloat16* y) {
+// y [n, o, p_dst] (bfloat16) = sum over the (tap, source pixel) entries of `inside` for each
+// output pixel of w[:, :, tap] @ x [n, c, p_src] at that pixel, plus bias (null: none), by Note
+// [bf16 batch lanes]: a convolution's forward, or its strided dx (the sources dy's pixels).
+void lanes_products(const LaneShape& g, const InsideTaps& inside, const BFloat16* x,
+                    const BFloat16* w, const float* bias, BFloat16* y) {
   using K = Kernel<BFloat16, CpuIsa::kAvx512Bf16>;
-  const int64_t kk = g.kh * g.kw, p_in = g.h * g.w, p_out = g.p(), pairs = (g.c + 1) / 2;
-  const int64_t tiles = (g.o + K::mr - 1) / K::mr, o_pad = tiles * K::mr;
+  const int64_t kk = g.taps, p_in = g.p_src, p_out = g.p_dst, pairs = (g.c + 1) / 2;
+  const int64_t tiles = (g.o + K::mr - 1) / K::mr;
   const int64_t groups = (g.n + kLanes - 1) / kLanes;
-  const InsideTaps inside = inside_taps(g);
   ScratchFrame frame;
-  uint32_t* wt = frame.get<uint32_t>(kk * o_pad * pairs);
+  uint32_t* wt = frame.get<uint32_t>(kk * tiles * K::mr * pairs);
   parallel_for(0, tiles, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t tile = lo; tile < hi; ++tile) avx512::pack_lane_weights(g, w, tile, tiles, wt);
   });
@@ -505,38 +546,41 @@ void forward_batch_lanes(const Geometry& g, const BFloat16* x, const BFloat16* w
         }
       }
     });
-    // Each unit's 12 rows of yt, for every output pixel, stay in this thread's cache until
-    // they are rounded into y.
+    // Each unit's 12 rows of yt, for kBlock output pixels at a time, stay in this thread's
+    // cache until they are rounded into y.
     parallel_for(0, count * tiles, 1, [&](int64_t lo, int64_t hi) {
       ScratchFrame unit_frame;
-      float* yt = unit_frame.get<float>(p_out * K::mr * kLanes);
+      float* yt = unit_frame.get<float>(kBlock * K::mr * kLanes);
       for (int64_t unit = lo; unit < hi; ++unit) {
         const int64_t group = unit / tiles, first_o = unit % tiles * K::mr;
         const int64_t rows = std::min(K::mr, g.o - first_o);
         const uint32_t* images = xt + group * p_in * pairs * kLanes;
-        for (int64_t q = 0; q < p_out; ++q) {
-          float* tile = yt + q * K::mr * kLanes;
-          bool accumulate = false;
-          for (int64_t e = inside.first[q]; e < inside.first[q + 1]; ++e) {
-            const auto [t, pixel] = inside.taps[e];
-            const uint32_t* a = wt + (t * tiles + first_o / K::mr) * pairs * K::mr;
-            const uint32_t* b = images + pixel * pairs * kLanes;
-            const CTile<float> c{tile, kLanes, tile, kLanes, accumulate};
-            if (rows == K::mr || !K::edge_kernel(rows, 2 * pairs, a, b, c))
-              K::micro_kernel(2 * pairs, a, b, c);
-            accumulate = true;
-          }
-          if (!accumulate) std::fill(tile, tile + rows * kLanes, 0.0f);
-        }
         const int64_t image0 = (group0 + group) * kLanes;
         const int64_t lanes = std::min(kLanes, g.n - image0);
-        for (int64_t r = 0; r < rows; ++r) {
-          const int64_t o = first_o + r;
-          const float b = bias != nullptr ? bias[o] : 0.0f;
-          for (int64_t lane = 0; lane < lanes; ++lane) {
-            BFloat16* dst = y + ((image0 + lane) * g.o + o) * p_out;
-            for (int64_t q = 0; q < p_out; ++q)
-              dst[q] = BFloat16(yt[(q * K::mr + r) * kLanes + lane] + b);
+        for (int64_t q0 = 0; q0 < p_out; q0 += kBlock) {
+          const int64_t width = std::min(kBlock, p_out - q0);
+          for (int64_t q = q0; q < q0 + width; ++q) {
+            float* tile = yt + (q - q0) * K::mr * kLanes;
+            bool accumulate = false;
+            for (int64_t e = inside.first[q]; e < inside.first[q + 1]; ++e) {
+              const auto [t, pixel] = inside.taps[e];
+              const uint32_t* a = wt + (t * tiles + first_o / K::mr) * pairs * K::mr;
+              const uint32_t* b = images + pixel * pairs * kLanes;
+              const CTile<float> c{tile, kLanes, tile, kLanes, accumulate};
+              if (rows == K::mr || !K::edge_kernel(rows, 2 * pairs, a, b, c))
+                K::micro_kernel(2 * pairs, a, b, c);
+              accumulate = true;
+            }
+            if (!accumulate) std::fill(tile, tile + rows * kLanes, 0.0f);
+          }
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t o = first_o + r;
+            const float b = bias != nullptr ? bias[o] : 0.0f;
+            for (int64_t lane = 0; lane < lanes; ++lane) {
+              BFloat16* dst = y + ((image0 + lane) * g.o + o) * p_out + q0;
+              for (int64_t q = 0; q < width; ++q)
+                dst[q] = BFloat16(yt[(q * K::mr + r) * kLanes + lane] + b);
+            }
           }
         }
       }
@@ -721,17 +765,19 @@ bool dx_as_conv(const Geometry& g) {
          g.padding[0] <= g.dilation[0] * (g.kh - 1) && g.padding[1] <= g.dilation[1] * (g.kw - 1);
 }
 
-Tensor flipped_weight(const Geometry& g, const BFloat16* w) {
-  Tensor flipped = empty({g.c, g.o, g.kh, g.kw}, kBFloat16);
-  BFloat16* dst = flipped.data_ptr<BFloat16>();
+// W [O, C, kh, kw] as [C, O, kh, kw]: with `flip`, each kernel turned 180 degrees too (the
+// weight of Note [dx as a convolution]); without, the weight of a strided dx in the lanes.
+Tensor swapped_weight(const Geometry& g, const BFloat16* w, bool flip) {
+  Tensor swapped = empty({g.c, g.o, g.kh, g.kw}, kBFloat16);
+  BFloat16* dst = swapped.data_ptr<BFloat16>();
   const int64_t kk = g.kh * g.kw;
   parallel_for(0, g.c, 16, [&](int64_t lo, int64_t hi) {
     for (int64_t c = lo; c < hi; ++c)
       for (int64_t o = 0; o < g.o; ++o)
         for (int64_t tap = 0; tap < kk; ++tap)
-          dst[(c * g.o + o) * kk + (kk - 1 - tap)] = w[(o * g.c + c) * kk + tap];
+          dst[(c * g.o + o) * kk + (flip ? kk - 1 - tap : tap)] = w[(o * g.c + c) * kk + tap];
   });
-  return flipped;
+  return swapped;
 }
 
 }  // namespace
@@ -765,7 +811,7 @@ Tensor conv2d_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias,
   BFloat16* yp = y.data_ptr<BFloat16>();
 #if LOOM_PACKED_GEMM_SIMD
   if (batch_lanes(g)) {
-    forward_batch_lanes(g, xp, wp, bp, yp);
+    lanes_products({g.n, g.c, g.h * g.w, g.o, g.p(), g.kh * g.kw}, inside_taps(g), xp, wp, bp, yp);
     return format == MemoryFormat::kContiguous ? y : kernels::contiguous(y, format);
   }
 #endif
@@ -815,7 +861,8 @@ kernels::Conv2dGrads conv2d_bf16_backward(const Tensor& dout, const Tensor& x, c
   const int64_t chunk = chunk_images(g), p = g.p(), k = g.k();
   kernels::Conv2dGrads grads;
   const bool dx_by_conv = needs[0] && dx_as_conv(g);
-  const bool dx_by_dcol = needs[0] && !dx_by_conv;
+  const bool dx_in_lanes = needs[0] && !dx_by_conv && strided_dx_lanes(g);
+  const bool dx_by_dcol = needs[0] && !dx_by_conv && !dx_in_lanes;
   Tensor dx;
   if (dx_by_conv) {
     const kernels::Conv2dOptions flipped{
@@ -823,9 +870,15 @@ kernels::Conv2dGrads conv2d_bf16_backward(const Tensor& dout, const Tensor& x, c
         {g.dilation[0] * (g.kh - 1) - g.padding[0], g.dilation[1] * (g.kw - 1) - g.padding[1]},
         g.dilation,
         1};
-    dx = conv2d_bf16(dc, flipped_weight(g, wp), Tensor(), flipped, x.sizes());
+    dx = conv2d_bf16(dc, swapped_weight(g, wp, /*flip=*/true), Tensor(), flipped, x.sizes());
   } else if (needs[0]) {
     dx = empty(x.sizes(), kBFloat16);
+#if LOOM_PACKED_GEMM_SIMD
+    if (dx_in_lanes)
+      lanes_products({g.n, g.o, g.p(), g.c, g.h * g.w, g.kh * g.kw}, reading_taps(g), dyp,
+                     swapped_weight(g, wp, /*flip=*/false).data_ptr<BFloat16>(), nullptr,
+                     dx.data_ptr<BFloat16>());
+#endif
   }
   ScratchFrame frame;
   BFloat16* dy = frame.get<BFloat16>(g.o * chunk * p);

@@ -111,7 +111,8 @@ const std::vector<Config> kLaneConfigs = {
     {32, 4, 6, 6, 5, 3, 3, {{1, 1}, {2, 2}, {2, 2}, 1}, "lanes: dilation 2"},
     {32, 16, 5, 6, 9, 3, 2, {{1, 1}, {1, 0}, {1, 1}, 1}, "lanes: 3 x 2 kernel, not 'same'"},
     {32, 3, 4, 4, 4, 3, 3, {{1, 1}, {3, 3}, {1, 1}, 1}, "lanes: taps wholly in the padding"},
-    {32, 6, 8, 9, 5, 3, 3, {{2, 2}, {1, 1}, {1, 1}, 1}, "lanes: stride 2 (the forward)"},
+    {32, 6, 8, 9, 5, 3, 3, {{2, 2}, {1, 1}, {1, 1}, 1}, "lanes: stride 2 (forward and dx)"},
+    {32, 8, 12, 12, 7, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, "lanes: 144 pixels, blocks of 64"},
 };
 
 // The forward and the three gradients of one config on the path in scope, against float64.
@@ -184,9 +185,9 @@ TEST(Conv2dBf16, TheBatchInTheLanesIsWithinABfloat16RoundingOfFloat64) {
   }
 }
 
-// Lanes left empty cost what the skipped taps save: a batch far from a multiple of 32, large
-// images and kernels of more than 16 taps keep the patch panels; strided layers take the lanes
-// instead of im2col where the output is small and every input pixel is read.
+// Lanes left empty cost what the skipped taps save: a batch far from a multiple of 32, images of
+// more than 256 output pixels and kernels of more than 16 taps keep the patch panels (or col);
+// strided layers take the lanes too where every input pixel is read.
 TEST(Conv2dBf16, TheBatchGoesInTheLanesWhereItPays) {
   SKIP_WITHOUT_BF16();
   Scope scope(CpuIsa::kAvx512Bf16, cpu::Bf16DotPolicy::kOn, 2);
@@ -197,12 +198,13 @@ TEST(Conv2dBf16, TheBatchGoesInTheLanesWhereItPays) {
   };
   EXPECT_TRUE(lanes(64, 4, 3, same));
   EXPECT_TRUE(lanes(64, 8, 3, same));
-  EXPECT_TRUE(lanes(30, 4, 3, same));   // 30 of 32 lanes: 0.69 of the taps over 0.94
-  EXPECT_FALSE(lanes(40, 4, 3, same));  // 40 of 64 lanes
-  EXPECT_FALSE(lanes(64, 16, 3, same));
-  EXPECT_TRUE(lanes(64, 8, 3, two));  // instead of im2col
-  EXPECT_TRUE(lanes(64, 16, 3, two));
-  EXPECT_FALSE(lanes(64, 32, 3, two));
+  EXPECT_TRUE(lanes(64, 16, 3, same));
+  EXPECT_FALSE(lanes(64, 32, 3, same));  // 1024 pixels
+  EXPECT_TRUE(lanes(30, 4, 3, same));    // 30 of 32 lanes: 0.69 of the taps over 0.94
+  EXPECT_FALSE(lanes(40, 4, 3, same));   // 40 of 64 lanes
+  EXPECT_TRUE(lanes(64, 8, 3, two));     // instead of im2col
+  EXPECT_TRUE(lanes(64, 32, 3, two));
+  EXPECT_FALSE(lanes(64, 64, 3, two));
   EXPECT_FALSE(lanes(64, 8, 1, {{2, 2}, {0, 0}, {1, 1}, 1}));  // 3 of 4 pixels read by none
   EXPECT_FALSE(lanes(64, 8, 5, {{1, 1}, {2, 2}, {1, 1}, 1}));
   EXPECT_FALSE(lanes(64, 8, 1, {}));  // a 1x1 kernel reads no padding
