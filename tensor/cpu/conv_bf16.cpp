@@ -713,6 +713,9 @@ void weight_grad_batch_lanes(const Geometry& g, const BFloat16* dy, const BFloat
         for (int64_t t = 0; t < kk; ++t) dw[(o * g.c + c) * kk + t] = dwt[(o * kk + t) * c_pad + c];
   });
 }
+#else   // no vdpbf16ps kernel, no lanes
+bool batch_lanes(const Geometry&) { return false; }
+bool strided_dx_lanes(const Geometry&) { return false; }
 #endif  // LOOM_PACKED_GEMM_SIMD
 
 // dx planes of images [first, first + count) (float32, zeroed here) += col2im(dcol [K, count
@@ -788,14 +791,9 @@ bool conv2d_bf16_fits(const Tensor& x, const kernels::Conv2dOptions& options) {
 
 bool conv2d_bf16_batch_lanes(const Tensor& x, const Tensor& weight,
                              const kernels::Conv2dOptions& options) {
-#if LOOM_PACKED_GEMM_SIMD
   return conv2d_bf16_fits(x, options) &&
          batch_lanes(geometry(x, weight, options,
                               kernels::conv2d_output_shape(x, weight, Tensor(), options)));
-#else
-  (void)x, (void)weight, (void)options;
-  return false;
-#endif
 }
 
 Tensor conv2d_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias,
