@@ -83,7 +83,7 @@ const std::vector<Config> kConfigs = {
     {2, 4, 9, 10, 3, 3, 2, {{1, 2}, {2, 1}, {2, 2}, 1}, "dilation 2, asymmetric"},
     {2, 6, 5, 5, 7, 1, 1, {}, "1x1"},
     {2, 4, 8, 8, 5, 5, 5, {{1, 1}, {2, 2}, {1, 1}, 1}, "5x5"},
-    {5, 3, 32, 32, 4, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, "chunks of 2 images"},
+    {18, 3, 32, 32, 4, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, "chunks of 16 images"},
     {2, 40, 6, 6, 33, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, "K and O past a tile"},
     // 16+ input channels at stride 1: dx as a convolution of dy (Note [bf16 convolutions])
     {2, 16, 7, 6, 5, 3, 2, {{1, 1}, {2, 1}, {2, 2}, 1}, "dx by convolution, dilated"},
