@@ -376,7 +376,8 @@ bool patch_panels(const Geometry& g) {
 //   each input pixel summing the (tap, output pixel) pairs that read it (reading_taps) with
 //   the weight's channels swapped, instead of dcol and col2im. The weight gradient turns the
 //   idea round (weight_grad_batch_lanes: k over pairs of images and the pixels where a tap
-//   reads inside). The images are taken 32 at a time, the last group padded with zero images,
+//   reads inside, x laid out by phase at a stride so that a run of outputs reads a run of
+//   inputs). The images are taken 32 at a time, the last group padded with zero images,
 //   so a batch that leaves many lanes empty loses what the skipped taps gain: a layer takes the
 //   lanes where they run fewer products than the panels or col (the taps inside over the lanes
 //   in use), every input pixel is read (not a 1 x 1 kernel at stride 2, which ran 1.1-2x
@@ -385,7 +386,8 @@ bool patch_panels(const Geometry& g) {
 //   kMaxDxLanePixels. Paired in one process, AMD EPYC, 2 threads, batch 64, against the
 //   panels: forward 0.72 of the time at 512 channels on 4 x 4 (dx alike), 0.88-0.90 at 256 on
 //   8 x 8; dW 0.78 and 0.90; against im2col, the forward of 256 -> 512 at stride 2 0.55-0.67;
-//   against dcol and col2im, the strided dx 0.69 (64 -> 128 on 32 x 32), 0.62 and 0.47 (8 x 8).
+//   against dcol and col2im, the strided dx 0.69 (64 -> 128 on 32 x 32), 0.62 and 0.47 (8 x 8);
+//   against im2col, the strided dW 0.81-0.84, 0.71-0.78 and 0.67-0.73.
 //   The ResNet-18 width-64 bf16 step took 0.94 of the panels' time with the lanes on small
 //   images, and 0.95-0.96 of that again with the strided dx and 16 x 16 layers.
 constexpr int64_t kLanes = 32;              // Kernel<BFloat16, kAvx512Bf16>::nr
@@ -593,26 +595,48 @@ void lanes_products(const LaneShape& g, const InsideTaps& inside, const BFloat16
 
 // The runs of Note [bf16 batch lanes]'s weight gradient: for tap t, the output pixels where it
 // reads inside the image, as runs of consecutive pixels whose inputs are consecutive too (one
-// output row's columns inside, each run within a row): entries [first[t], first[t + 1]).
+// output row's columns inside, each run within a row): entries [first[t], first[t + 1]). At a
+// stride the inputs of a run are a stride apart, so x's pixels are laid out by phase (PhaseSlots):
+// those of one phase (ih mod sh, iw mod sw) together, row by row, where a run's inputs are
+// consecutive again.
 struct TapRun {
-  int64_t out, in, len;  // first output pixel, the input pixel it reads, pixels in the run
+  int64_t out, in, len;  // first output pixel, the slot of the input it reads, pixels in the run
 };
 struct TapRuns {
   std::vector<int64_t> first;
   std::vector<TapRun> runs;
 };
 
+// Slots of x's pixels by phase: pixel (ih, iw) at ((ih % sh) sw + iw % sw) rows cols + (ih / sh)
+// cols + iw / sw, with rows = ceil(h / sh) and cols = ceil(w / sw); slots past a phase's pixels
+// are never read. At stride 1, slot = pixel.
+struct PhaseSlots {
+  int64_t sh, sw, rows, cols;
+  explicit PhaseSlots(const Geometry& g)
+      : sh(g.stride[0]),
+        sw(g.stride[1]),
+        rows((g.h + g.stride[0] - 1) / g.stride[0]),
+        cols((g.w + g.stride[1] - 1) / g.stride[1]) {}
+  int64_t count() const { return sh * sw * rows * cols; }
+  int64_t of(int64_t ih, int64_t iw) const {
+    return ((ih % sh) * sw + iw % sw) * rows * cols + ih / sh * cols + iw / sw;
+  }
+};
+
 TapRuns tap_runs(const Geometry& g) {
+  const PhaseSlots slots(g);
   TapRuns runs;
   runs.first.push_back(0);
   for (int64_t ki = 0; ki < g.kh; ++ki)
     for (int64_t kj = 0; kj < g.kw; ++kj) {
+      const int64_t offset = kj * g.dilation[1] - g.padding[1];
+      int64_t lo = 0, hi = g.wo;  // the output columns whose input column lies inside
+      while (lo < hi && lo * g.stride[1] + offset < 0) ++lo;
+      while (hi > lo && (hi - 1) * g.stride[1] + offset >= g.w) --hi;
       for (int64_t oh = 0; oh < g.ho; ++oh) {
-        const int64_t ih = oh + ki * g.dilation[0] - g.padding[0];
-        if (ih < 0 || ih >= g.h) continue;
-        const int64_t offset = kj * g.dilation[1] - g.padding[1];
-        const int64_t lo = std::max<int64_t>(0, -offset), hi = std::min(g.wo, g.w - offset);
-        if (lo < hi) runs.runs.push_back({oh * g.wo + lo, ih * g.w + lo + offset, hi - lo});
+        const int64_t ih = oh * g.stride[0] + ki * g.dilation[0] - g.padding[0];
+        if (ih < 0 || ih >= g.h || lo >= hi) continue;
+        runs.runs.push_back({oh * g.wo + lo, slots.of(ih, lo * g.stride[1] + offset), hi - lo});
       }
       runs.first.push_back(static_cast<int64_t>(runs.runs.size()));
     }
@@ -634,12 +658,17 @@ void weight_grad_batch_lanes(const Geometry& g, const BFloat16* dy, const BFloat
   const int64_t panels = (g.c + K::nr - 1) / K::nr, c_pad = panels * K::nr;
   const int64_t groups = (g.n + kLanes - 1) / kLanes;
   const TapRuns runs = tap_runs(g);
+  const PhaseSlots slots(g);
+  const int64_t p_slots = slots.count();
+  std::vector<int64_t> slot_of(static_cast<size_t>(p_in));
+  for (int64_t ih = 0; ih < g.h; ++ih)
+    for (int64_t iw = 0; iw < g.w; ++iw) slot_of[ih * g.w + iw] = slots.of(ih, iw);
   ScratchFrame frame;
   float* dwt = frame.get<float>(o_pad * kk * c_pad);  // [O, kh kw, C] padded
-  const int64_t group_bytes = (tiles * p_out * K::mr + panels * p_in * K::nr) * kImagePairs * 4;
+  const int64_t group_bytes = (tiles * p_out * K::mr + panels * p_slots * K::nr) * kImagePairs * 4;
   const int64_t per_chunk = std::clamp<int64_t>(kMaxColBytes / group_bytes, 1, groups);
   uint32_t* dyt = frame.get<uint32_t>(per_chunk * tiles * p_out * kImagePairs * K::mr);
-  uint32_t* xc = frame.get<uint32_t>(per_chunk * panels * p_in * kImagePairs * K::nr);
+  uint32_t* xc = frame.get<uint32_t>(per_chunk * panels * p_slots * kImagePairs * K::nr);
   // Row `row` of images 2j and 2j + 1 of group `group` of t [N, rows, len] as len pairs in out
   // (zeros for images past the batch and rows past `rows`).
   auto pair_rows = [&](const BFloat16* t, int64_t rows, int64_t len, int64_t group, int64_t j,
@@ -672,13 +701,13 @@ void weight_grad_batch_lanes(const Geometry& g, const BFloat16* dy, const BFloat
           }
         } else {
           const int64_t panel = part - tiles;
-          uint32_t* dst = xc + (group * panels + panel) * p_in * kImagePairs * K::nr;
+          uint32_t* dst = xc + (group * panels + panel) * p_slots * kImagePairs * K::nr;
           for (int64_t j = 0; j < kImagePairs; ++j) {
             for (int64_t col = 0; col < K::nr; ++col)
               pair_rows(x, g.c, p_in, group0 + group, j, panel * K::nr + col, rows + col * p_in);
             for (int64_t pixel = 0; pixel < p_in; ++pixel)
               for (int64_t col = 0; col < K::nr; ++col)
-                dst[(pixel * kImagePairs + j) * K::nr + col] = rows[col * p_in + pixel];
+                dst[(slot_of[pixel] * kImagePairs + j) * K::nr + col] = rows[col * p_in + pixel];
           }
         }
       }
@@ -689,7 +718,7 @@ void weight_grad_batch_lanes(const Geometry& g, const BFloat16* dy, const BFloat
         const int64_t rows = std::min(K::mr, g.o - tile * K::mr);
         for (int64_t group = 0; group < count; ++group) {
           const uint32_t* a_panels = dyt + (group * tiles + tile) * p_out * kImagePairs * K::mr;
-          const uint32_t* b_panels = xc + (group * panels + panel) * p_in * kImagePairs * K::nr;
+          const uint32_t* b_panels = xc + (group * panels + panel) * p_slots * kImagePairs * K::nr;
           for (int64_t t = 0; t < kk; ++t) {
             float* tile_out = dwt + (tile * K::mr * kk + t) * c_pad + panel * K::nr;
             bool accumulate = group0 + group > 0;  // the first product writes the tile
@@ -885,7 +914,7 @@ kernels::Conv2dGrads conv2d_bf16_backward(const Tensor& dout, const Tensor& x, c
   BFloat16* dy = frame.get<BFloat16>(g.o * chunk * p);
   // dW's B straight from the image where the forward packs its panels so (Note [bf16 patch
   // panels]); col otherwise.
-  const bool dw_lanes = needs[1] && g.stride == kernels::Pair{1, 1} && batch_lanes(g);
+  const bool dw_lanes = needs[1] && batch_lanes(g);
   const bool dw_panels = needs[1] && !dw_lanes && patch_panels(g);
   const std::vector<Tap> taps = dw_panels ? taps_of(g) : std::vector<Tap>();
   BFloat16* col =
