@@ -455,7 +455,7 @@ bool lanes_pay(const Geometry& g) {
   return inside * static_cast<double>(padded) / static_cast<double>(g.n) < 1.0;
 }
 
-// Whether conv2d_bf16's forward takes Note [bf16 batch lanes] (and, at stride 1, dW).
+// Whether conv2d_bf16's forward and dW take Note [bf16 batch lanes].
 bool batch_lanes(const Geometry& g) { return g.p() <= kMaxLanePixels && lanes_pay(g); }
 
 // Whether a strided layer's dx takes the lanes (lanes_products with reading_taps) instead of
@@ -647,7 +647,8 @@ TapRuns tap_runs(const Geometry& g) {
 // lanes], turned for the weight: k runs over the images, paired, and the pixels,
 //       dW_t [O, C] = sum over runs of tap t of dyt[the run's pixels] @ xc[their inputs]
 //   dyt  [O/12, P_out, 16, 12]  dY's A panels: pairs of images (2j, 2j + 1) of a group of 32
-//   xc   [C/32, P_in, 16, 32]   x's B panels: the same pairs of images, 32 channels a panel
+//   xc   [C/32, slots, 16, 32]  x's B panels: the same pairs of images, 32 channels a panel,
+//                               x's pixels in their PhaseSlots
 // so a run of r pixels is one kernel call of k = 32 r; each thread owns whole tiles of dW_t,
 // summed over the runs and the groups of 32 images.
 void weight_grad_batch_lanes(const Geometry& g, const BFloat16* dy, const BFloat16* x, float* dw) {

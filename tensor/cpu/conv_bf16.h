@@ -13,9 +13,10 @@ namespace loom::cpu {
 // in use for matrix products (cpu::multiplies_16bit: the CPU has them and LOOM_BF16_DOT allows).
 bool conv2d_bf16_fits(const Tensor& x, const kernels::Conv2dOptions& options);
 
-// Whether conv2d_bf16's forward (and dx, where it is a convolution) of these operands takes
-// the batch into the vector lanes (Note [bf16 batch lanes] in tensor/cpu/conv_bf16.cpp): small
-// images at stride 1 on the vdpbf16ps kernel, whose taps in the padding it skips.
+// Whether conv2d_bf16's forward and weight gradient (and dx, where it is a convolution) of these
+// operands take the batch into the vector lanes (Note [bf16 batch lanes] in
+// tensor/cpu/conv_bf16.cpp): outputs of at most 256 pixels on the vdpbf16ps kernel, with taps
+// in the padding to skip.
 bool conv2d_bf16_batch_lanes(const Tensor& x, const Tensor& weight,
                              const kernels::Conv2dOptions& options);
 
