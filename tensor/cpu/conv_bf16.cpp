@@ -682,34 +682,37 @@ void weight_grad_batch_lanes(const Geometry& g, const BFloat16* dy, const BFloat
     else
       for (int64_t i = 0; i < len; ++i) out[i] = pair_of(lo[i], lo[rows * len + i]);
   };
+  // Rows [first, first + width) of group `group`'s images of t [N, rows, len], each pair of
+  // images (2j, 2j + 1) paired in `buffer` [width, len], then dealt out as panels [slots, 16,
+  // width] at dst, element i of a row at slot(i).
+  auto pack_image_pairs = [&](const BFloat16* t, int64_t rows, int64_t len, int64_t group,
+                              int64_t first, int64_t width, auto slot, uint32_t* buffer,
+                              uint32_t* dst) {
+    for (int64_t j = 0; j < kImagePairs; ++j) {
+      for (int64_t r = 0; r < width; ++r)
+        pair_rows(t, rows, len, group, j, first + r, buffer + r * len);
+      for (int64_t i = 0; i < len; ++i)
+        for (int64_t r = 0; r < width; ++r)
+          dst[(slot(i) * kImagePairs + j) * width + r] = buffer[r * len + i];
+    }
+  };
   for (int64_t group0 = 0; group0 < groups; group0 += per_chunk) {
     const int64_t count = std::min(per_chunk, groups - group0);
-    // Each unit pairs the rows of one image pair into a buffer, then deals them out to the
-    // panels' pixels.
     parallel_for(0, count * (tiles + panels), 1, [&](int64_t lo, int64_t hi) {
       ScratchFrame unit_frame;
-      uint32_t* rows = unit_frame.get<uint32_t>(K::nr * std::max(p_in, p_out));
+      uint32_t* buffer = unit_frame.get<uint32_t>(K::nr * std::max(p_in, p_out));
       for (int64_t unit = lo; unit < hi; ++unit) {
         const int64_t group = unit / (tiles + panels), part = unit % (tiles + panels);
         if (part < tiles) {
-          uint32_t* dst = dyt + (group * tiles + part) * p_out * kImagePairs * K::mr;
-          for (int64_t j = 0; j < kImagePairs; ++j) {
-            for (int64_t r = 0; r < K::mr; ++r)
-              pair_rows(dy, g.o, p_out, group0 + group, j, part * K::mr + r, rows + r * p_out);
-            for (int64_t q = 0; q < p_out; ++q)
-              for (int64_t r = 0; r < K::mr; ++r)
-                dst[(q * kImagePairs + j) * K::mr + r] = rows[r * p_out + q];
-          }
+          pack_image_pairs(
+              dy, g.o, p_out, group0 + group, part * K::mr, K::mr, [](int64_t q) { return q; },
+              buffer, dyt + (group * tiles + part) * p_out * kImagePairs * K::mr);
         } else {
           const int64_t panel = part - tiles;
-          uint32_t* dst = xc + (group * panels + panel) * p_slots * kImagePairs * K::nr;
-          for (int64_t j = 0; j < kImagePairs; ++j) {
-            for (int64_t col = 0; col < K::nr; ++col)
-              pair_rows(x, g.c, p_in, group0 + group, j, panel * K::nr + col, rows + col * p_in);
-            for (int64_t pixel = 0; pixel < p_in; ++pixel)
-              for (int64_t col = 0; col < K::nr; ++col)
-                dst[(slot_of[pixel] * kImagePairs + j) * K::nr + col] = rows[col * p_in + pixel];
-          }
+          pack_image_pairs(
+              x, g.c, p_in, group0 + group, panel * K::nr, K::nr,
+              [&](int64_t pixel) { return slot_of[pixel]; }, buffer,
+              xc + (group * panels + panel) * p_slots * kImagePairs * K::nr);
         }
       }
     });
