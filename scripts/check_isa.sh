@@ -9,13 +9,14 @@
 # one and its tile one), the direct 3x3 convolution's AVX-512 code (avx512::forward_tile,
 # weight_tile, pad_images, and stride 2's pad_phases and interleave_phases: conv_direct.cpp runs
 # them where cpu_isa() has AVX-512), the micro-kernels' edge tiles (edge_tile_12x32 and
-# dot_edge_tile_12x32, reached only through those kernels' edge_kernel), bfloat16 convolutions'
-# packers (avx512::pack_patch_pairs, pack_patch_columns and pack_lane_weights: conv_bf16.cpp
-# runs them only on the vdpbf16ps kernel) and the peaks (chains_512, chains_bf16_512, chains_amx
-# and their helper).
+# dot_edge_tile_12x32, reached only through those kernels' edge_kernel; the vdpbf16ps kernel's
+# sum over segments, dot_segments_rows_x32, which conv_bf16.cpp calls only where it runs),
+# bfloat16 convolutions' packers (avx512::pack_patch_pairs, pack_patch_columns and
+# pack_lane_weights: conv_bf16.cpp runs them only on the vdpbf16ps kernel) and the peaks
+# (chains_512, chains_bf16_512, chains_amx and their helper).
 set -euo pipefail
 build=${1:?usage: scripts/check_isa.sh BUILD_DIR}
-allowed='Kernel<([a-z]+|loom::BFloat16), \(loom::CpuIsa\)[234]>::|chains_(bf16_512|512|amx)\(long\)|first_lane\(float __vector\(16\)\)|::avx512::(forward_tile|weight_tile|pad_images|pad_phases|interleave_phases|pack_patch_pairs|pack_patch_columns|pack_lane_weights)[<(]|loom::cpu::(dot_)?edge_tile_12x32<[48]>\('
+allowed='Kernel<([a-z]+|loom::BFloat16), \(loom::CpuIsa\)[234]>::|chains_(bf16_512|512|amx)\(long\)|first_lane\(float __vector\(16\)\)|::avx512::(forward_tile|weight_tile|pad_images|pad_phases|interleave_phases|pack_patch_pairs|pack_patch_columns|pack_lane_weights)[<(]|loom::cpu::(dot_)?edge_tile_12x32<[48]>\(|loom::cpu::dot_segments_rows_x32<(4|8|12)>\('
 # The libraries (the real files, not their links) and the apps' executables.
 mapfile -t objects < <(find "$build" -maxdepth 3 -type f \( -name 'libloom*.so*' -o \
   \( -path '*/apps/*' -perm -u+x \) \) ! -name '*.cmake' | sort)

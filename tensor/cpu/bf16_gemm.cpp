@@ -114,6 +114,30 @@ template <int R>
   return edge_rows<dot_edge_tile_12x32<4>, dot_edge_tile_12x32<8>>(rows, kc, a, b, c);
 }
 
+// Rows [0, R) of the tile, summed over the segments in registers.
+template <int R>
+[[gnu::noinline, gnu::target("avx512f,avx512bf16")]] void dot_segments_rows_x32(
+    int64_t rows, const PairSegment* segments, int64_t count, const CTile<float>& c) {
+  prefetch_rows_x32(c, rows);
+  __m512 acc[R][2];
+#pragma GCC unroll 12
+  for (int i = 0; i < R; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < count; ++s) {
+    const uint32_t* a = segments[s].a;
+    const uint32_t* b = segments[s].b;
+    for (int64_t q = 0; q < segments[s].pairs; ++q, a += 12, b += 32)
+      dot_step_rows_x32<R>(acc, a, b);
+  }
+  store_rows_x32<R>(acc, rows, c);
+}
+
+void dot_segments_12x32(int64_t rows, const PairSegment* segments, int64_t count,
+                        const CTile<float>& c) {
+  if (rows <= 4) return dot_segments_rows_x32<4>(rows, segments, count, c);
+  if (rows <= 8) return dot_segments_rows_x32<8>(rows, segments, count, c);
+  dot_segments_rows_x32<12>(rows, segments, count, c);
+}
+
 namespace {
 
 // The q-th pair of a row whose k are contiguous (memcpy: the row may be 2-byte aligned only).

@@ -117,6 +117,20 @@ struct Kernel<BFloat16, CpuIsa::kAvx512Bf16> {
                           const CTile<float>& c);
 };
 
+// One term of dot_segments_12x32: A's panel [pairs, 12] at a and B's [pairs, 32] at b.
+struct PairSegment {
+  const uint32_t* a;
+  const uint32_t* b;
+  int64_t pairs;
+};
+
+// The first `rows` (1 to 12) rows of the vdpbf16ps kernel's 12 x 32 tile: C = (accumulate ? C :
+// 0) + the sum of the segments' products, the tile in registers across all of them (the k loop
+// of micro_kernel run over panels that do not follow one another). Defined in bf16_gemm.cpp,
+// compiled for AVX512F and AVX512_BF16; where cpu_isa() is kAvx512Bf16 only.
+void dot_segments_12x32(int64_t rows, const PairSegment* segments, int64_t count,
+                        const CTile<float>& c);
+
 // The packed element of the AMX kernel, 64 bytes (Note [bf16 products on AMX tiles]): the 32
 // elements of an A panel's chunk are its 32 rows of 32 k; those of a B panel's chunk, its 16
 // pairs of k across 32 columns.

@@ -363,14 +363,16 @@ bool patch_panels(const Geometry& g) {
 //       wt    [kh kw, O/12, C/2, 12]   the weight's A panels, one set per tap
 //       yt[q] [O, 32]                  = sum over the taps t inside at output pixel q of
 //                                        wt[t] @ xt[the input pixel t reads at q]
-//   one kernel call per tap over all C channels (k = C), the tile kept in yt between the
-//   calls; then y[n, o, q] = yt[q][o, n] + bias[o], rounded once. The products and sums are
-//   those of the patch panels less the zeros, in another order. The input is paired and
-//   transposed once, where the panels pack each value once per tap and im2col writes nine
-//   copies of it, so the lanes pay beyond the padding: against the panels they took 0.92-0.94
-//   of the forward's time at 128 channels on 16 x 16 (0.918 of the taps inside) and 0.92-0.95
-//   at 64 on 32 x 32. Each unit of work (32 images, 12 output channels) goes kBlock output
-//   pixels at a time so that its yt stays in cache.
+//   one call of dot_segments_12x32 per tile and output pixel, a segment per tap inside over all
+//   C channels (k = C), the tile in registers across the taps (against a kernel call per tap,
+//   the tile kept in memory between them, paired: 0.96 of the forward's time at 128 channels
+//   on 16 x 16, 0.99 at 256 and 512); then y[n, o, q] = yt[q][o, n] + bias[o], rounded once.
+//   The products and sums are those of the patch panels less the zeros, in another order. The
+//   input is paired and transposed once, where the panels pack each value once per tap and
+//   im2col writes nine copies of it, so the lanes pay beyond the padding: against the panels
+//   they took 0.92-0.94 of the forward's time at 128 channels on 16 x 16 (0.918 of the taps
+//   inside) and 0.92-0.95 at 64 on 32 x 32. Each unit of work (32 images, 12 output channels)
+//   goes kBlock output pixels at a time so that its yt stays in cache.
 //   The same products serve three more passes: a strided forward (a tap's input pixel depends
 //   only on the output pixel, at any stride); dx as a convolution (stride 1); and a strided dx,
 //   each input pixel summing the (tap, output pixel) pairs that read it (reading_taps) with
@@ -566,17 +568,14 @@ void lanes_products(const LaneShape& g, const InsideTaps& inside, const BFloat16
           const int64_t width = std::min(kBlock, p_out - q0);
           for (int64_t q = q0; q < q0 + width; ++q) {
             float* tile = yt + (q - q0) * K::mr * kLanes;
-            bool accumulate = false;
+            PairSegment segments[16];  // one per tap inside (at most 16 taps)
+            int64_t count_inside = 0;
             for (int64_t e = inside.first[q]; e < inside.first[q + 1]; ++e) {
               const auto [t, pixel] = inside.taps[e];
-              const uint32_t* a = wt + (t * tiles + first_o / K::mr) * pairs * K::mr;
-              const uint32_t* b = images + pixel * pairs * kLanes;
-              const CTile<float> c{tile, kLanes, tile, kLanes, accumulate};
-              if (rows == K::mr || !K::edge_kernel(rows, 2 * pairs, a, b, c))
-                K::micro_kernel(2 * pairs, a, b, c);
-              accumulate = true;
+              segments[count_inside++] = {wt + (t * tiles + first_o / K::mr) * pairs * K::mr,
+                                          images + pixel * pairs * kLanes, pairs};
             }
-            if (!accumulate) std::fill(tile, tile + rows * kLanes, 0.0f);
+            dot_segments_12x32(rows, segments, count_inside, {tile, kLanes, tile, kLanes, false});
           }
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t o = first_o + r;
@@ -649,8 +648,8 @@ TapRuns tap_runs(const Geometry& g) {
 //   dyt  [O/12, P_out, 16, 12]  dY's A panels: pairs of images (2j, 2j + 1) of a group of 32
 //   xc   [C/32, slots, 16, 32]  x's B panels: the same pairs of images, 32 channels a panel,
 //                               x's pixels in their PhaseSlots
-// so a run of r pixels is one kernel call of k = 32 r; each thread owns whole tiles of dW_t,
-// summed over the runs and the groups of 32 images.
+// so a run of r pixels is a segment of k = 32 r, and a tap's runs one dot_segments_12x32 call;
+// each thread owns whole tiles of dW_t, summed over the runs and the groups of 32 images.
 void weight_grad_batch_lanes(const Geometry& g, const BFloat16* dy, const BFloat16* x, float* dw) {
   using K = Kernel<BFloat16, CpuIsa::kAvx512Bf16>;
   constexpr int64_t kImagePairs = kLanes / 2;
@@ -717,6 +716,7 @@ void weight_grad_batch_lanes(const Geometry& g, const BFloat16* dy, const BFloat
       }
     });
     parallel_for(0, tiles * panels, 1, [&](int64_t lo, int64_t hi) {
+      std::vector<PairSegment> segments;  // a tap's runs
       for (int64_t unit = lo; unit < hi; ++unit) {
         const int64_t tile = unit / panels, panel = unit % panels;
         const int64_t rows = std::min(K::mr, g.o - tile * K::mr);
@@ -725,19 +725,15 @@ void weight_grad_batch_lanes(const Geometry& g, const BFloat16* dy, const BFloat
           const uint32_t* b_panels = xc + (group * panels + panel) * p_slots * kImagePairs * K::nr;
           for (int64_t t = 0; t < kk; ++t) {
             float* tile_out = dwt + (tile * K::mr * kk + t) * c_pad + panel * K::nr;
-            bool accumulate = group0 + group > 0;  // the first product writes the tile
+            segments.clear();
             for (int64_t e = runs.first[t]; e < runs.first[t + 1]; ++e) {
               const TapRun& run = runs.runs[e];
-              const uint32_t* a = a_panels + run.out * kImagePairs * K::mr;
-              const uint32_t* b = b_panels + run.in * kImagePairs * K::nr;
-              const CTile<float> c{tile_out, kk * c_pad, tile_out, kk * c_pad, accumulate};
-              if (rows == K::mr || !K::edge_kernel(rows, run.len * kLanes, a, b, c))
-                K::micro_kernel(run.len * kLanes, a, b, c);
-              accumulate = true;
+              segments.push_back({a_panels + run.out * kImagePairs * K::mr,
+                                  b_panels + run.in * kImagePairs * K::nr, run.len * kImagePairs});
             }
-            if (!accumulate)  // a tap wholly in the padding
-              for (int64_t r = 0; r < rows; ++r)
-                std::fill_n(tile_out + r * kk * c_pad, K::nr, 0.0f);
+            // The first group writes the tile (zeros for a tap wholly in the padding).
+            dot_segments_12x32(rows, segments.data(), static_cast<int64_t>(segments.size()),
+                               {tile_out, kk * c_pad, tile_out, kk * c_pad, group0 + group > 0});
           }
         }
       }
