@@ -31,6 +31,8 @@ bool amx_bf16_products() {
 #endif
 }
 
+bool pair_panel_products() { return bf16_dot_products() && !amx_bf16_products(); }
+
 namespace {
 
 // The stored [rows, cols] bfloat16 matrix (leading dim ld) as a contiguous float32 one.
@@ -94,27 +96,8 @@ Bf16Kernel::micro_kernel(int64_t kc, const uint32_t* a, const uint32_t* b, const
   store_tile_12x32(acc, c);
 }
 
-// Rows [0, R) of the 12 x 32 tile (Note [Edge tiles] in tensor/cpu/packed_gemm.h).
-template <int R>
-[[gnu::noinline, gnu::target("avx512f,avx512bf16")]] void dot_edge_tile_12x32(
-    int64_t rows, int64_t kc, const uint32_t* a, const uint32_t* b, const CTile<float>& c) {
-  prefetch_rows_x32(c, rows);
-  __m512 acc[R][2];
-#pragma GCC unroll 8
-  for (int i = 0; i < R; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-  for (int64_t q = 0, pairs = (kc + 1) / 2; q < pairs; ++q, a += 12, b += 32)
-    dot_step_rows_x32<R>(acc, a, b);
-  store_rows_x32<R>(acc, rows, c);
-}
-
-[[gnu::noinline, gnu::visibility("hidden")]] bool Bf16Kernel::edge_kernel(int64_t rows, int64_t kc,
-                                                                          const uint32_t* a,
-                                                                          const uint32_t* b,
-                                                                          const CTile<float>& c) {
-  return edge_rows<dot_edge_tile_12x32<4>, dot_edge_tile_12x32<8>>(rows, kc, a, b, c);
-}
-
-// Rows [0, R) of the tile, summed over the segments in registers.
+// Rows [0, R) of the tile, summed over the segments in registers: Note [Edge tiles] (one
+// segment) and Note [bf16 batch lanes] (a tile's taps or runs).
 template <int R>
 [[gnu::noinline, gnu::target("avx512f,avx512bf16")]] void dot_segments_rows_x32(
     int64_t rows, const PairSegment* segments, int64_t count, const CTile<float>& c) {
@@ -129,6 +112,21 @@ template <int R>
       dot_step_rows_x32<R>(acc, a, b);
   }
   store_rows_x32<R>(acc, rows, c);
+}
+
+// Rows [0, R) of the 12 x 32 tile over kc k (Note [Edge tiles] in tensor/cpu/packed_gemm.h).
+template <int R>
+void dot_edge_tile_12x32(int64_t rows, int64_t kc, const uint32_t* a, const uint32_t* b,
+                         const CTile<float>& c) {
+  const PairSegment whole{a, b, (kc + 1) / 2};
+  dot_segments_rows_x32<R>(rows, &whole, 1, c);
+}
+
+[[gnu::noinline, gnu::visibility("hidden")]] bool Bf16Kernel::edge_kernel(int64_t rows, int64_t kc,
+                                                                          const uint32_t* a,
+                                                                          const uint32_t* b,
+                                                                          const CTile<float>& c) {
+  return edge_rows<dot_edge_tile_12x32<4>, dot_edge_tile_12x32<8>>(rows, kc, a, b, c);
 }
 
 void dot_segments_12x32(int64_t rows, const PairSegment* segments, int64_t count,
@@ -355,7 +353,7 @@ void threaded_bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_
 
 void gemm_bf16_pair_panels(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t lda,
                            const PairPanelPacker& pack_b, float* c, int64_t ldc, bool accumulate) {
-  LOOM_CHECK(bf16_dot_products() && !amx_bf16_products(), ValueError,
+  LOOM_CHECK(pair_panel_products(), ValueError,
              "gemm_bf16_pair_panels: needs the vdpbf16ps kernel (AVX512_BF16 without AMX); this "
              "CPU runs ",
              to_string(cpu_isa()), " (m=", m, " n=", n, " k=", k, ")");

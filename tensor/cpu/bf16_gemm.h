@@ -66,6 +66,10 @@ bool bf16_dot_products();
 // Whether it does so on AMX tiles: cpu_isa() is kAmxBf16 (Note [bf16 products on AMX tiles]).
 bool amx_bf16_products();
 
+// Whether they run on the vdpbf16ps kernel (bf16_dot_products() and not AMX tiles), whose pair
+// panels callers may pack themselves (gemm_bf16_pair_panels, dot_segments_12x32).
+bool pair_panel_products();
+
 // C [m, n] (float32, row stride ldc) = alpha op(A) op(B) + beta C, op(A) [m, k] of bfloat16
 // (stored [m, k] with leading dim lda, or [k, m] when trans_a), likewise op(B) [k, n]: products
 // of bfloat16 summed in float32, by tdpbf16ps where amx_bf16_products(), by vdpbf16ps where

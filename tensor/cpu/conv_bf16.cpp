@@ -342,7 +342,7 @@ int span_table(const Geometry& g, const Tap* taps, int64_t col0, int64_t width,
 // layer, on the vdpbf16ps kernel.
 bool patch_panels(const Geometry& g) {
 #if LOOM_PACKED_GEMM_SIMD
-  return shifted_planes(g) && bf16_dot_products() && !amx_bf16_products();
+  return shifted_planes(g) && pair_panel_products();
 #else
   (void)g;
   return false;
@@ -449,7 +449,7 @@ InsideTaps reading_taps(const Geometry& g) {
 // run (the taps inside the image over the lanes in use; a layer that reads no padding keeps
 // its plain product).
 bool lanes_pay(const Geometry& g) {
-  if (g.n == 0 || g.kh * g.kw > 16 || !bf16_dot_products() || amx_bf16_products()) return false;
+  if (g.n == 0 || g.kh * g.kw > 16 || !pair_panel_products()) return false;
   const int64_t taps_inside = static_cast<int64_t>(inside_taps(g).taps.size());
   if (taps_inside < g.h * g.w) return false;
   const double inside = static_cast<double>(taps_inside) / static_cast<double>(g.p() * g.kh * g.kw);
@@ -910,22 +910,25 @@ kernels::Conv2dGrads conv2d_bf16_backward(const Tensor& dout, const Tensor& x, c
                      dx.data_ptr<BFloat16>());
 #endif
   }
-  ScratchFrame frame;
-  BFloat16* dy = frame.get<BFloat16>(g.o * chunk * p);
-  // dW's B straight from the image where the forward packs its panels so (Note [bf16 patch
-  // panels]); col otherwise.
+  // dW in the lanes (Note [bf16 batch lanes]); else its B straight from the image where the
+  // forward packs its panels so (Note [bf16 patch panels]); col otherwise, by chunks of images.
   const bool dw_lanes = needs[1] && batch_lanes(g);
   const bool dw_panels = needs[1] && !dw_lanes && patch_panels(g);
+  const bool dw_by_chunks = needs[1] && !dw_lanes;
   const std::vector<Tap> taps = dw_panels ? taps_of(g) : std::vector<Tap>();
-  BFloat16* col =
-      needs[1] && !dw_panels && !dw_lanes ? frame.get<BFloat16>(k * chunk * p) : nullptr;
+  ScratchFrame frame;
+  // Every path writes all of dw before it reads it (the first chunk does not accumulate); with no
+  // images it is not read.
+  float* dw = needs[1] ? frame.get<float>(g.o * k) : nullptr;
+  const bool by_chunks = dw_by_chunks || dx_by_dcol;
+  BFloat16* dy = by_chunks ? frame.get<BFloat16>(g.o * chunk * p) : nullptr;
+  BFloat16* col = dw_by_chunks && !dw_panels ? frame.get<BFloat16>(k * chunk * p) : nullptr;
   float* dcol = dx_by_dcol ? frame.get<float>(k * chunk * p) : nullptr;
   float* dx_chunk = dx_by_dcol ? frame.get<float>(chunk * g.c * g.h * g.w) : nullptr;
-  std::vector<float> dw(needs[1] ? static_cast<size_t>(g.o * k) : 0, 0.0f);
 #if LOOM_PACKED_GEMM_SIMD
-  if (dw_lanes) weight_grad_batch_lanes(g, dyp, xp, dw.data());
+  if (dw_lanes && g.n > 0) weight_grad_batch_lanes(g, dyp, xp, dw);
 #endif
-  for (int64_t first = 0; first < g.n && ((needs[1] && !dw_lanes) || dx_by_dcol); first += chunk) {
+  for (int64_t first = 0; first < g.n && by_chunks; first += chunk) {
     const int64_t count = std::min(chunk, g.n - first), cols = count * p;
     gather_planes(g, dyp, first, count, dy);
     if (dw_panels) {  // dW [O, K] += dY [O, cols] @ col^T
@@ -936,12 +939,12 @@ kernels::Conv2dGrads conv2d_bf16_backward(const Tensor& dout, const Tensor& x, c
           [&](int64_t pc, int64_t kc, int64_t j, int64_t nc, uint32_t* dst) {
             avx512::pack_patch_columns(g, taps.data(), chunk_x, pc, kc, j, nc, dst);
           },
-          dw.data(), k, /*accumulate=*/first != 0);
+          dw, k, /*accumulate=*/first != 0);
 #endif
-    } else if (needs[1] && !dw_lanes) {
+    } else if (dw_by_chunks) {
       im2col(g, xp, first, count, col, cols);
-      gemm_bf16(false, true, g.o, k, cols, 1.0f, dy, cols, col, cols, first == 0 ? 0.0f : 1.0f,
-                dw.data(), k);
+      gemm_bf16(false, true, g.o, k, cols, 1.0f, dy, cols, col, cols, first == 0 ? 0.0f : 1.0f, dw,
+                k);
     }
     if (dx_by_dcol) {  // dcol [K, cols] = W^T @ dY, then col2im
       gemm_bf16(true, false, k, cols, g.o, 1.0f, wp, k, dy, cols, 0.0f, dcol, cols);
