@@ -60,10 +60,12 @@ struct WidenOnCpu : Rule {
 };
 
 // batch_norm's: x keeps its dtype beside float32 parameters and statistics. Every operand is
-// widened where a parameter or statistic is 16-bit, or where x is a 16-bit CPU tensor.
+// widened where a parameter or statistic is 16-bit, or where x is a float16 CPU tensor (the CPU
+// loops read and write a bfloat16 x as it is: Note [Batch norm on bfloat16]).
 struct BatchNormRule : Rule {
   BatchNormRule(const Tensor& x, std::initializer_list<Tensor> parameters_and_statistics)
-      : Rule(autocast::needs_float32(parameters_and_statistics) || autocast::widens_on_cpu({x}),
+      : Rule(autocast::needs_float32(parameters_and_statistics) ||
+                 (x.defined() && x.dtype() != kBFloat16 && autocast::widens_on_cpu({x})),
              /*to_low=*/false) {}
 };
 

@@ -73,6 +73,7 @@ void in_float32(const Tensor& self, Update update) {
 Tensor add(const Tensor& a, const Tensor& b, double alpha) {
   if (on_cuda("add", {a, b})) return cuda_backend().add(a, b, alpha);
   const DType t = binary_type("add", a, b);
+  if (a.dtype() == kBFloat16 && b.dtype() == kBFloat16) return cpu::add_bfloat16(a, b, alpha);
   if (is_16bit_float(t)) return to_dtype(add(widened_as(a, t), widened_as(b, t), alpha), t);
   return cpu::add(a, b, alpha);
 }

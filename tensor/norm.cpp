@@ -47,8 +47,11 @@ void check_like_x(const char* op, const char* name, const Tensor& t, const Tenso
 void require_floating(const char* op, DType dtype) {
   dispatch_floating(dtype, op, []<typename T>() {});
 }
-// Batch norm also takes 16-bit x: on the CPU it is widened to float32 and the outputs shaped
-// like x rounded back once (Note [16-bit arithmetic]); CUDA widens element by element.
+// Batch norm also takes 16-bit x, computed in float32 with each output shaped like x rounded
+// once (Note [16-bit arithmetic]): CUDA widens element by element, and so do the CPU loops for
+// bfloat16 in batch_norm_elemt, batch_norm_forward_train and batch_norm_backward (Note [Batch
+// norm on bfloat16] in tensor/cpu/norm.cpp); elsewhere on the CPU a 16-bit x is widened to a
+// float32 copy first.
 void require_batch_norm_dtype(const char* op, DType dtype) {
   dispatch_floating_and_16bit(dtype, op, []<typename T>() {});
 }
@@ -171,7 +174,7 @@ Tensor batch_norm_elemt(const Tensor& x, const Tensor& mean, const Tensor& invst
   require_batch_norm_dtype(op, x.dtype());
   if (on_cuda(op, {x, mean, invstd, weight, bias, epilogue.residual}))
     return cuda_backend().batch_norm_elemt(x, mean, invstd, weight, bias, epilogue);
-  if (is_16bit_float(x.dtype()))
+  if (x.dtype() == kFloat16)
     return to_dtype(
         cpu::batch_norm_elemt(widened(x), mean, invstd, weight, bias, widened(epilogue)),
         x.dtype());
@@ -190,7 +193,7 @@ std::pair<Tensor, BatchNormStats> batch_norm_forward_train(const Tensor& x, cons
   require_batch_norm_dtype(op, x.dtype());
   if (on_cuda("batch_norm_forward_train", {x, weight, bias, epilogue.residual}))
     return cuda_backend().batch_norm_forward_train(x, weight, bias, eps, epilogue);
-  if (is_16bit_float(x.dtype())) {
+  if (x.dtype() == kFloat16) {
     auto [y, stats] =
         cpu::batch_norm_forward_train(widened(x), weight, bias, eps, widened(epilogue));
     return {to_dtype(y, x.dtype()), stats};
@@ -260,7 +263,7 @@ NormGrads batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& m
   if (on_cuda(op, {dy, x, mean, invstd, weight, relu_y}))
     return cuda_backend().batch_norm_backward(dy, x, mean, invstd, weight, training, need, relu_y,
                                               need_dresidual);
-  if (is_16bit_float(x.dtype())) {
+  if (x.dtype() == kFloat16) {
     NormGrads g = cpu::batch_norm_backward(
         widened_grad(dy, x), widened(x), mean, invstd, weight, training, need,
         relu_y.defined() ? widened(relu_y) : Tensor(), need_dresidual);

@@ -373,13 +373,17 @@ void describe(const dist::Reporter& out, const Options& o, const dist::Job& job,
       std::string(to_string(cpu_isa())).c_str(), o.workers,
       dist::describe_optimizer(o.train, lr).c_str(), o.schedule.c_str(),
       static_cast<long long>(steps_per_epoch));
-  if (o.amp != "off")
+  if (o.amp != "off") {
+    // Batch norm keeps 16-bit activations on a GPU, and on the CPU a bfloat16 one unless it is a
+    // SyncBatchNorm (Note [Autocast policy]).
+    const bool bn_16bit = job.device.is_cuda() || (o.amp == "bf16" && !o.sync_bn);
     out.say(
-        "mixed precision: convolutions and the classifier in %s, the rest in float32, float32 "
+        "mixed precision: convolutions%s and the classifier in %s, the rest in float32, float32 "
         "master weights%s\n",
-        o.amp.c_str(),
+        bn_16bit ? ", batch norm" : "", o.amp.c_str(),
         scaler.is_enabled() ? detail::str("; dynamic loss scale from ", scaler.get_scale()).c_str()
                             : "");
+  }
 }
 
 // After an optimizer step: the training scalars (every --tensorboard-every steps) and the bar.

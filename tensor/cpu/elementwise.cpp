@@ -142,6 +142,19 @@ Tensor add(const Tensor& a, const Tensor& b, double alpha) {
   return arithmetic("add", a, b,
                     [alpha](auto x, auto y) { return x + static_cast<decltype(y)>(alpha) * y; });
 }
+Tensor add_bfloat16(const Tensor& a, const Tensor& b, double alpha) {
+  const Shape shape = broadcast_shapes(a.sizes(), b.sizes(), "add");
+  Tensor out = empty(shape, kBFloat16, a.device(), result_format(shape, {a, b}));
+  const float scale = static_cast<float>(alpha);
+  if (alpha == 1.0)
+    cpu::map<BFloat16, BFloat16>(
+        out, [](BFloat16 x, BFloat16 y) { return BFloat16(float(x) + float(y)); }, a, b);
+  else
+    cpu::map<BFloat16, BFloat16>(
+        out, [scale](BFloat16 x, BFloat16 y) { return BFloat16(float(x) + scale * float(y)); }, a,
+        b);
+  return out;
+}
 Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
   if (alpha == 1.0) return arithmetic("sub", a, b, [](auto x, auto y) { return x - y; });
   return arithmetic("sub", a, b,

@@ -15,6 +15,9 @@ namespace loom::cpu {
 
 // --- binary, broadcasting, in the promoted dtype
 Tensor add(const Tensor& a, const Tensor& b, double alpha);  // a + alpha * b
+// a + alpha * b of two bfloat16 tensors, each element widened, computed in float32 and
+// rounded once in the loop: the bits of add on float32 copies, without the copies.
+Tensor add_bfloat16(const Tensor& a, const Tensor& b, double alpha);
 Tensor sub(const Tensor& a, const Tensor& b, double alpha);  // a - alpha * b
 Tensor mul(const Tensor& a, const Tensor& b);                // a * b
 Tensor div(const Tensor& a, const Tensor& b);                // a / b; integers as float32

@@ -39,9 +39,9 @@ TEST_P(Autocast, ProductsRunInTheRegionsDtypeAndTheRestInFloat32OnTheCpu) {
   const Tensor y = conv2d(x, w, b);
   EXPECT_EQ(y.dtype(), low);
   const Tensor bn = batch_norm(y, Tensor(), Tensor(), Tensor(), Tensor(), true);
-  // Batch norm, ReLU, the residual add: 16-bit on a GPU (tests/cuda/amp_cuda_test.cpp), widened
-  // on the CPU, which has no 16-bit arithmetic to gain from them.
-  EXPECT_EQ(bn.dtype(), kFloat32);
+  // Batch norm, ReLU, the residual add: 16-bit on a GPU (tests/cuda/amp_cuda_test.cpp). On the
+  // CPU, batch norm keeps a bfloat16 x (its loops read bfloat16 directly); the rest is widened.
+  EXPECT_EQ(bn.dtype(), low == kBFloat16 ? kBFloat16 : kFloat32);
   EXPECT_EQ(relu(y).dtype(), kFloat32);
   EXPECT_EQ(add(y, y).dtype(), kFloat32);
   EXPECT_EQ(exp(y).dtype(), kFloat32);
@@ -221,9 +221,9 @@ TEST_P(Autocast, EveryFloat32OpTakesA16BitInputAndSendsItsGradientBack) {
   }
 }
 
-// Every elementwise op of the "as is" class, and batch norm, widens a 16-bit CPU input inside a
-// region (on a GPU it keeps the input's dtype: tests/cuda/amp_cuda_test.cpp), computes the
-// float32 op's value and sends a float32 gradient to the float32 leaf.
+// Every elementwise op of the "as is" class widens a 16-bit CPU input inside a region (on a GPU
+// it keeps the input's dtype: tests/cuda/amp_cuda_test.cpp), computes the float32 op's value
+// and sends a float32 gradient to the float32 leaf.
 TEST_P(Autocast, OnTheCpuEveryAsIsOpWidensA16BitInputAndSendsItsGradientBack) {
   const DType low = GetParam();
   using Op = std::function<Tensor(const Tensor&)>;
@@ -245,10 +245,6 @@ TEST_P(Autocast, OnTheCpuEveryAsIsOpWidensA16BitInputAndSendsItsGradientBack) {
       {"where", [](const Tensor& h) { return where(gt(h, zeros({})), h, h * 0.5); }},
       {"broadcast add",  // its backward sums the 16-bit gradient over the broadcast dim
        [](const Tensor& h) { return add(h, slice(h, 0, 0, 1)); }},
-      {"batch_norm",
-       [&](const Tensor& h) {
-         return batch_norm(h, zeros({4}), ones({4}), gamma, beta, /*training=*/true);
-       }},
   };
   for (const auto& [name, op] : ops) {
     const Tensor w = param({3, 4}, 20);
@@ -266,6 +262,30 @@ TEST_P(Autocast, OnTheCpuEveryAsIsOpWidensA16BitInputAndSendsItsGradientBack) {
     ASSERT_TRUE(w.grad().defined()) << name;
     EXPECT_EQ(w.grad().dtype(), kFloat32) << name;
   }
+}
+
+// Batch norm in a region keeps a bfloat16 CPU x as it is (Note [Batch norm on bfloat16]) and
+// widens a float16 one; either way its values are the float32 batch norm's of the widened x
+// (rounded once where the output is bfloat16), and the float32 leaf gets a float32 gradient.
+TEST_P(Autocast, OnTheCpuBatchNormKeepsBFloat16AndWidensFloat16) {
+  const DType low = GetParam();
+  const Tensor gamma = randn({4}).requires_grad_(), beta = randn({4});
+  const Tensor w = param({6, 4}, 21);
+  Tensor out, h32;
+  {
+    autocast::Guard amp(low);
+    const Tensor h = matmul(w, eye(4));  // a 16-bit product
+    out = batch_norm(h, zeros({4}), ones({4}), gamma, beta, /*training=*/true);
+    h32 = h.detach().to(kFloat32);
+  }
+  const DType kept = low == kBFloat16 ? kBFloat16 : kFloat32;
+  EXPECT_EQ(out.dtype(), kept);
+  const Tensor expected = batch_norm(h32, zeros({4}), ones({4}), gamma, beta, true).to(kept);
+  EXPECT_TRUE(tensors_close(out, expected, 0, 0));
+  sum(out.to(kFloat32)).backward();
+  ASSERT_TRUE(w.grad().defined());
+  EXPECT_EQ(w.grad().dtype(), kFloat32);
+  EXPECT_EQ(gamma.grad().dtype(), kFloat32);
 }
 
 INSTANTIATE_TEST_SUITE_P(LowPrecision, Autocast, ::testing::Values(kBFloat16, kFloat16),

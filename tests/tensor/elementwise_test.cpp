@@ -180,6 +180,7 @@ TEST(Elementwise, SixteenBitOpsComputeInFloatAndRoundOnce) {
   const std::vector<std::pair<std::string, Binary>> ops = {
       {"add", [](const Tensor& a, const Tensor& b) { return a + b; }},
       {"add alpha", [](const Tensor& a, const Tensor& b) { return kernels::add(a, b, -2.5); }},
+      {"add broadcast", [](const Tensor& a, const Tensor& b) { return a + slice(b, 0, 2, 3); }},
       {"sub", [](const Tensor& a, const Tensor& b) { return a - b; }},
       {"mul", [](const Tensor& a, const Tensor& b) { return a * b; }},
       {"div", [](const Tensor& a, const Tensor& b) { return a / b; }},

@@ -394,6 +394,71 @@ TEST(BatchNorm, SixteenBitXWithFloat32Parameters) {
                     DTypeError, {"batch_norm", "weight", "float32", "float16"});
 }
 
+// The CPU loops read and write a bfloat16 x, residual, dy and relu_y as they are, a chunk of a
+// row at a time (Note [Batch norm on bfloat16]): every output is that of the float32 loops on
+// widened copies, rounded once, bit for bit. Rows longer than a chunk (600 values, and 300
+// channels-last), a last chunk that is not a whole number of lanes, every epilogue.
+TEST(BatchNorm, BFloat16LoopsMatchTheFloat32LoopsOnWidenedCopies) {
+  manual_seed(12);
+  using kernels::BatchNormEpilogue;
+  for (const Shape& shape : {Shape{3, 4, 20, 30}, Shape{2, 300, 3, 3}}) {
+    for (MemoryFormat format : {MemoryFormat::kContiguous, MemoryFormat::kChannelsLast}) {
+      for (int form = 0; form < 3; ++form) {  // no epilogue; ReLU; residual and ReLU
+        SCOPED_TRACE(
+            detail::str(shape, format == MemoryFormat::kChannelsLast ? " cl" : "", " ", form));
+        const int64_t c = shape[1];
+        auto low = [&](double scale) {
+          return (randn(shape) * scale + 0.25).to(kBFloat16).contiguous(format);
+        };
+        const Tensor x = low(3.0), dy = low(1.0), residual = low(1.0);
+        const Tensor w = randn({c}), b = randn({c});
+        const BatchNormEpilogue e16{form == 2 ? residual : Tensor(), form > 0};
+        const BatchNormEpilogue e32{form == 2 ? residual.to(kFloat32) : Tensor(), form > 0};
+
+        const auto [y16, s16] = kernels::batch_norm_forward_train(x, w, b, 1e-5, e16);
+        const auto [y32, s32] = kernels::batch_norm_forward_train(x.to(kFloat32), w, b, 1e-5, e32);
+        ASSERT_EQ(y16.dtype(), kBFloat16);
+        EXPECT_TRUE(y16.is_contiguous(format));
+        EXPECT_TRUE(tensors_close(y16, y32.to(kBFloat16), 0, 0));
+        EXPECT_EQ(s16.mean.dtype(), kFloat32);
+        EXPECT_TRUE(tensors_close(s16.mean, s32.mean, 0, 0));
+        EXPECT_TRUE(tensors_close(s16.invstd, s32.invstd, 0, 0));
+        EXPECT_TRUE(tensors_close(s16.var, s32.var, 0, 0));
+        EXPECT_TRUE(
+            tensors_close(kernels::batch_norm_elemt(x, s16.mean, s16.invstd, w, b, e16),
+                          kernels::batch_norm_elemt(x.to(kFloat32), s32.mean, s32.invstd, w, b, e32)
+                              .to(kBFloat16),
+                          0, 0));
+
+        const Tensor relu_y = form > 0 ? y16 : Tensor();
+        const kernels::NormGrads g16 = kernels::batch_norm_backward(
+            dy, x, s16.mean, s16.invstd, w, true, {true, true, true}, relu_y, form > 0);
+        const kernels::NormGrads g32 = kernels::batch_norm_backward(
+            dy.to(kFloat32), x.to(kFloat32), s32.mean, s32.invstd, w, true, {true, true, true},
+            form > 0 ? relu_y.to(kFloat32) : Tensor(), form > 0);
+        ASSERT_EQ(g16.dx.dtype(), kBFloat16);
+        EXPECT_TRUE(g16.dx.is_contiguous(format));
+        EXPECT_TRUE(tensors_close(g16.dx, g32.dx.to(kBFloat16), 0, 0));
+        EXPECT_EQ(g16.dweight.dtype(), kFloat32);
+        EXPECT_TRUE(tensors_close(g16.dweight, g32.dweight, 0, 0));
+        EXPECT_TRUE(tensors_close(g16.dbias, g32.dbias, 0, 0));
+        if (form > 0) {
+          EXPECT_TRUE(tensors_close(g16.dresidual, g32.dresidual.to(kBFloat16), 0, 0));
+        }
+        // Eval mode: dx alone, from the running statistics' form (no sums).
+        const kernels::NormGrads e = kernels::batch_norm_backward(
+            dy, x, s16.mean, s16.invstd, w, false, {true, false, false}, Tensor(), false);
+        EXPECT_TRUE(tensors_close(
+            e.dx,
+            kernels::batch_norm_backward(dy.to(kFloat32), x.to(kFloat32), s32.mean, s32.invstd, w,
+                                         false, {true, false, false}, Tensor(), false)
+                .dx.to(kBFloat16),
+            0, 0));
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------- layer norm
 
 TEST(LayerNorm, ForwardMatchesReference) {
