@@ -108,7 +108,8 @@ template <int R>
   for (int64_t s = 0; s < count; ++s) {
     const uint32_t* a = segments[s].a;
     const uint32_t* b = segments[s].b;
-    for (int64_t q = 0; q < segments[s].pairs; ++q, a += 12, b += 32)
+    const int64_t ldb = segments[s].ldb;
+    for (int64_t q = 0; q < segments[s].pairs; ++q, a += 12, b += ldb)
       dot_step_rows_x32<R>(acc, a, b);
   }
   store_rows_x32<R>(acc, rows, c);

@@ -121,11 +121,13 @@ struct Kernel<BFloat16, CpuIsa::kAvx512Bf16> {
                           const CTile<float>& c);
 };
 
-// One term of dot_segments_12x32: A's panel [pairs, 12] at a and B's [pairs, 32] at b.
+// One term of dot_segments_12x32: A's panel [pairs, 12] at a and B's [pairs, 32] at b, its
+// rows ldb pairs apart (32: a packed panel; more where B is read where it lies).
 struct PairSegment {
   const uint32_t* a;
   const uint32_t* b;
   int64_t pairs;
+  int64_t ldb = 32;
 };
 
 // The first `rows` (1 to 12) rows of the vdpbf16ps kernel's 12 x 32 tile: C = (accumulate ? C :

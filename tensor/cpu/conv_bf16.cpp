@@ -42,10 +42,10 @@ namespace loom::cpu {
 //   kernel a "same" stride-1 layer packs the patches straight into the GEMM's panels and never
 //   writes col (Note [bf16 patch panels]): the forward's B (and dx's, as a convolution), and
 //   dW's col^T; on small images the forward puts the batch in the vector lanes instead and
-//   skips the taps that read padding (Note [bf16 batch lanes]); the AMX kernel and strided
-//   layers still go through col. x and dy are read as
-//   contiguous NCHW (a channels-last operand is copied first); groups other than 1 keep the
-//   widened path.
+//   skips the taps that read padding (Note [bf16 batch lanes]), and on images whose rows are
+//   whole panels it reads them where they lie (Note [bf16 row panels]); the AMX kernel and
+//   strided layers still go through col. x and dy are read as contiguous NCHW (a channels-last
+//   operand is copied first); groups other than 1 keep the widened path.
 
 namespace {
 
@@ -745,9 +745,109 @@ void weight_grad_batch_lanes(const Geometry& g, const BFloat16* dy, const BFloat
         for (int64_t t = 0; t < kk; ++t) dw[(o * g.c + c) * kk + t] = dwt[(o * kk + t) * c_pad + c];
   });
 }
+
+// Note [bf16 row panels]
+//   On large images a "same" layer's taps read padding for few pixels (0.96 of a 3 x 3 layer's
+//   products on 32 x 32 read inside), so the batch lanes gain little there, and the patch panels
+//   pack each input value once per tap: that packing took 10-12% of a 64-channel 32 x 32
+//   layer's forward (perf, AMD EPYC). Where the rows are whole panels (W a multiple of 32) and
+//   the stride and dilation are 1, the panels need no packing: with the image paired once and
+//   padded,
+//       xp [H + kh - 1, C/2, W + kw - 1]   the pairs of channels (2i, 2i + 1) of each padded row
+//                                          (zeros in the padding)
+//   the B panel of tap (ki, kj) for the 32 output pixels [j, j + 32) of output row oh is
+//   xp[oh + ki, :, j + kj ...] as it lies: 32 consecutive pairs per k-pair, the k-pairs a
+//   padded row apart (PairSegment::ldb). A tile, 12 output channels by those 32 pixels, sums its
+//   kh kw taps over all C channels in registers (one call of dot_segments_12x32, a segment per
+//   tap, the weight's A panels packed per tap as for the lanes) and is rounded into y with the
+//   bias. The products and sums are the patch panels' in another order. Each thread takes whole
+//   images, pairs one into its scratch (148 KiB at 64 channels on 32 x 32) and runs its rows;
+//   the kh padded rows a tile reads stay in L1 across the tiles of a row. The forward of a
+//   convolution and dx as a convolution take it (both go through conv2d_bf16).
+constexpr int64_t kRowPanel = 32;  // Kernel<BFloat16, kAvx512Bf16>::nr
+
+// Whether conv2d_bf16's forward takes Note [bf16 row panels] (where the lanes do not): stride
+// and dilation 1, a "same" output whose rows are whole panels, at most 16 taps, and at least 16
+// input channels (the 3-channel stem, 2 pairs a tap, took 1.2x the patch panels' time).
+bool row_panels(const Geometry& g) {
+  return pair_panel_products() && g.stride == kernels::Pair{1, 1} &&
+         g.dilation == kernels::Pair{1, 1} && g.ho == g.h && g.wo == g.w && g.w % kRowPanel == 0 &&
+         g.kh * g.kw <= 16 && g.c >= 16;
+}
+
+// xp (Note [bf16 row panels]) of one image x [C, H, W].
+void pair_padded_rows(const Geometry& g, const BFloat16* x, uint32_t* xp) {
+  const int64_t pairs = (g.c + 1) / 2, wp = g.w + g.kw - 1, hp = g.h + g.kh - 1;
+  const int64_t top = g.padding[0], left = g.padding[1];
+  for (int64_t r = 0; r < hp; ++r) {
+    const int64_t ih = r - top;
+    for (int64_t i = 0; i < pairs; ++i) {
+      uint32_t* dst = xp + (r * pairs + i) * wp;
+      if (ih < 0 || ih >= g.h) {
+        std::fill(dst, dst + wp, 0u);
+        continue;
+      }
+      std::fill(dst, dst + left, 0u);
+      std::fill(dst + left + g.w, dst + wp, 0u);
+      const BFloat16* lo = x + (2 * i * g.h + ih) * g.w;
+      uint32_t* out = dst + left;
+      if (2 * i + 1 < g.c) {
+        const BFloat16* hi = lo + g.h * g.w;
+        for (int64_t col = 0; col < g.w; ++col) out[col] = pair_of(lo[col], hi[col]);
+      } else {
+        for (int64_t col = 0; col < g.w; ++col) out[col] = lo[col].bits;
+      }
+    }
+  }
+}
+
+// y [n, o, H, W] (bfloat16) = the convolution of x by w (plus bias; null: none) by Note [bf16
+// row panels].
+void row_panel_products(const Geometry& g, const BFloat16* x, const BFloat16* w, const float* bias,
+                        BFloat16* y) {
+  using K = Kernel<BFloat16, CpuIsa::kAvx512Bf16>;
+  const int64_t kk = g.kh * g.kw, pairs = (g.c + 1) / 2;
+  const int64_t tiles = (g.o + K::mr - 1) / K::mr;
+  const int64_t wp = g.w + g.kw - 1, hp = g.h + g.kh - 1;
+  ScratchFrame frame;
+  uint32_t* wt = frame.get<uint32_t>(kk * tiles * K::mr * pairs);
+  const LaneShape shape{g.n, g.c, g.h * g.w, g.o, g.p(), kk};
+  parallel_for(0, tiles, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t tile = lo; tile < hi; ++tile) avx512::pack_lane_weights(shape, w, tile, tiles, wt);
+  });
+  parallel_for(0, g.n, 1, [&](int64_t lo, int64_t hi) {
+    ScratchFrame image_frame;
+    uint32_t* xp = image_frame.get<uint32_t>(hp * pairs * wp);
+    float* tile = image_frame.get<float>(K::mr * kRowPanel);
+    for (int64_t n = lo; n < hi; ++n) {
+      pair_padded_rows(g, x + n * g.c * g.h * g.w, xp);
+      for (int64_t oh = 0; oh < g.h; ++oh) {
+        for (int64_t j = 0; j < g.w; j += kRowPanel) {
+          for (int64_t t = 0; t < tiles; ++t) {
+            PairSegment segments[16];
+            for (int64_t ki = 0; ki < g.kh; ++ki)
+              for (int64_t kj = 0; kj < g.kw; ++kj)
+                segments[ki * g.kw + kj] = {wt + ((ki * g.kw + kj) * tiles + t) * pairs * K::mr,
+                                            xp + (oh + ki) * pairs * wp + j + kj, pairs, wp};
+            const int64_t first_o = t * K::mr, rows = std::min(K::mr, g.o - first_o);
+            dot_segments_12x32(rows, segments, kk, {tile, kRowPanel, tile, kRowPanel, false});
+            for (int64_t r = 0; r < rows; ++r) {
+              const int64_t o = first_o + r;
+              const float b = bias != nullptr ? bias[o] : 0.0f;
+              const float* src = tile + r * kRowPanel;
+              BFloat16* dst = y + ((n * g.o + o) * g.h + oh) * g.w + j;
+              for (int64_t q = 0; q < kRowPanel; ++q) dst[q] = BFloat16(src[q] + b);
+            }
+          }
+        }
+      }
+    }
+  });
+}
 #else   // no vdpbf16ps kernel, no lanes
 bool batch_lanes(const Geometry&) { return false; }
 bool strided_dx_lanes(const Geometry&) { return false; }
+bool row_panels(const Geometry&) { return false; }
 #endif  // LOOM_PACKED_GEMM_SIMD
 
 // dx planes of images [first, first + count) (float32, zeroed here) += col2im(dcol [K, count
@@ -828,6 +928,14 @@ bool conv2d_bf16_batch_lanes(const Tensor& x, const Tensor& weight,
                               kernels::conv2d_output_shape(x, weight, Tensor(), options)));
 }
 
+bool conv2d_bf16_row_panels(const Tensor& x, const Tensor& weight,
+                            const kernels::Conv2dOptions& options) {
+  if (!conv2d_bf16_fits(x, options)) return false;
+  const Geometry g =
+      geometry(x, weight, options, kernels::conv2d_output_shape(x, weight, Tensor(), options));
+  return !batch_lanes(g) && row_panels(g);
+}
+
 Tensor conv2d_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias,
                    const kernels::Conv2dOptions& options, const Shape& out_shape) {
   const Geometry g = geometry(x, weight, options, out_shape);
@@ -842,6 +950,10 @@ Tensor conv2d_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias,
 #if LOOM_PACKED_GEMM_SIMD
   if (batch_lanes(g)) {
     lanes_products({g.n, g.c, g.h * g.w, g.o, g.p(), g.kh * g.kw}, inside_taps(g), xp, wp, bp, yp);
+    return format == MemoryFormat::kContiguous ? y : kernels::contiguous(y, format);
+  }
+  if (row_panels(g)) {
+    row_panel_products(g, xp, wp, bp, yp);
     return format == MemoryFormat::kContiguous ? y : kernels::contiguous(y, format);
   }
 #endif

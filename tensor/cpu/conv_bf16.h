@@ -20,6 +20,13 @@ bool conv2d_bf16_fits(const Tensor& x, const kernels::Conv2dOptions& options);
 bool conv2d_bf16_batch_lanes(const Tensor& x, const Tensor& weight,
                              const kernels::Conv2dOptions& options);
 
+// Whether conv2d_bf16's forward (and dx, where it is a convolution) of these operands reads its
+// B panels where they lie in the paired image (Note [bf16 row panels] in
+// tensor/cpu/conv_bf16.cpp): stride 1, a "same" output whose width is a multiple of 32, at least
+// 16 input channels, on the vdpbf16ps kernel, where the batch lanes are not taken.
+bool conv2d_bf16_row_panels(const Tensor& x, const Tensor& weight,
+                            const kernels::Conv2dOptions& options);
+
 // conv2d(x, weight, bias) of checked bfloat16 operands that conv2d_bf16_fits, out_shape from
 // conv2d_output_shape: the products summed in float32, the bias added, rounded once to bfloat16
 // (the widened path's rule). The result has x's memory format.

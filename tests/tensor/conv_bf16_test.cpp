@@ -116,6 +116,17 @@ const std::vector<Config> kLaneConfigs = {
     {32, 8, 12, 12, 7, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, "lanes: 144 pixels, blocks of 64"},
 };
 
+// "Same" layers at stride 1 whose rows are whole panels of 32 pixels read their B panels where
+// they lie in the paired image (Note [bf16 row panels]); so does dx as a convolution where O is
+// 16 or more. Several panels a row, odd C, O past a tile, kernels of other shapes.
+const std::vector<Config> kRowConfigs = {
+    {2, 16, 5, 32, 12, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, "rows: 32 wide, O = 12"},
+    {3, 17, 4, 64, 13, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, "rows: two panels a row, odd C"},
+    {2, 16, 6, 32, 7, 3, 5, {{1, 1}, {1, 2}, {1, 1}, 1}, "rows: 3 x 5"},
+    {1, 24, 3, 32, 25, 3, 1, {{1, 1}, {1, 0}, {1, 1}, 1}, "rows: 3 x 1 kernel"},
+    {2, 16, 4, 32, 20, 3, 3, {{1, 1}, {1, 1}, {1, 1}, 1}, "rows: dx as a convolution too"},
+};
+
 // The forward and the three gradients of one config on the path in scope, against float64.
 void check(const Config& cf, MemoryFormat format) {
   manual_seed(cf.n * 131 + cf.c * 17 + cf.o);
@@ -184,6 +195,36 @@ TEST(Conv2dBf16, TheBatchInTheLanesIsWithinABfloat16RoundingOfFloat64) {
         check(cf, format);
       }
   }
+}
+
+TEST(Conv2dBf16, RowPanelsAreWithinABfloat16RoundingOfFloat64) {
+  SKIP_WITHOUT_BF16();
+  for (const int threads : {1, 2}) {
+    Scope scope(CpuIsa::kAvx512Bf16, cpu::Bf16DotPolicy::kOn, threads);
+    for (const Config& cf : kRowConfigs)
+      for (const MemoryFormat format : {MemoryFormat::kContiguous, MemoryFormat::kChannelsLast}) {
+        SCOPED_TRACE(cf.name + ", " + std::to_string(threads) + " threads" +
+                     (format == MemoryFormat::kChannelsLast ? ", channels-last" : ""));
+        const Tensor x = zeros({cf.n, cf.c, cf.h, cf.w}).to(kBFloat16);
+        const Tensor w = zeros({cf.o, cf.c, cf.kh, cf.kw}).to(kBFloat16);
+        ASSERT_TRUE(cpu::conv2d_bf16_row_panels(x, w, cf.options));
+        check(cf, format);
+      }
+  }
+  // Not taken: a width that is not a multiple of 32, fewer than 16 channels, a stride, more than
+  // 16 taps, and the small images the lanes take.
+  const Tensor w = zeros({8, 16, 3, 3}).to(kBFloat16);
+  const kernels::Conv2dOptions same{{1, 1}, {1, 1}, {1, 1}, 1};
+  EXPECT_FALSE(cpu::conv2d_bf16_row_panels(zeros({2, 16, 4, 48}).to(kBFloat16), w, same));
+  EXPECT_FALSE(cpu::conv2d_bf16_row_panels(zeros({2, 8, 4, 32}).to(kBFloat16),
+                                           zeros({8, 8, 3, 3}).to(kBFloat16), same));
+  EXPECT_FALSE(cpu::conv2d_bf16_row_panels(zeros({2, 16, 4, 32}).to(kBFloat16), w,
+                                           {{2, 2}, {1, 1}, {1, 1}, 1}));
+  EXPECT_FALSE(cpu::conv2d_bf16_row_panels(zeros({2, 16, 4, 32}).to(kBFloat16),
+                                           zeros({8, 16, 5, 5}).to(kBFloat16),
+                                           {{1, 1}, {2, 2}, {1, 1}, 1}));
+  EXPECT_FALSE(cpu::conv2d_bf16_row_panels(zeros({64, 16, 4, 32}).to(kBFloat16), w, same));
+  EXPECT_TRUE(cpu::conv2d_bf16_row_panels(zeros({64, 16, 32, 32}).to(kBFloat16), w, same));
 }
 
 // Lanes left empty cost what the skipped taps save: a batch far from a multiple of 32, images of
