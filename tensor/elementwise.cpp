@@ -8,7 +8,11 @@
 // widened to float32 in one pass (F16C for float16), the float32 kernel runs, and the result is
 // rounded once on the way back. The bits are those of CUDA's per-element widen-compute-round; a
 // per-element software rounding inside the loop ran the fp16 training step at half the speed of
-// float32. The optimizers' addcmul_ and addcdiv_ take float32 and float64 only.
+// float32. A sum of two bfloat16 tensors is the exception (cpu::add_bfloat16): bfloat16 widens
+// by a shift and rounds in a few integer operations, so its loop converts in place, with the
+// same bits and without the copies (it accumulates the gradients of a bf16 autocast model
+// whose activations stay bfloat16, Note [Batch norm on bfloat16]). The optimizers' addcmul_
+// and addcdiv_ take float32 and float64 only.
 
 #include "tensor/elementwise.h"
 

@@ -181,36 +181,32 @@ TEST(Conv2dBf16, EachKernelIsWithinABfloat16RoundingOfFloat64) {
     }
 }
 
-TEST(Conv2dBf16, TheBatchInTheLanesIsWithinABfloat16RoundingOfFloat64) {
-  SKIP_WITHOUT_BF16();
+// check() on each config, on the vdpbf16ps kernel with 1 and 2 threads and in both memory
+// formats, once taken(x, weight, options) has said that the config runs the path under test.
+template <typename Taken>
+void check_on_path(const std::vector<Config>& configs, Taken taken) {
   for (const int threads : {1, 2}) {
     Scope scope(CpuIsa::kAvx512Bf16, cpu::Bf16DotPolicy::kOn, threads);
-    for (const Config& cf : kLaneConfigs)
+    for (const Config& cf : configs)
       for (const MemoryFormat format : {MemoryFormat::kContiguous, MemoryFormat::kChannelsLast}) {
         SCOPED_TRACE(cf.name + ", " + std::to_string(threads) + " threads" +
                      (format == MemoryFormat::kChannelsLast ? ", channels-last" : ""));
         const Tensor x = zeros({cf.n, cf.c, cf.h, cf.w}).to(kBFloat16);
         const Tensor w = zeros({cf.o, cf.c, cf.kh, cf.kw}).to(kBFloat16);
-        ASSERT_TRUE(cpu::conv2d_bf16_batch_lanes(x, w, cf.options));
+        ASSERT_TRUE(taken(x, w, cf.options));
         check(cf, format);
       }
   }
 }
 
+TEST(Conv2dBf16, TheBatchInTheLanesIsWithinABfloat16RoundingOfFloat64) {
+  SKIP_WITHOUT_BF16();
+  check_on_path(kLaneConfigs, cpu::conv2d_bf16_batch_lanes);
+}
+
 TEST(Conv2dBf16, RowPanelsAreWithinABfloat16RoundingOfFloat64) {
   SKIP_WITHOUT_BF16();
-  for (const int threads : {1, 2}) {
-    Scope scope(CpuIsa::kAvx512Bf16, cpu::Bf16DotPolicy::kOn, threads);
-    for (const Config& cf : kRowConfigs)
-      for (const MemoryFormat format : {MemoryFormat::kContiguous, MemoryFormat::kChannelsLast}) {
-        SCOPED_TRACE(cf.name + ", " + std::to_string(threads) + " threads" +
-                     (format == MemoryFormat::kChannelsLast ? ", channels-last" : ""));
-        const Tensor x = zeros({cf.n, cf.c, cf.h, cf.w}).to(kBFloat16);
-        const Tensor w = zeros({cf.o, cf.c, cf.kh, cf.kw}).to(kBFloat16);
-        ASSERT_TRUE(cpu::conv2d_bf16_row_panels(x, w, cf.options));
-        check(cf, format);
-      }
-  }
+  check_on_path(kRowConfigs, cpu::conv2d_bf16_row_panels);
   // Not taken: a width that is not a multiple of 32, fewer than 16 channels, a stride, more than
   // 16 taps, and the small images the lanes take.
   const Tensor w = zeros({8, 16, 3, 3}).to(kBFloat16);
