@@ -12,8 +12,13 @@
 // The two sides alternate call by call, and each call takes a millisecond or so, so both wait
 // passively unless OMP_WAIT_POLICY is set (wait_passively, bench/torch_peer.h).
 //
+// --dtype bf16 runs the batch-norm cases on bfloat16 x, dy and y with float32 parameters, as
+// bf16 autocast does (Note [Batch norm on bfloat16]; PyTorch's CPU batch norm takes the same
+// mixed dtypes). Layer norm, which autocast runs in float32, is left out there.
+//
 //   norm_bench [--threads N (2)] [--repeats R (9)] [--batch B (128)] [--width W (16)]
-//              [--channels-last] [--no-torch] [--python PATH] [--script PATH]
+//              [--channels-last] [--dtype float32|bf16] [--no-torch] [--python PATH]
+//              [--script PATH]
 
 #include <algorithm>
 #include <csignal>
@@ -44,12 +49,13 @@ struct Case {
   std::function<void()> forward, backward;
 };
 
-// relu(batch_norm(x)) on [n, c, hw, hw] and its backward, as ResNet-18's blocks run it.
-Case batch_norm_case(int64_t n, int64_t c, int64_t hw, bool channels_last) {
+// relu(batch_norm(x)) on [n, c, hw, hw] and its backward, as ResNet-18's blocks run it; x, dy and
+// y of `dtype`, the parameters float32.
+Case batch_norm_case(int64_t n, int64_t c, int64_t hw, bool channels_last, loom::DType dtype) {
   const loom::MemoryFormat format =
       channels_last ? loom::MemoryFormat::kChannelsLast : loom::MemoryFormat::kContiguous;
-  const Tensor x = loom::randn({n, c, hw, hw}).contiguous(format);
-  const Tensor dy = loom::randn({n, c, hw, hw}).contiguous(format);
+  const Tensor x = loom::randn({n, c, hw, hw}).to(dtype).contiguous(format);
+  const Tensor dy = loom::randn({n, c, hw, hw}).to(dtype).contiguous(format);
   const Tensor weight = loom::randn({c}), bias = loom::randn({c});
   loom::kernels::BatchNormEpilogue relu;
   relu.relu = true;
@@ -57,8 +63,9 @@ Case batch_norm_case(int64_t n, int64_t c, int64_t hw, bool channels_last) {
       loom::kernels::batch_norm_forward_train(x, weight, bias, 1e-5, relu));
   Case k;
   k.name = loom::detail::str("bn+relu [", n, ",", c, ",", hw, ",", hw, "]");
-  k.request = loom::detail::str("bn ", n, ",", c, ",", hw, ",", hw, ",", channels_last ? 1 : 0);
-  k.megabytes = static_cast<double>(x.numel()) * 4e-6;
+  k.request = loom::detail::str("bn ", n, ",", c, ",", hw, ",", hw, ",", channels_last ? 1 : 0, ",",
+                                dtype == loom::kBFloat16 ? "bf16" : "float32");
+  k.megabytes = static_cast<double>(x.nbytes()) * 1e-6;
   k.forward = [=] {
     *state = loom::kernels::batch_norm_forward_train(x, weight, bias, 1e-5, relu);
   };
@@ -94,6 +101,7 @@ int main(int argc, char** argv) {
   int threads = 2, repeats = 9;
   int64_t batch = 128, width = 16;
   bool channels_last = false, with_torch = true;
+  loom::DType dtype = loom::kFloat32;
   std::string python = LOOM_TORCH_PYTHON;
   std::string script = (std::filesystem::path(__FILE__).parent_path() / "norm_torch.py").string();
   for (int i = 1; i < argc; ++i) {
@@ -115,7 +123,14 @@ int main(int argc, char** argv) {
       width = std::max<int64_t>(1, std::stoll(next()));
     else if (arg == "--channels-last")
       channels_last = true;
-    else if (arg == "--no-torch")
+    else if (arg == "--dtype") {
+      const std::string name = next();
+      if (name != "float32" && name != "bf16") {
+        std::fprintf(stderr, "--dtype takes float32 or bf16; got %s\n", name.c_str());
+        return 2;
+      }
+      dtype = name == "bf16" ? loom::kBFloat16 : loom::kFloat32;
+    } else if (arg == "--no-torch")
       with_torch = false;
     else if (arg == "--python")
       python = next();
@@ -124,7 +139,8 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: %s [--threads N] [--repeats R] [--batch B] [--width W] "
-                   "[--channels-last] [--no-torch] [--python PATH] [--script PATH]\n",
+                   "[--channels-last] [--dtype float32|bf16] [--no-torch] [--python PATH] "
+                   "[--script PATH]\n",
                    argv[0]);
       return 2;
     }
@@ -145,13 +161,16 @@ int main(int argc, char** argv) {
   // and a narrower model's (16 x 256 tokens, 256).
   std::vector<Case> cases;
   for (int64_t stage = 0; stage < 4; ++stage)
-    cases.push_back(batch_norm_case(batch, width << stage, 32 >> stage, channels_last));
-  cases.push_back(layer_norm_case(8 * 1024, 768));
-  cases.push_back(layer_norm_case(16 * 256, 256));
+    cases.push_back(batch_norm_case(batch, width << stage, 32 >> stage, channels_last, dtype));
+  if (dtype == loom::kFloat32) {
+    cases.push_back(layer_norm_case(8 * 1024, 768));
+    cases.push_back(layer_norm_case(16 * 256, 256));
+  }
 
   loom::bench::print_machine();
-  std::printf("float32, %d threads, median of %d, OMP_WAIT_POLICY=%s", threads, repeats,
-              std::getenv("OMP_WAIT_POLICY"));
+  std::printf("%s, %d threads, median of %d, OMP_WAIT_POLICY=%s",
+              dtype == loom::kBFloat16 ? "bf16 batch norm (float32 parameters)" : "float32",
+              threads, repeats, std::getenv("OMP_WAIT_POLICY"));
   if (have_torch)
     std::printf("; PyTorch %s (%d threads)", torch.header()["torch"].get<std::string>().c_str(),
                 torch.header()["threads"].get<int>());

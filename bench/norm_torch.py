@@ -2,7 +2,8 @@
 # bench/norm_torch.py — PyTorch's side of bench/norm_bench.cpp: batch norm with the ReLU after
 # it (as torchvision's ResNet runs them: batch_norm, then relu) and layer norm, forward and
 # backward, timed one call at a time. A co-process (--serve) answering one JSON line per request:
-#   bn N,C,H,W,cl   -> {"ok": true}   (allocate and warm up; cl 1: channels-last)
+#   bn N,C,H,W,cl,dtype -> {"ok": true}   (allocate and warm up; cl 1: channels-last; dtype
+#                                          float32 or bf16: x, dy and y, the parameters float32)
 #   ln M,D          -> {"ok": true}
 #   fwd | bwd       -> {"ms": t}      (one timed run of the current case)
 # The backward is the two kernels autograd runs: relu's threshold_backward, then
@@ -15,13 +16,15 @@ import time
 
 class BatchNormRelu:
     def __init__(self, torch, spec):
-        n, c, h, w, cl = (int(v) for v in spec.split(","))
+        fields = spec.split(",")
+        n, c, h, w, cl = (int(v) for v in fields[:5])
+        dtype = torch.bfloat16 if len(fields) > 5 and fields[5] == "bf16" else torch.float32
         fmt = torch.channels_last if cl else torch.contiguous_format
         self.torch = torch
-        self.x = torch.randn(n, c, h, w).contiguous(memory_format=fmt)
+        self.x = torch.randn(n, c, h, w).to(dtype).contiguous(memory_format=fmt)
         self.weight, self.bias = torch.randn(c), torch.randn(c)
         self.running_mean, self.running_var = torch.zeros(c), torch.ones(c)
-        self.dy = torch.randn(n, c, h, w).contiguous(memory_format=fmt)
+        self.dy = torch.randn(n, c, h, w).to(dtype).contiguous(memory_format=fmt)
         self.forward()
 
     def forward(self):
