@@ -466,6 +466,15 @@ bool strided_dx_lanes(const Geometry& g) {
   return g.stride != kernels::Pair{1, 1} && g.h * g.w <= kMaxDxLanePixels && lanes_pay(g);
 }
 
+// out[i] = the pair (lo[i], lo[apart + i]) for i < n: two channels (or images) `apart` values
+// apart; without a second one (has_hi false) lo[i] with a zero high half.
+void pair_runs(const BFloat16* lo, int64_t apart, bool has_hi, int64_t n, uint32_t* out) {
+  if (has_hi)
+    for (int64_t i = 0; i < n; ++i) out[i] = pair_of(lo[i], lo[apart + i]);
+  else
+    for (int64_t i = 0; i < n; ++i) out[i] = lo[i].bits;
+}
+
 namespace avx512 {
 
 // The A panels of rows [12 tile, 12 tile + 12) of w [O, C, kh, kw] for every tap: panel (t,
@@ -502,20 +511,28 @@ namespace avx512 {
 
 }  // namespace avx512
 
+// The weight's A panels, one set per tap (wt of Note [bf16 batch lanes]), packed into frame.
+uint32_t* pack_tap_weights(const LaneShape& s, const BFloat16* w, ScratchFrame& frame) {
+  using K = Kernel<BFloat16, CpuIsa::kAvx512Bf16>;
+  const int64_t tiles = (s.o + K::mr - 1) / K::mr;
+  uint32_t* wt = frame.get<uint32_t>(s.taps * tiles * K::mr * ((s.c + 1) / 2));
+  parallel_for(0, tiles, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t tile = lo; tile < hi; ++tile) avx512::pack_lane_weights(s, w, tile, tiles, wt);
+  });
+  return wt;
+}
+
 // y [n, o, p_dst] (bfloat16) = sum over the (tap, source pixel) entries of `inside` for each
 // output pixel of w[:, :, tap] @ x [n, c, p_src] at that pixel, plus bias (null: none), by Note
 // [bf16 batch lanes]: a convolution's forward, or its strided dx (the sources dy's pixels).
 void lanes_products(const LaneShape& g, const InsideTaps& inside, const BFloat16* x,
                     const BFloat16* w, const float* bias, BFloat16* y) {
   using K = Kernel<BFloat16, CpuIsa::kAvx512Bf16>;
-  const int64_t kk = g.taps, p_in = g.p_src, p_out = g.p_dst, pairs = (g.c + 1) / 2;
+  const int64_t p_in = g.p_src, p_out = g.p_dst, pairs = (g.c + 1) / 2;
   const int64_t tiles = (g.o + K::mr - 1) / K::mr;
   const int64_t groups = (g.n + kLanes - 1) / kLanes;
   ScratchFrame frame;
-  uint32_t* wt = frame.get<uint32_t>(kk * tiles * K::mr * pairs);
-  parallel_for(0, tiles, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t tile = lo; tile < hi; ++tile) avx512::pack_lane_weights(g, w, tile, tiles, wt);
-  });
+  const uint32_t* wt = pack_tap_weights(g, w, frame);
   const int64_t group_bytes = p_in * pairs * kLanes * 4;
   const int64_t per_chunk = std::clamp<int64_t>(kMaxColBytes / group_bytes, 1, groups);
   uint32_t* xt = frame.get<uint32_t>(per_chunk * p_in * pairs * kLanes);
@@ -540,12 +557,7 @@ void lanes_products(const LaneShape& g, const InsideTaps& inside, const BFloat16
               std::fill(row, row + width, 0u);
               continue;
             }
-            const BFloat16* lo_plane = x + (n * g.c + c) * p_in + p0;
-            if (c + 1 < g.c)
-              for (int64_t pixel = 0; pixel < width; ++pixel)
-                row[pixel] = pair_of(lo_plane[pixel], lo_plane[p_in + pixel]);
-            else
-              for (int64_t pixel = 0; pixel < width; ++pixel) row[pixel] = lo_plane[pixel].bits;
+            pair_runs(x + (n * g.c + c) * p_in + p0, p_in, c + 1 < g.c, width, row);
           }
           for (int64_t pixel = 0; pixel < width; ++pixel)
             for (int64_t lane = 0; lane < kLanes; ++lane)
@@ -675,11 +687,7 @@ void weight_grad_batch_lanes(const Geometry& g, const BFloat16* dy, const BFloat
                        int64_t row, uint32_t* out) {
     const int64_t n = group * kLanes + 2 * j;
     if (n >= g.n || row >= rows) return std::fill(out, out + len, 0u);
-    const BFloat16* lo = t + (n * rows + row) * len;
-    if (n + 1 == g.n)
-      for (int64_t i = 0; i < len; ++i) out[i] = lo[i].bits;
-    else
-      for (int64_t i = 0; i < len; ++i) out[i] = pair_of(lo[i], lo[rows * len + i]);
+    pair_runs(t + (n * rows + row) * len, rows * len, n + 1 < g.n, len, out);
   };
   // Rows [first, first + width) of group `group`'s images of t [N, rows, len], each pair of
   // images (2j, 2j + 1) paired in `buffer` [width, len], then dealt out as panels [slots, 16,
@@ -789,14 +797,7 @@ void pair_padded_rows(const Geometry& g, const BFloat16* x, uint32_t* xp) {
       }
       std::fill(dst, dst + left, 0u);
       std::fill(dst + left + g.w, dst + wp, 0u);
-      const BFloat16* lo = x + (2 * i * g.h + ih) * g.w;
-      uint32_t* out = dst + left;
-      if (2 * i + 1 < g.c) {
-        const BFloat16* hi = lo + g.h * g.w;
-        for (int64_t col = 0; col < g.w; ++col) out[col] = pair_of(lo[col], hi[col]);
-      } else {
-        for (int64_t col = 0; col < g.w; ++col) out[col] = lo[col].bits;
-      }
+      pair_runs(x + (2 * i * g.h + ih) * g.w, g.h * g.w, 2 * i + 1 < g.c, g.w, dst + left);
     }
   }
 }
@@ -810,11 +811,7 @@ void row_panel_products(const Geometry& g, const BFloat16* x, const BFloat16* w,
   const int64_t tiles = (g.o + K::mr - 1) / K::mr;
   const int64_t wp = g.w + g.kw - 1, hp = g.h + g.kh - 1;
   ScratchFrame frame;
-  uint32_t* wt = frame.get<uint32_t>(kk * tiles * K::mr * pairs);
-  const LaneShape shape{g.n, g.c, g.h * g.w, g.o, g.p(), kk};
-  parallel_for(0, tiles, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t tile = lo; tile < hi; ++tile) avx512::pack_lane_weights(shape, w, tile, tiles, wt);
-  });
+  const uint32_t* wt = pack_tap_weights({g.n, g.c, g.h * g.w, g.o, g.p(), kk}, w, frame);
   parallel_for(0, g.n, 1, [&](int64_t lo, int64_t hi) {
     ScratchFrame image_frame;
     uint32_t* xp = image_frame.get<uint32_t>(hp * pairs * wp);
