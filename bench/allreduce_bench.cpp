@@ -17,6 +17,9 @@
 // gloo, staged through host memory, so ranks may share a GPU (tools/gpu_check.sh uses that on a
 // machine with one GPU).
 //
+// On one host gloo's allreduce goes through shared memory (Note [Shared-memory allreduce] in
+// dist/shm_collectives.h); LOOM_SHARED_MEMORY=0 measures its TCP path instead.
+//
 // --check-collectives keeps Note [Collective checks] (collective_checks.h) on: one store set and
 // get per collective, which shows in the small sizes. Off by default, as nccl-tests measure the
 // collective alone.
@@ -179,6 +182,7 @@ int run_worker(const Options& o) {
   if (env.rank == 0) {
     out.open(o.result);
     LOOM_CHECK(out.good(), ValueError, "allreduce_bench: cannot write ", o.result);
+    out << group->backend() << " over " << group->transport() << "\n";
   }
   for (const int64_t bytes : sizes_up_to(o.max_size)) {
     const int64_t count = bytes / 4;
@@ -253,8 +257,8 @@ int run_launcher(const Options& o, int argc, char** argv) {
       "allreduce (sum, float32), %s, 1 thread per rank, collective checks %s; median of %d; "
       "memcpy of 256 MiB: %.1f GB/s\n",
       o.backend == "nccl" ? "nccl on CUDA tensors"
-      : o.cuda            ? "gloo over TCP on localhost, CUDA tensors staged through host memory"
-                          : "gloo over TCP on localhost",
+      : o.cuda            ? "gloo on localhost, CUDA tensors staged through host memory"
+                          : "gloo on localhost",
       o.check_collectives ? "on" : "off", o.repeats, memcpy_big);
   for (const int world : o.ranks) {
     dist::LaunchOptions launch;
@@ -270,8 +274,10 @@ int run_launcher(const Options& o, int argc, char** argv) {
       return status;
     }
     std::ifstream in(path);
-    std::printf("\n%d ranks (other processes kept %.2f cores busy meanwhile)\n\n", world,
-                other_cores);
+    std::string carrier;  // what the worker's group said of itself: "gloo over tcp"
+    std::getline(in, carrier);
+    std::printf("\n%d ranks, %s (other processes kept %.2f cores busy meanwhile)\n\n", world,
+                carrier.c_str(), other_cores);
     std::printf(
         "| size | count (float32) | time (us) | algbw (GB/s) | busbw (GB/s) | "
         "memcpy (GB/s) |\n");

@@ -3,7 +3,9 @@
 // (DistributedDataParallel over gloo), the same batch per rank. It reports the job's images/s
 // (world x batch / median step time on rank 0), the speed-up 2 ranks / 1 rank (ideal 2), the
 // share of the gradient allreduce hidden behind backward (ReducerTimeline::overlap, median over
-// steps), the communication still waited for after backward ended, and the bucket plan.
+// steps), the communication still waited for after backward ended, the bucket plan and what
+// carried the bytes (on one host, shared memory: Note [Shared-memory allreduce];
+// LOOM_SHARED_MEMORY=0 measures gloo's TCP path instead).
 //
 // The ideal is measured beside it: two independent 1-rank jobs run at the same time, each a
 // plain model with no process group, and their images/s added up over the lone job's is the
@@ -106,7 +108,8 @@ Options parse(int argc, char** argv) {
 
 // ---------------------------------------------------------------- a worker (one rank)
 
-// What rank 0 writes: "buckets <bytes>..." then per timed step "step <ms> <overlap> <after_ms>".
+// What rank 0 writes: per timed step "step <ms> <overlap> <after_ms>", then "buckets <bytes>..."
+// and "carrier <the group's backend and transport>".
 // An independent worker writes the same to <result>.<rank>, with no buckets.
 int run_worker(const Options& o) {
   loom::set_num_threads(1);
@@ -167,6 +170,7 @@ int run_worker(const Options& o) {
     if (ddp)
       for (const dist::Bucket& b : ddp->reducer().buckets()) out << " " << b.bytes();
     out << "\n";
+    if (group) out << "carrier " << group->backend() << " over " << group->transport() << "\n";
     out.close();
     LOOM_CHECK(out.good(), ValueError, "ddp_scaling_bench: cannot write ", result);
   }
@@ -180,6 +184,7 @@ int run_worker(const Options& o) {
 struct Run {
   std::vector<double> step_ms, overlap, after_ms;
   std::vector<int64_t> bucket_bytes;
+  std::string carrier;  // "gloo over tcp"
 };
 
 Run read_run(const std::string& path) {
@@ -197,6 +202,8 @@ Run read_run(const std::string& path) {
       std::getline(in, rest);
       std::istringstream bytes(rest);
       for (int64_t b; bytes >> b;) run.bucket_bytes.push_back(b);
+    } else if (tag == "carrier") {
+      std::getline(in >> std::ws, run.carrier);
     }
   }
   return run;
@@ -258,6 +265,7 @@ int run_launcher(const Options& o, int argc, char** argv) {
   std::vector<double> quiet_speedups;  // rounds in which other processes kept < kQuiet cores busy
   constexpr double kQuiet = 0.25;
   std::vector<int64_t> buckets;
+  std::string carrier;
   for (int round = 1; round <= o.rounds; ++round) {
     std::vector<Run> one, pair, two;
     double others1 = 0, others_pair = 0, others2 = 0;
@@ -278,6 +286,7 @@ int run_launcher(const Options& o, int argc, char** argv) {
     overlaps.push_back(median(two[0].overlap));
     afters.push_back(median(two[0].after_ms));
     buckets = two[0].bucket_bytes;
+    carrier = two[0].carrier;
     std::printf(
         "| %d | %.0f | %.1f | %.1f | %.2f | %.0f | %.1f | %.2f | %.2f | %.2f | %.1f | %.2f / %.2f "
         "/ %.2f |\n",
@@ -311,8 +320,9 @@ int run_launcher(const Options& o, int argc, char** argv) {
       "share of the allreduce time spent while backward still ran; "
       "others' load = cores kept busy by other processes during the run (of %ld here; the "
       "2-rank job needs 2)\n"
-      "DDP: %zu buckets (%s MiB), %.1f MiB of float32 gradients per step\n",
-      sysconf(_SC_NPROCESSORS_ONLN), buckets.size(), sizes.c_str(), total / 1048576.0);
+      "DDP: %zu buckets (%s MiB), %.1f MiB of float32 gradients per step, %s\n",
+      sysconf(_SC_NPROCESSORS_ONLN), buckets.size(), sizes.c_str(), total / 1048576.0,
+      carrier.c_str());
   return 0;
 }
 

@@ -37,6 +37,8 @@
 #include "dist/host_staging_group.h"
 #include "dist/net.h"
 #include "dist/process_group.h"
+#include "dist/reductions.h"
+#include "dist/shm_collectives.h"
 #include "tensor/copy.h"
 #include "tensor/dispatch.h"
 #include "tensor/error.h"
@@ -163,34 +165,8 @@ class ScopedSigpipeBlock {
 
 // ---------------------------------------------------------------- reductions
 
-// Half and bfloat16 compute in float; every other type in itself.
-template <typename T>
-using Compute =
-    std::conditional_t<std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>, float, T>;
-
-template <typename T>
-T reduce_one(T a, T b, ReduceOp op) {
-  using C = Compute<T>;
-  const C x = static_cast<C>(a), y = static_cast<C>(b);
-  switch (op) {
-    case ReduceOp::Sum:
-    case ReduceOp::Avg:
-      if constexpr (std::is_integral_v<T>) {  // wraps around, as integer tensors do elsewhere
-        using U = std::make_unsigned_t<T>;
-        return static_cast<T>(static_cast<U>(static_cast<U>(x) + static_cast<U>(y)));
-      } else {
-        return static_cast<T>(x + y);
-      }
-    case ReduceOp::Max:
-    case ReduceOp::Min:
-      if constexpr (!std::is_integral_v<T>) {  // NaN wins, as in PyTorch's max and min
-        if (x != x) return a;
-        if (y != y) return b;
-      }
-      return (op == ReduceOp::Max ? x < y : y < x) ? b : a;
-  }
-  return a;
-}
+using reduction::divide;
+using reduction::reduce_into;
 
 template <typename T>
 gloo::AllreduceOptions::Func reduce_function(ReduceOp op) {
@@ -199,16 +175,8 @@ gloo::AllreduceOptions::Func reduce_function(ReduceOp op) {
     T* o = static_cast<T*>(out);
     const T* x = static_cast<const T*>(a);
     const T* y = static_cast<const T*>(b);
-    for (size_t i = 0; i < n; ++i) o[i] = reduce_one(x[i], y[i], op);
+    reduce_into(o, x, y, static_cast<int64_t>(n), op);
   };
-}
-
-// Avg is Sum followed by this (integers divide with truncation toward zero).
-template <typename T>
-void divide(T* data, int64_t n, int divisor) {
-  using C = Compute<T>;
-  for (int64_t i = 0; i < n; ++i)
-    data[i] = static_cast<T>(static_cast<C>(data[i]) / static_cast<C>(divisor));
 }
 
 // The dtypes gloo reduces here: every dtype but bool.
@@ -250,11 +218,14 @@ void check_reducible(const char* op, DType dtype) {
 // What the group's collectives and its send/recv handles share.
 struct GroupState {
   std::shared_ptr<gloo::Context> context;
+  // The allreduce's segment when every rank is on this host (Note [Shared-memory allreduce]).
+  std::unique_ptr<ShmCollectives> shm;
   std::mutex mutex;
   std::string broken;  // the first failure; the group refuses new work once it is set
 
-  // Records the first failure and closes every connection of this rank, so that peers blocked
-  // in a collective with it fail at once instead of waiting for their timeout.
+  // Records the first failure and closes every connection of this rank (and aborts its
+  // shared-memory segment), so that peers blocked in a collective with it fail at once instead
+  // of waiting for their timeout.
   void fail(const std::string& why) {
     {
       std::lock_guard<std::mutex> lock(mutex);
@@ -266,6 +237,7 @@ struct GroupState {
     } catch (const std::exception&) {
       // Already closed or closing: the peers learn of it either way.
     }
+    if (shm) shm->abort(why);
   }
   std::string failure() {
     std::lock_guard<std::mutex> lock(mutex);
@@ -452,6 +424,9 @@ class ProcessGroupGloo final : public ProcessGroup {
                                   "; see LOOM_GLOO_HOST): ", e.what()));
     }
     state_->context = context;
+    if (size > 1 && options_.shared_memory) {
+      state_->shm = ShmCollectives::connect(*store_, rank, size, options_.timeout, no_shm_);
+    }
     {
       std::lock_guard<std::mutex> lock(state_->mutex);
       state_->release_waiters = [this](const std::string& why) { release_waiters(why); };
@@ -493,6 +468,11 @@ class ProcessGroupGloo final : public ProcessGroup {
   }
 
   std::string backend() const override { return "gloo"; }
+  std::string transport() const override {
+    if (size_ == 1) return "none (one rank)";
+    if (state_->shm) return "shared memory (allreduce, broadcast) and tcp (the rest)";
+    return no_shm_.empty() ? "tcp" : "tcp (no shared memory: " + no_shm_ + ")";
+  }
 
   std::shared_ptr<Work> allreduce(Tensor t, ReduceOp op) override {
     check_tensor("allreduce", t);
@@ -512,6 +492,12 @@ class ProcessGroupGloo final : public ProcessGroup {
     return enqueue("broadcast", describe_tensor(t) + ", root " + std::to_string(root),
                    /*full_sync=*/false, [this, t, root](uint32_t tag, Milliseconds timeout) {
                      if (t.nbytes() == 0 || size_ == 1) return;
+                     if (state_->shm) {
+                       state_->shm->broadcast(t.data(), static_cast<int64_t>(t.nbytes()), root,
+                                              Clock::now() + timeout,
+                                              [this] { return state_->failure(); });
+                       return;
+                     }
                      gloo::BroadcastOptions opts(state_->context);
                      opts.setOutput(static_cast<uint8_t*>(t.data()), t.nbytes());
                      opts.setRoot(root);
@@ -682,6 +668,11 @@ class ProcessGroupGloo final : public ProcessGroup {
   void allreduce_in_place(void* data, int64_t n, DType dtype, ReduceOp op, uint32_t tag,
                           Milliseconds timeout) {
     if (n == 0 || size_ == 1) return;
+    if (state_->shm) {
+      state_->shm->allreduce(data, n, dtype, op, Clock::now() + timeout,
+                             [this] { return state_->failure(); });
+      return;
+    }
     dispatch_reducible(dtype, "allreduce", [&]<typename T>() {
       gloo::AllreduceOptions opts(state_->context);
       opts.setOutput(static_cast<T*>(data), static_cast<size_t>(n));  // in place
@@ -854,6 +845,7 @@ class ProcessGroupGloo final : public ProcessGroup {
 
   const ProcessGroupOptions options_;
   const std::shared_ptr<Store> store_;  // this group's keys: pg<id>/...
+  std::string no_shm_;  // why the ranks allreduce over tcp though options_.shared_memory asked
   const std::shared_ptr<GroupState> state_;
   CollectiveChecks checks_;
 

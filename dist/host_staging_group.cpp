@@ -29,6 +29,7 @@ class HostStagingGroup : public ProcessGroup {
   explicit HostStagingGroup(std::shared_ptr<ProcessGroup> inner)
       : ProcessGroup(inner->rank(), inner->size()), inner_(std::move(inner)) {}
   std::string backend() const override { return inner_->backend(); }
+  std::string transport() const override { return inner_->transport(); }
 
   std::shared_ptr<Work> allreduce(Tensor t, ReduceOp op) override {
     if (!t.defined() || !t.is_cuda()) return inner_->allreduce(t, op);

@@ -80,10 +80,16 @@ bool lie_back_to_back(const std::vector<Tensor>& parts);
 // What every backend's alltoall checks first (ShapeError, ValueError; `backend` names it).
 void check_alltoall(const char* backend, const Tensor& out, const Tensor& input, int size);
 
+// False when LOOM_SHARED_MEMORY=0.
+bool shared_memory_from_environment();
+
 struct ProcessGroupOptions {
   Milliseconds timeout{std::chrono::minutes(5)};
   // Note [Collective checks]; LOOM_CHECK_COLLECTIVES=0 makes the default off.
   bool check_collectives = check_collectives_from_environment();
+  // gloo: allreduce through shared memory when every rank is on this host (Note [Shared-memory
+  // allreduce] in dist/shm_collectives.h); LOOM_SHARED_MEMORY=0 makes the default off.
+  bool shared_memory = shared_memory_from_environment();
 };
 
 // What every make_<backend>_process_group checks first (ValueError naming `op`): a store, a rank
@@ -98,6 +104,9 @@ class ProcessGroup {
   int rank() const { return rank_; }
   int size() const { return size_; }
   virtual std::string backend() const = 0;
+  // What carries the bytes, in words: gloo says whether its allreduce goes through shared memory
+  // (Note [Shared-memory allreduce]) or tcp, and why not where it was asked for.
+  virtual std::string transport() const { return backend(); }
 
   // All ranks: t = op(t of every rank). Contiguous tensors of a floating or integer dtype.
   virtual std::shared_ptr<Work> allreduce(Tensor t, ReduceOp op = ReduceOp::Sum) = 0;

@@ -40,7 +40,7 @@ fi
 # train ResNet-18 in child processes (minutes under TSan), and memory_plan.
 tsan_tests=(ddp_amp_test ddp_test gloo_stuck_worker_test launch_test process_group_test store_test
             tensorboard_test zero_test gpt_train_app_test loader_test comm_hooks_test horovod_test
-            data_parallel_test)
+            data_parallel_test shm_collectives_test)
 build=${LOOM_BUILD_DIR:-build-tsan}
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
   -DLOOM_SANITIZE=thread -DLOOM_CUDA=OFF -DLOOM_BUILD_BENCH=OFF -DLOOM_TORCH_PYTHON= \

@@ -350,12 +350,14 @@ void describe(const dist::Reporter& out, const Options& o, const dist::Job& job,
               int64_t steps_per_epoch) {
   const int64_t accumulate = o.train.accumulate;
   if (ddp) {
+    // "gloo over shared memory (allreduce, broadcast) and tcp (the rest)"
+    const std::string backend = job.group->backend(), transport = job.group->transport();
+    const std::string carrier = transport == backend ? backend : backend + " over " + transport;
     out.say(
         "data parallel: world size %d (%s), global batch %lld, effective lr %g%s; %zu DDP "
         "buckets\n",
-        job.world, job.group->backend().c_str(),
-        static_cast<long long>(o.batch_size * accumulate * job.world), lr,
-        o.sync_bn ? ", SyncBatchNorm" : "", ddp->reducer().buckets().size());
+        job.world, carrier.c_str(), static_cast<long long>(o.batch_size * accumulate * job.world),
+        lr, o.sync_bn ? ", SyncBatchNorm" : "", ddp->reducer().buckets().size());
     if (o.print_buckets) out.say("%s", ddp->bucket_plan().c_str());
   }
   if (accumulate > 1)

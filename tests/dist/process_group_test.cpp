@@ -22,9 +22,11 @@ double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
-std::shared_ptr<ProcessGroup> join(test::Rank& r, Milliseconds timeout = 5s) {
+std::shared_ptr<ProcessGroup> join(test::Rank& r, Milliseconds timeout = 5s,
+                                   bool shared_memory = true) {
   ProcessGroupOptions options;
   options.timeout = timeout;
+  options.shared_memory = shared_memory;
   return make_gloo_process_group(r.store, r.rank, r.world_size, options);
 }
 
@@ -57,9 +59,12 @@ double expected(ReduceOp op, int world, int64_t i, bool integral) {
   return 0;
 }
 
-void check_allreduce_everything(test::Rank& r) {
-  auto pg = join(r);
+// On one host the allreduce goes through shared memory unless `shared_memory` is off (Note
+// [Shared-memory allreduce]): both paths.
+void check_allreduce_everything(test::Rank& r, bool shared_memory) {
+  auto pg = join(r, 5s, shared_memory);
   EXPECT_EQ(pg->backend(), "gloo");
+  EXPECT_EQ(pg->transport().find("shared memory") == 0, shared_memory) << pg->transport();
   EXPECT_EQ(pg->rank(), r.rank);
   EXPECT_EQ(pg->size(), r.world_size);
   const int64_t n = 1000;
@@ -82,15 +87,17 @@ void check_allreduce_everything(test::Rank& r) {
 }
 
 TEST(ProcessGroupGloo, AllreduceEveryOpAndDtypeOnTwoRanks) {
-  test::run_ranks(2, check_allreduce_everything);
+  for (const bool shared_memory : {true, false})
+    test::run_ranks(2, [&](test::Rank& r) { check_allreduce_everything(r, shared_memory); });
 }
 
 TEST(ProcessGroupGloo, AllreduceEveryOpAndDtypeOnThreeRanks) {
-  test::run_ranks(3, check_allreduce_everything);
+  for (const bool shared_memory : {true, false})
+    test::run_ranks(3, [&](test::Rank& r) { check_allreduce_everything(r, shared_memory); });
 }
 
-void check_data_movement(test::Rank& r) {
-  auto pg = join(r);
+void check_data_movement(test::Rank& r, bool shared_memory) {
+  auto pg = join(r, 5s, shared_memory);
   const int world = r.world_size;
   // broadcast from the last rank (not 0).
   const int root = world - 1;
@@ -132,11 +139,13 @@ void check_data_movement(test::Rank& r) {
 }
 
 TEST(ProcessGroupGloo, BroadcastAllgatherReduceScatterBarrierOnTwoRanks) {
-  test::run_ranks(2, check_data_movement);
+  for (const bool shared_memory : {true, false})
+    test::run_ranks(2, [&](test::Rank& r) { check_data_movement(r, shared_memory); });
 }
 
 TEST(ProcessGroupGloo, BroadcastAllgatherReduceScatterBarrierOnThreeRanks) {
-  test::run_ranks(3, check_data_movement);
+  for (const bool shared_memory : {true, false})
+    test::run_ranks(3, [&](test::Rank& r) { check_data_movement(r, shared_memory); });
 }
 
 // The flat collectives against the allreduce: a reduce-scatter of every rank's buffer must give

@@ -1,0 +1,69 @@
+// dist/reductions.h — the element-wise reductions of the CPU collectives, one definition for
+// both of gloo's transports (its TCP pairs and the shared-memory segment of
+// dist/shm_collectives.h), so that the two give the same bits for the same pair of operands.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "dist/process_group.h"
+#include "tensor/dtype.h"
+
+namespace loom::dist::reduction {
+
+// Half and bfloat16 compute in float; every other type in itself.
+template <typename T>
+using Compute =
+    std::conditional_t<std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>, float, T>;
+
+template <typename T>
+T reduce_one(T a, T b, ReduceOp op) {
+  using C = Compute<T>;
+  const C x = static_cast<C>(a), y = static_cast<C>(b);
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg:
+      if constexpr (std::is_integral_v<T>) {  // wraps around, as integer tensors do elsewhere
+        using U = std::make_unsigned_t<T>;
+        return static_cast<T>(static_cast<U>(static_cast<U>(x) + static_cast<U>(y)));
+      } else {
+        return static_cast<T>(x + y);
+      }
+    case ReduceOp::Max:
+    case ReduceOp::Min:
+      if constexpr (!std::is_integral_v<T>) {  // NaN wins, as in PyTorch's max and min
+        if (x != x) return a;
+        if (y != y) return b;
+      }
+      return (op == ReduceOp::Max ? x < y : y < x) ? b : a;
+  }
+  return a;
+}
+
+// out[i] = a[i] op b[i]; out may be a or b. The op is chosen once, outside the loop, so that
+// the compiler sees a constant and vectorizes the sum.
+template <typename T>
+void reduce_into(T* out, const T* a, const T* b, int64_t n, ReduceOp op) {
+  auto each = [&](ReduceOp constant) {
+    for (int64_t i = 0; i < n; ++i) out[i] = reduce_one(a[i], b[i], constant);
+  };
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg:
+      return each(ReduceOp::Sum);
+    case ReduceOp::Max:
+      return each(ReduceOp::Max);
+    case ReduceOp::Min:
+      return each(ReduceOp::Min);
+  }
+}
+
+// Avg is Sum followed by this (integers divide with truncation toward zero).
+template <typename T>
+void divide(T* data, int64_t n, int divisor) {
+  using C = Compute<T>;
+  for (int64_t i = 0; i < n; ++i)
+    data[i] = static_cast<T>(static_cast<C>(data[i]) / static_cast<C>(divisor));
+}
+
+}  // namespace loom::dist::reduction

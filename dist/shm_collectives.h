@@ -1,0 +1,104 @@
+// dist/shm_collectives.h — the allreduce and broadcast of a gloo group whose ranks all run on one
+// host, through a shared-memory segment instead of TCP over loopback (Note [Shared-memory
+// allreduce]).
+//
+// Note [Shared-memory allreduce]
+// On one host, gloo's TCP allreduce moves every byte through the kernel twice (a send copies it
+// into a socket buffer, a receive out of it) and wakes gloo's event loop per message: on the
+// project's 2-core machines it ran at about 1 GB/s of bus bandwidth against 10 GB/s of memcpy,
+// and all of that CPU time comes out of the training step, which shares the cores
+// (docs/cpu_speed.md). Here the ranks of a group instead map one segment of /dev/shm, with two
+// buffers of `size` slots each, one slot per rank, and reduce in rounds of one chunk of the
+// tensor (at most a slot's bytes):
+//   1. each rank copies the pieces of its chunk that other ranks reduce into its slot (piece p,
+//      about 1/size of the chunk, cut at cache lines, is rank p's to reduce), then raises its
+//      `copied` flag to the round's number;
+//   2. once every rank's `copied` has reached the round, rank p folds piece p of every rank, in
+//      rank order (its own from its tensor, the others' from their slots), into its slot,
+//      divides it for Avg, copies it into its tensor, and raises its `reduced` flag;
+//   3. once every rank's `reduced` has reached the round, each rank copies the other ranks'
+//      reduced pieces from their slots into its tensor.
+// A round writes the buffer the round before last wrote, and every rank raised its `reduced`
+// flag of the round before only after it had read all it needs of that buffer: two buffers
+// make the rounds safe without a third flag. Each piece is reduced once and copied to every
+// rank, so every rank gets the same bits; for two ranks these are gloo's TCP bits too (a + b).
+// Per rank and byte of the tensor that is about 4.5 bytes of memory traffic for two ranks and
+// no system call while the peers keep pace: a waiting rank spins briefly, then sleeps on a
+// futex of the flag it waits for (the two cores are shared with the compute threads).
+//
+// Failures: a rank whose group fails (GroupState::fail) aborts the segment, and every rank
+// waiting in it raises at once with the reason; a waiting rank also checks every 50 ms that the
+// ranks it waits for are alive (their pid), so that a rank that died is named in well under a
+// second, and raises at the collective's deadline. The first round of each collective compares
+// the ranks' element counts, dtypes and ops, so that a mismatch raises instead of reducing
+// unrelated bytes, even with the collective checks off.
+//
+// Which groups: every rank must map the segment rank 0 made (a random token inside it proves
+// that they share /dev/shm) and share rank 0's network and pid namespaces (loom's test hosts
+// are network namespaces of one machine: ranks on different "hosts" keep TCP, so that a failed
+// link fails their collectives as it would between machines). LOOM_SHARED_MEMORY=0 turns it
+// off (ProcessGroupOptions::shared_memory). Rank 0 unlinks the segment's name as soon as every
+// rank has mapped it, so no name outlives a crash. docs/decisions.md says why it is on by
+// default, unlike in PyTorch's gloo.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "dist/process_group.h"
+#include "dist/store.h"
+
+namespace loom::dist {
+
+class ShmCollectives {
+ public:
+  using Deadline = std::chrono::steady_clock::time_point;
+
+  // Collective over the group (every rank calls it at the same point of its store traffic):
+  // the segment every rank maps, or nullptr on every rank alike, with the reason in `why_not`.
+  static std::unique_ptr<ShmCollectives> connect(Store& store, int rank, int size,
+                                                 Milliseconds timeout, std::string& why_not);
+  ~ShmCollectives();
+  ShmCollectives(const ShmCollectives&) = delete;
+  ShmCollectives& operator=(const ShmCollectives&) = delete;
+
+  // data = op over every rank's data, in place, the same bits on every rank. `op_name` names
+  // the collective in errors. Throws DistError at `deadline`, when a peer aborts or exits, on a
+  // peer's different count, dtype or op, and as soon as `failed` (polled while waiting) returns
+  // a reason.
+  void allreduce(void* data, int64_t n, DType dtype, ReduceOp op, Deadline deadline,
+                 const std::function<std::string()>& failed);
+
+  // The `bytes` bytes at data of rank `root`, to every rank (in place); raises as allreduce.
+  void broadcast(void* data, int64_t bytes, int root, Deadline deadline,
+                 const std::function<std::string()>& failed);
+
+  // Makes every rank's waits in the segment raise at once, naming this rank and `why`.
+  void abort(const std::string& why);
+
+  int64_t segment_bytes() const { return bytes_; }
+  int64_t chunk_bytes() const;
+
+  struct Header;  // the segment's layout, in shm_collectives.cpp
+  struct Wait;    // one collective's name, deadline and failure poll
+
+ private:
+  ShmCollectives(void* base, int64_t bytes, int rank, int size);
+
+  // Raises this rank's copied (or reduced) flag to `round`, then waits for every other rank's.
+  void raise_and_await(bool copied, uint32_t round, Wait& wait);
+  // In a collective's first round, before raising copied: what this rank is doing, for the
+  // peers to compare (their count, dtype and op or root), and the comparison once they have.
+  void describe(int64_t count, int32_t dtype, int32_t op);
+  void check_alike(const Wait& wait);
+
+  void* base_;
+  int64_t bytes_;
+  int rank_, size_;
+  uint32_t round_ = 0;  // the last round this rank ran; the same on every rank
+};
+
+}  // namespace loom::dist
