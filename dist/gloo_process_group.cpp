@@ -470,7 +470,8 @@ class ProcessGroupGloo final : public ProcessGroup {
   std::string backend() const override { return "gloo"; }
   std::string transport() const override {
     if (size_ == 1) return "none (one rank)";
-    if (state_->shm) return "shared memory (allreduce, broadcast) and tcp (the rest)";
+    if (state_->shm)
+      return "shared memory (allreduce, broadcast, allgather, reduce_scatter) and tcp (the rest)";
     return no_shm_.empty() ? "tcp" : "tcp (no shared memory: " + no_shm_ + ")";
   }
 
@@ -494,8 +495,7 @@ class ProcessGroupGloo final : public ProcessGroup {
                      if (t.nbytes() == 0 || size_ == 1) return;
                      if (state_->shm) {
                        state_->shm->broadcast(t.data(), static_cast<int64_t>(t.nbytes()), root,
-                                              Clock::now() + timeout,
-                                              [this] { return state_->failure(); });
+                                              Clock::now() + timeout, shm_failure_);
                        return;
                      }
                      gloo::BroadcastOptions opts(state_->context);
@@ -525,6 +525,13 @@ class ProcessGroupGloo final : public ProcessGroup {
                      if (nbytes == 0) return;
                      if (size_ == 1) {
                        if (!in_place) std::memmove(out[0].data(), input.data(), nbytes);
+                       return;
+                     }
+                     if (state_->shm) {
+                       std::vector<void*> outputs;
+                       for (const Tensor& o : out) outputs.push_back(o.data());
+                       state_->shm->allgather(input.data(), outputs, static_cast<int64_t>(nbytes),
+                                              Clock::now() + timeout, shm_failure_);
                        return;
                      }
                      Tensor scratch;
@@ -669,8 +676,7 @@ class ProcessGroupGloo final : public ProcessGroup {
                           Milliseconds timeout) {
     if (n == 0 || size_ == 1) return;
     if (state_->shm) {
-      state_->shm->allreduce(data, n, dtype, op, Clock::now() + timeout,
-                             [this] { return state_->failure(); });
+      state_->shm->allreduce(data, n, dtype, op, Clock::now() + timeout, shm_failure_);
       return;
     }
     dispatch_reducible(dtype, "allreduce", [&]<typename T>() {
@@ -691,6 +697,13 @@ class ProcessGroupGloo final : public ProcessGroup {
     if (n == 0) return;
     if (size_ == 1) {
       if (out.data() != inputs[0].data()) std::memmove(out.data(), inputs[0].data(), out.nbytes());
+      return;
+    }
+    if (state_->shm) {
+      std::vector<const void*> pieces;
+      for (const Tensor& in : inputs) pieces.push_back(in.data());
+      state_->shm->reduce_scatter(out.data(), pieces, n, out.dtype(), op, Clock::now() + timeout,
+                                  shm_failure_);
       return;
     }
     const size_t nbytes = out.nbytes();
@@ -846,6 +859,8 @@ class ProcessGroupGloo final : public ProcessGroup {
   const ProcessGroupOptions options_;
   const std::shared_ptr<Store> store_;  // this group's keys: pg<id>/...
   std::string no_shm_;  // why the ranks allreduce over tcp though options_.shared_memory asked
+  // What the shared-memory collectives poll while they wait: this group's failure, if any.
+  const std::function<std::string()> shm_failure_ = [this] { return state_->failure(); };
   const std::shared_ptr<GroupState> state_;
   CollectiveChecks checks_;
 

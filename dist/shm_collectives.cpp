@@ -51,10 +51,15 @@ struct alignas(64) RankFlags {
   uint32_t reduced;   // the last round whose own piece it has reduced
   uint32_t sleepers;  // ranks asleep on this rank's flags: it wakes them only if there are some
   int32_t pid;
-  int64_t count;  // the collective of its current round: element count, dtype and op
+  // The collective of its current round: its kind (a Kind), element count (bytes for the kinds
+  // without a dtype), dtype (-1 without) and op or root.
+  int32_t kind;
   int32_t dtype;
+  int64_t count;
   int32_t op;
 };
+
+enum Kind : int32_t { kAllreduce = 1, kBroadcast, kAllgather, kReduceScatter };
 
 }  // namespace
 
@@ -343,8 +348,9 @@ void ShmCollectives::raise_and_await(bool copied, uint32_t round, Wait& wait) {
 
 // ---------------------------------------------------------------- the collectives
 
-void ShmCollectives::describe(int64_t count, int32_t dtype, int32_t op) {
+void ShmCollectives::describe(int32_t kind, int64_t count, int32_t dtype, int32_t op) {
   RankFlags& mine = flags_of(base_, rank_);
+  mine.kind = kind;
   mine.count = count;
   mine.dtype = dtype;
   mine.op = op;
@@ -352,14 +358,27 @@ void ShmCollectives::describe(int64_t count, int32_t dtype, int32_t op) {
 
 void ShmCollectives::check_alike(const Wait& wait) {
   const RankFlags& mine = flags_of(base_, rank_);
-  auto what = [&](const RankFlags& f) {  // a broadcast describes itself with dtype -1
-    return f.dtype < 0 ? detail::str("a broadcast of ", f.count, " bytes from rank ", f.op)
-                       : detail::str("an allreduce of ", f.count, " ", static_cast<DType>(f.dtype),
-                                     " values (", to_string(static_cast<ReduceOp>(f.op)), ")");
+  auto what = [&](const RankFlags& f) -> std::string {
+    auto values = [&] {
+      return detail::str(f.count, " ", static_cast<DType>(f.dtype), " values (",
+                         to_string(static_cast<ReduceOp>(f.op)), ")");
+    };
+    switch (f.kind) {
+      case kAllreduce:
+        return "an allreduce of " + values();
+      case kBroadcast:
+        return detail::str("a broadcast of ", f.count, " bytes from rank ", f.op);
+      case kAllgather:
+        return detail::str("an allgather of ", f.count, " bytes a rank");
+      case kReduceScatter:
+        return "a reduce-scatter of " + values() + " a rank";
+    }
+    return detail::str("a collective of kind ", f.kind);
   };
   for (int q = 0; q < size_; ++q) {
     const RankFlags& theirs = flags_of(base_, q);
-    LOOM_CHECK(theirs.count == mine.count && theirs.dtype == mine.dtype && theirs.op == mine.op,
+    LOOM_CHECK(theirs.kind == mine.kind && theirs.count == mine.count &&
+                   theirs.dtype == mine.dtype && theirs.op == mine.op,
                DistError, wait.op_name, " through shared memory: rank ", rank_, " runs ",
                what(mine), ", rank ", q, " ", what(theirs));
   }
@@ -392,7 +411,8 @@ void ShmCollectives::allreduce(void* data, int64_t n, DType dtype, ReduceOp op, 
         // 1. The pieces the other ranks reduce, into this rank's slot.
         for (int p = 0; p < size_; ++p)
           if (p != rank_) std::memcpy(own + cut(p), here + cut(p), piece_bytes(p));
-        if (begin == 0) describe(n, static_cast<int32_t>(dtype), static_cast<int32_t>(op));
+        if (begin == 0)
+          describe(kAllreduce, n, static_cast<int32_t>(dtype), static_cast<int32_t>(op));
         raise_and_await(/*copied=*/true, round, wait);
         if (begin == 0) check_alike(wait);
 
@@ -432,12 +452,91 @@ void ShmCollectives::broadcast(void* data, int64_t bytes, int root, Deadline dea
     const uint32_t round = ++round_;
     char* root_slot = slots + ((round & 1) * size_ + root) * kChunkBytes;
     if (rank_ == root) std::memcpy(root_slot, x + begin, m);
-    if (begin == 0) describe(bytes, -1, root);
+    if (begin == 0) describe(kBroadcast, bytes, -1, root);
     raise_and_await(/*copied=*/true, round, wait);
     if (begin == 0) check_alike(wait);
     if (rank_ != root) std::memcpy(x + begin, root_slot, m);
     raise_and_await(/*copied=*/false, round, wait);
   }
+}
+
+// A round of an all-gather: each rank copies a chunk of its input into its slot, then the
+// others' chunks out of theirs. The second flag ("done reading") keeps the rounds safe and the
+// descriptors readable, as in the allreduce.
+void ShmCollectives::allgather(const void* input, const std::vector<void*>& out, int64_t bytes,
+                               Deadline deadline, const std::function<std::string()>& failed) {
+  LOOM_ASSERT(static_cast<int>(out.size()) == size_, "ShmCollectives::allgather: ", out.size(),
+              " outputs for ", size_, " ranks");
+  if (bytes == 0) return;
+  Wait wait{"allgather", deadline, failed};
+  char* slots = static_cast<char*>(base_) + slots_offset(size_);
+  const char* x = static_cast<const char*>(input);
+  for (int64_t begin = 0; begin < bytes; begin += kChunkBytes) {
+    const int64_t m = std::min(kChunkBytes, bytes - begin);
+    const uint32_t round = ++round_;
+    auto slot = [&](int q) { return slots + ((round & 1) * size_ + q) * kChunkBytes; };
+    std::memcpy(slot(rank_), x + begin, m);
+    if (begin == 0) describe(kAllgather, bytes, -1, 0);
+    raise_and_await(/*copied=*/true, round, wait);
+    if (begin == 0) check_alike(wait);
+    for (int q = 0; q < size_; ++q) {
+      char* to = static_cast<char*>(out[q]) + begin;
+      if (q != rank_) {
+        std::memcpy(to, slot(q), m);
+      } else if (to != x + begin) {  // in place when the input is this rank's output
+        std::memmove(to, x + begin, m);
+      }
+    }
+    raise_and_await(/*copied=*/false, round, wait);
+  }
+}
+
+// A round of a reduce-scatter covers a chunk of every piece: a rank copies its inputs' chunks
+// for the other ranks into its slot (piece p at p chunks in), then folds chunk `rank` of every
+// rank's piece, in rank order and its own from its input, into its output.
+void ShmCollectives::reduce_scatter(void* out, const std::vector<const void*>& inputs, int64_t n,
+                                    DType dtype, ReduceOp op, Deadline deadline,
+                                    const std::function<std::string()>& failed) {
+  LOOM_ASSERT(static_cast<int>(inputs.size()) == size_,
+              "ShmCollectives::reduce_scatter: ", inputs.size(), " inputs for ", size_, " ranks");
+  if (n == 0) return;
+  Wait wait{"reduce_scatter", deadline, failed};
+  char* slots = static_cast<char*>(base_) + slots_offset(size_);
+  dispatch_all(dtype, wait.op_name, [&]<typename T>() {
+    if constexpr (std::is_same_v<T, bool>) {
+      LOOM_ASSERT(false, "ShmCollectives::reduce_scatter: bool is not reducible");
+    } else {
+      const int64_t line = std::max<int64_t>(1, kLineBytes / static_cast<int64_t>(sizeof(T)));
+      const int64_t chunk = kChunkBytes / static_cast<int64_t>(sizeof(T)) / size_ / line * line;
+      T* y = static_cast<T*>(out);
+      for (int64_t begin = 0; begin < n; begin += chunk) {
+        const int64_t m = std::min(chunk, n - begin);
+        const uint32_t round = ++round_;
+        auto slot = [&](int q) {
+          return reinterpret_cast<T*>(slots + ((round & 1) * size_ + q) * kChunkBytes);
+        };
+        auto input = [&](int p) { return static_cast<const T*>(inputs[p]) + begin; };
+        for (int p = 0; p < size_; ++p)
+          if (p != rank_) std::memcpy(slot(rank_) + p * chunk, input(p), m * sizeof(T));
+        if (begin == 0)
+          describe(kReduceScatter, n, static_cast<int32_t>(dtype), static_cast<int32_t>(op));
+        raise_and_await(/*copied=*/true, round, wait);
+        if (begin == 0) check_alike(wait);
+        auto piece_of = [&](int q) -> const T* {
+          return q == rank_ ? input(rank_) : slot(q) + rank_ * chunk;
+        };
+        // Folded in the unused part of this rank's slot, not in `out`: out may be this rank's
+        // input piece (DDP's ZeRO buckets reduce in place), which a third rank's term must not
+        // find overwritten.
+        T* sum = slot(rank_) + rank_ * chunk;
+        reduction::reduce_into(sum, piece_of(0), piece_of(1), m, op);
+        for (int q = 2; q < size_; ++q) reduction::reduce_into(sum, sum, piece_of(q), m, op);
+        if (op == ReduceOp::Avg) reduction::divide(sum, m, size_);
+        std::memcpy(y + begin, sum, m * sizeof(T));
+        raise_and_await(/*copied=*/false, round, wait);
+      }
+    }
+  });
 }
 
 }  // namespace loom::dist

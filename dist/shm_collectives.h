@@ -1,6 +1,6 @@
-// dist/shm_collectives.h — the allreduce and broadcast of a gloo group whose ranks all run on one
-// host, through a shared-memory segment instead of TCP over loopback (Note [Shared-memory
-// allreduce]).
+// dist/shm_collectives.h — the allreduce, broadcast, all-gather and reduce-scatter of a gloo
+// group whose ranks all run on one host, through a shared-memory segment instead of TCP over
+// loopback (Note [Shared-memory allreduce]).
 //
 // Note [Shared-memory allreduce]
 // On one host, gloo's TCP allreduce moves every byte through the kernel twice (a send copies it
@@ -25,20 +25,27 @@
 // Per rank and byte of the tensor that is about 4.5 bytes of memory traffic for two ranks and
 // no system call while the peers keep pace: a waiting rank spins briefly, then sleeps on a
 // futex of the flag it waits for (the two cores are shared with the compute threads).
+// The other collectives run the same rounds: a broadcast's root copies a chunk in and the others
+// copy it out; in an all-gather every rank copies a chunk of its input in and the others' out;
+// in a reduce-scatter every rank copies in the chunks of its inputs that the others reduce, and
+// folds its own piece as above. Every round of every kind raises both flags (the second then
+// means "done reading"), so the two-buffer argument holds for all of them, and so does the
+// reading of the descriptors below.
 //
 // Failures: a rank whose group fails (GroupState::fail) aborts the segment, and every rank
-// waiting in it raises at once with the reason; a waiting rank also checks every 50 ms that the
-// ranks it waits for are alive (their pid), so that a rank that died is named in well under a
-// second, and raises at the collective's deadline. The first round of each collective compares
-// the ranks' element counts, dtypes and ops, so that a mismatch raises instead of reducing
-// unrelated bytes, even with the collective checks off.
+// waiting in it raises at once with the reason; a waiting rank also checks every 50 ms that
+// every peer is alive (its pid; a peer may itself wait for a dead one), so that a rank that died
+// is named in well under a second, and raises at the collective's deadline. The first round of
+// each collective compares the ranks' descriptors (kind, count, dtype, op or root), so that a
+// mismatch raises instead of reducing unrelated bytes, even with the collective checks off.
 //
 // Which groups: every rank must map the segment rank 0 made (a random token inside it proves
 // that they share /dev/shm) and share rank 0's network and pid namespaces (loom's test hosts
 // are network namespaces of one machine: ranks on different "hosts" keep TCP, so that a failed
 // link fails their collectives as it would between machines). LOOM_SHARED_MEMORY=0 turns it
 // off (ProcessGroupOptions::shared_memory). Rank 0 unlinks the segment's name as soon as every
-// rank has mapped it, so no name outlives a crash. docs/decisions.md says why it is on by
+// rank has mapped it: the segment then lives as long as its mappings, and no name is left in
+// /dev/shm once a group exists. docs/decisions.md says why it is on by
 // default, unlike in PyTorch's gloo.
 #pragma once
 
@@ -47,6 +54,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dist/process_group.h"
 #include "dist/store.h"
@@ -76,6 +84,14 @@ class ShmCollectives {
   void broadcast(void* data, int64_t bytes, int root, Deadline deadline,
                  const std::function<std::string()>& failed);
 
+  // out[q] = rank q's `bytes` bytes at input (out[rank] may be input itself: in place).
+  void allgather(const void* input, const std::vector<void*>& out, int64_t bytes, Deadline deadline,
+                 const std::function<std::string()>& failed);
+
+  // out = op over the ranks of their inputs[rank], n elements each (the inputs are only read).
+  void reduce_scatter(void* out, const std::vector<const void*>& inputs, int64_t n, DType dtype,
+                      ReduceOp op, Deadline deadline, const std::function<std::string()>& failed);
+
   // Makes every rank's waits in the segment raise at once, naming this rank and `why`.
   void abort(const std::string& why);
 
@@ -92,7 +108,7 @@ class ShmCollectives {
   void raise_and_await(bool copied, uint32_t round, Wait& wait);
   // In a collective's first round, before raising copied: what this rank is doing, for the
   // peers to compare (their count, dtype and op or root), and the comparison once they have.
-  void describe(int64_t count, int32_t dtype, int32_t op);
+  void describe(int32_t kind, int64_t count, int32_t dtype, int32_t op);
   void check_alike(const Wait& wait);
 
   void* base_;

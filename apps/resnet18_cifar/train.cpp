@@ -350,7 +350,7 @@ void describe(const dist::Reporter& out, const Options& o, const dist::Job& job,
               int64_t steps_per_epoch) {
   const int64_t accumulate = o.train.accumulate;
   if (ddp) {
-    // "gloo over shared memory (allreduce, broadcast) and tcp (the rest)"
+    // "gloo over shared memory (allreduce, broadcast, allgather, reduce_scatter) and tcp (...)"
     const std::string backend = job.group->backend(), transport = job.group->transport();
     const std::string carrier = transport == backend ? backend : backend + " over " + transport;
     out.say(

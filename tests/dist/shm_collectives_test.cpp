@@ -1,7 +1,8 @@
 // tests/dist/shm_collectives_test.cpp — Note [Shared-memory allreduce] in real processes: the
-// allreduce folds in rank order across rounds and equals gloo's TCP bits on two ranks, the
-// broadcast crosses rounds, and the failures (a mismatch, a peer that exits, an abort, a
-// timeout) raise promptly; ranks that do not share the namespaces or /dev/shm keep TCP.
+// allreduce and the reduce-scatter fold in rank order across rounds and equal gloo's TCP bits on
+// two ranks, the broadcast and the all-gather cross rounds, and the failures (a mismatch, a peer
+// that exits, an abort, a timeout) raise promptly; ranks that do not share the namespaces or
+// /dev/shm keep TCP.
 #include "dist/shm_collectives.h"
 
 #include <sched.h>
@@ -52,7 +53,8 @@ const std::vector<int64_t> kSizes = {1, 17, 262144 + 5, 3 * 262144 + 100};
 
 void check_rank_order_fold(test::Rank& r) {
   auto pg = group(r, /*shared_memory=*/true);
-  EXPECT_EQ(pg->transport(), "shared memory (allreduce, broadcast) and tcp (the rest)");
+  EXPECT_EQ(pg->transport(),
+            "shared memory (allreduce, broadcast, allgather, reduce_scatter) and tcp (the rest)");
   for (const int64_t n : kSizes) {
     Tensor t = tensor<float>(values(r.rank, n));
     pg->allreduce(t, ReduceOp::Sum)->wait();
@@ -119,6 +121,75 @@ TEST(ShmCollectives, BroadcastCrossesRoundsFromAnyRoot) {
     Tensor t = full({1000}, static_cast<double>(r.rank + 1), kFloat64);
     pg->allreduce(t)->wait();
     EXPECT_EQ(t.to_vector<double>()[999], 6.0);
+  });
+}
+
+// A reduce-scatter round holds 1 MiB / size of every piece: 87376 float32 values on 3 ranks.
+void check_reduce_scatter_and_allgather(test::Rank& r) {
+  auto pg = group(r, /*shared_memory=*/true);
+  const int world = r.world_size;
+  for (const int64_t piece : {int64_t{5}, int64_t{2} * 87376 + 5}) {
+    // Flat input: world pieces back to back, each rank's values shifted by the piece index.
+    Tensor input = tensor<float>(values(r.rank, piece * world));
+    Tensor out = empty({piece});
+    pg->reduce_scatter_tensor(out, input)->wait();
+    std::vector<float> want = values(0, piece * world);
+    for (int q = 1; q < world; ++q) {
+      const std::vector<float> theirs = values(q, piece * world);
+      for (int64_t i = 0; i < piece * world; ++i) want[i] += theirs[i];
+    }
+    // And in place, out being this rank's piece of the input, as DDP's ZeRO buckets do.
+    Tensor in_place = tensor<float>(values(r.rank, piece * world));
+    pg->reduce_scatter_tensor(in_place.narrow(0, r.rank * piece, piece), in_place)->wait();
+    int wrong = 0;
+    for (const std::vector<float>& got :
+         {out.to_vector<float>(), in_place.narrow(0, r.rank * piece, piece).to_vector<float>()})
+      for (int64_t i = 0; i < piece; ++i)
+        if (std::memcmp(&got[i], &want[r.rank * piece + i], sizeof(float)) != 0 && wrong++ < 3)
+          ADD_FAILURE() << "reduce_scatter on " << world << " ranks, piece " << piece
+                        << ": element " << i << " is " << got[i] << ", the rank-order fold "
+                        << want[r.rank * piece + i];
+
+    // All-gather in place: this rank's piece of the flat output is the input.
+    Tensor gathered = empty({piece * world});
+    Tensor mine = gathered.narrow(0, r.rank * piece, piece);
+    mine.copy_(tensor<float>(values(r.rank, piece)));
+    pg->allgather_into_tensor(gathered, mine)->wait();
+    const std::vector<float> all = gathered.to_vector<float>();
+    wrong = 0;
+    for (int q = 0; q < world; ++q) {
+      const std::vector<float> theirs = values(q, piece);
+      for (int64_t i = 0; i < piece; ++i)
+        if (all[q * piece + i] != theirs[i] && wrong++ < 3)
+          ADD_FAILURE() << "allgather on " << world << " ranks: rank " << q << "'s element " << i
+                        << " is " << all[q * piece + i] << ", not " << theirs[i];
+    }
+  }
+}
+
+TEST(ShmCollectives, ReduceScatterAndAllgatherCrossRoundsOnTwoRanks) {
+  test::run_ranks(2, check_reduce_scatter_and_allgather);
+}
+
+TEST(ShmCollectives, ReduceScatterAndAllgatherCrossRoundsOnThreeRanks) {
+  test::run_ranks(3, check_reduce_scatter_and_allgather);
+}
+
+TEST(ShmCollectives, ReduceScatterAndAllgatherCrossRoundsOnFourRanks) {
+  test::run_ranks(4, check_reduce_scatter_and_allgather);
+}
+
+TEST(ShmCollectives, TwoRanksGetTheBitsOfTheTcpRingReduceScatter) {
+  test::run_ranks(2, [](test::Rank& r) {
+    auto shm = group(r, /*shared_memory=*/true);
+    auto tcp = group(r, /*shared_memory=*/false);
+    for (DType dtype : {kFloat32, kBFloat16}) {
+      Tensor input = tensor<float>(values(r.rank, 2 * 300001)).to(dtype);
+      Tensor a = empty({300001}, dtype), b = empty({300001}, dtype);
+      shm->reduce_scatter_tensor(a, input, ReduceOp::Avg)->wait();
+      tcp->reduce_scatter_tensor(b, input, ReduceOp::Avg)->wait();
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.nbytes()), 0) << dtype;
+    }
   });
 }
 
