@@ -164,7 +164,11 @@ void* create_segment(const std::string& name, int64_t bytes, std::string& failur
 void* open_segment(const std::string& name, int64_t bytes, std::string& failure) {
   const int fd = ::shm_open(name.c_str(), O_RDWR, 0600);
   if (fd < 0) {
-    failure = errno_text("shm_open");
+    const int err = errno;
+    failure = detail::str(err == ENOENT ? "rank 0's segment is not in this /dev/shm (another "
+                                          "host, or a container with its own /dev/shm): "
+                                        : "",
+                          "shm_open: ", std::strerror(err));
     return nullptr;
   }
   struct stat st {};
@@ -258,8 +262,6 @@ ShmCollectives::ShmCollectives(void* base, int64_t bytes, int rank, int size)
 
 ShmCollectives::~ShmCollectives() { ::munmap(base_, static_cast<size_t>(bytes_)); }
 
-int64_t ShmCollectives::chunk_bytes() const { return kChunkBytes; }
-
 // ---------------------------------------------------------------- failures
 
 void ShmCollectives::abort(const std::string& why) {
@@ -280,7 +282,7 @@ void ShmCollectives::abort(const std::string& why) {
 // ---------------------------------------------------------------- waiting
 
 struct ShmCollectives::Wait {
-  const char* op_name;  // "allreduce", "broadcast"
+  const char* op_name;  // "allreduce", "broadcast", "allgather", "reduce_scatter"
   Deadline deadline;
   const std::function<std::string()>& failed;
   Clock::time_point began = Clock::now();

@@ -88,15 +88,13 @@ class ShmCollectives {
   void allgather(const void* input, const std::vector<void*>& out, int64_t bytes, Deadline deadline,
                  const std::function<std::string()>& failed);
 
-  // out = op over the ranks of their inputs[rank], n elements each (the inputs are only read).
+  // out = op over the ranks of their inputs[rank], n elements each; out may be inputs[rank]
+  // itself, and the other inputs are only read.
   void reduce_scatter(void* out, const std::vector<const void*>& inputs, int64_t n, DType dtype,
                       ReduceOp op, Deadline deadline, const std::function<std::string()>& failed);
 
   // Makes every rank's waits in the segment raise at once, naming this rank and `why`.
   void abort(const std::string& why);
-
-  int64_t segment_bytes() const { return bytes_; }
-  int64_t chunk_bytes() const;
 
   struct Header;  // the segment's layout, in shm_collectives.cpp
   struct Wait;    // one collective's name, deadline and failure poll

@@ -228,6 +228,7 @@ TEST_F(Doctor, AHealthyRunPassesEveryCheckOnEveryRank) {
   EXPECT_NE(r.output.find("node 0, rank 1 (local rank 1):"), std::string::npos) << r.output;
   EXPECT_EQ(count(r.output, "✓ store at 127.0.0.1:"), 2) << r.output;
   EXPECT_EQ(count(r.output, "✓ allreduce over gloo, 2 ranks"), 2) << r.output;
+  EXPECT_EQ(count(r.output, "; gloo over shared memory (allreduce,"), 2) << r.output;  // one host
   EXPECT_EQ(count(r.output, "writable on node 0"), 2) << r.output;
   EXPECT_NE(r.output.find("the same as rank 0's (sha256"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("✓ MASTER_PORT"), std::string::npos) << r.output;
@@ -342,6 +343,10 @@ TEST_F(DoctorTwoHosts, DataThatDiffersBetweenHostsIsNamed) {
             std::string::npos)
       << a.output;
   EXPECT_NE(a.output.find("✓ allreduce over gloo, 2 ranks, on node 1"), std::string::npos)
+      << a.output;
+  // The test hosts are network namespaces of one machine: they keep TCP, and say why.
+  EXPECT_NE(a.output.find("; gloo over tcp (no shared memory: rank 1: its namespaces"),
+            std::string::npos)
       << a.output;
   EXPECT_NE(a.output.find("1 failed"), std::string::npos) << a.output;
   EXPECT_NE(b.output.find("1 failed (node 0's loomrun prints"), std::string::npos) << b.output;

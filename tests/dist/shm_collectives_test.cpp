@@ -301,7 +301,9 @@ TEST(ShmCollectives, ARankInAnotherNetworkNamespaceIsRefused) {
 
 TEST(ShmCollectives, ARankWithAnotherDevShmIsRefused) {
   if (::geteuid() != 0) GTEST_SKIP() << "unshare needs root";
-  test::run_ranks(2, [](test::Rank& r) { check_refused(r, CLONE_NEWNS, "shm_open"); });
+  test::run_ranks(2, [](test::Rank& r) {
+    check_refused(r, CLONE_NEWNS, "rank 0's segment is not in this /dev/shm");
+  });
 }
 
 }  // namespace
