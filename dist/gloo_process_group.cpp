@@ -165,6 +165,7 @@ class ScopedSigpipeBlock {
 
 // ---------------------------------------------------------------- reductions
 
+using reduction::dispatch_reducible;
 using reduction::divide;
 using reduction::reduce_into;
 
@@ -177,18 +178,6 @@ gloo::AllreduceOptions::Func reduce_function(ReduceOp op) {
     const T* y = static_cast<const T*>(b);
     reduce_into(o, x, y, static_cast<int64_t>(n), op);
   };
-}
-
-// The dtypes gloo reduces here: every dtype but bool.
-template <typename F>
-void dispatch_reducible(DType dtype, const char* op, F&& f) {
-  LOOM_CHECK(dtype != kBool, DTypeError, op,
-             ": gloo reduces float32, float64, float16, bfloat16, int64, int32 and uint8 tensors; "
-             "got ",
-             dtype);
-  dispatch_all(dtype, op, [&]<typename T>() {
-    if constexpr (!std::is_same_v<T, bool>) f.template operator()<T>();
-  });
 }
 
 // ---------------------------------------------------------------- checking arguments

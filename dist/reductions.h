@@ -7,7 +7,9 @@
 #include <type_traits>
 
 #include "dist/process_group.h"
+#include "tensor/dispatch.h"
 #include "tensor/dtype.h"
+#include "tensor/error.h"
 
 namespace loom::dist::reduction {
 
@@ -64,6 +66,19 @@ void divide(T* data, int64_t n, int divisor) {
   using C = Compute<T>;
   for (int64_t i = 0; i < n; ++i)
     data[i] = static_cast<T>(static_cast<C>(data[i]) / static_cast<C>(divisor));
+}
+
+// Calls f.template operator()<T>() with dtype's C++ type: every dtype but bool, which raises
+// DTypeError naming `op`.
+template <typename F>
+void dispatch_reducible(DType dtype, const char* op, F&& f) {
+  LOOM_CHECK(dtype != kBool, DTypeError, op,
+             ": gloo reduces float32, float64, float16, bfloat16, int64, int32 and uint8 tensors; "
+             "got ",
+             dtype);
+  dispatch_all(dtype, op, [&]<typename T>() {
+    if constexpr (!std::is_same_v<T, bool>) f.template operator()<T>();
+  });
 }
 
 }  // namespace loom::dist::reduction

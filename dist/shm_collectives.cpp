@@ -391,51 +391,47 @@ void ShmCollectives::allreduce(void* data, int64_t n, DType dtype, ReduceOp op, 
   if (n == 0) return;
   Wait wait{"allreduce", deadline, failed};
   char* slots = static_cast<char*>(base_) + slots_offset(size_);
-  dispatch_all(dtype, wait.op_name, [&]<typename T>() {
-    if constexpr (std::is_same_v<T, bool>) {
-      LOOM_ASSERT(false, "ShmCollectives::allreduce: bool is not reducible");
-    } else {
-      T* x = static_cast<T*>(data);
-      const int64_t chunk = kChunkBytes / static_cast<int64_t>(sizeof(T));
-      const int64_t line = std::max<int64_t>(1, kLineBytes / static_cast<int64_t>(sizeof(T)));
-      auto slot = [&](uint32_t round, int q) {
-        return reinterpret_cast<T*>(slots + ((round & 1) * size_ + q) * kChunkBytes);
-      };
-      for (int64_t begin = 0; begin < n; begin += chunk) {
-        const int64_t m = std::min(chunk, n - begin);
-        // Piece p of the round is [cut(p), cut(p + 1)): rank p's to reduce.
-        auto cut = [&](int p) { return p == size_ ? m : m * p / size_ / line * line; };
-        auto piece_bytes = [&](int p) { return (cut(p + 1) - cut(p)) * sizeof(T); };
-        const uint32_t round = ++round_;
-        T* here = x + begin;
-        T* own = slot(round, rank_);
+  reduction::dispatch_reducible(dtype, wait.op_name, [&]<typename T>() {
+    T* x = static_cast<T*>(data);
+    const int64_t chunk = kChunkBytes / static_cast<int64_t>(sizeof(T));
+    const int64_t line = std::max<int64_t>(1, kLineBytes / static_cast<int64_t>(sizeof(T)));
+    auto slot = [&](uint32_t round, int q) {
+      return reinterpret_cast<T*>(slots + ((round & 1) * size_ + q) * kChunkBytes);
+    };
+    for (int64_t begin = 0; begin < n; begin += chunk) {
+      const int64_t m = std::min(chunk, n - begin);
+      // Piece p of the round is [cut(p), cut(p + 1)): rank p's to reduce.
+      auto cut = [&](int p) { return p == size_ ? m : m * p / size_ / line * line; };
+      auto piece_bytes = [&](int p) { return (cut(p + 1) - cut(p)) * sizeof(T); };
+      const uint32_t round = ++round_;
+      T* here = x + begin;
+      T* own = slot(round, rank_);
 
-        // 1. The pieces the other ranks reduce, into this rank's slot.
-        for (int p = 0; p < size_; ++p)
-          if (p != rank_) std::memcpy(own + cut(p), here + cut(p), piece_bytes(p));
-        if (begin == 0)
-          describe(kAllreduce, n, static_cast<int32_t>(dtype), static_cast<int32_t>(op));
-        raise_and_await(/*copied=*/true, round, wait);
-        if (begin == 0) check_alike(wait);
+      // 1. The pieces the other ranks reduce, into this rank's slot.
+      for (int p = 0; p < size_; ++p)
+        if (p != rank_) std::memcpy(own + cut(p), here + cut(p), piece_bytes(p));
+      if (begin == 0)
+        describe(kAllreduce, n, static_cast<int32_t>(dtype), static_cast<int32_t>(op));
+      raise_and_await(/*copied=*/true, round, wait);
+      if (begin == 0) check_alike(wait);
 
-        // 2. This rank's piece, folded over the ranks in rank order, into its slot and tensor.
-        const int64_t lo = cut(rank_), len = cut(rank_ + 1) - lo;
-        if (len > 0) {
-          auto piece_of = [&](int q) -> const T* {
-            return (q == rank_ ? here : slot(round, q)) + lo;
-          };
-          T* sum = own + lo;
-          reduction::reduce_into(sum, piece_of(0), piece_of(1), len, op);
-          for (int q = 2; q < size_; ++q) reduction::reduce_into(sum, sum, piece_of(q), len, op);
-          if (op == ReduceOp::Avg) reduction::divide(sum, len, size_);
-          std::memcpy(here + lo, sum, len * sizeof(T));
-        }
-        raise_and_await(/*copied=*/false, round, wait);
-
-        // 3. The other ranks' reduced pieces, from their slots.
-        for (int p = 0; p < size_; ++p)
-          if (p != rank_) std::memcpy(here + cut(p), slot(round, p) + cut(p), piece_bytes(p));
+      // 2. This rank's piece, folded over the ranks in rank order, into its slot and tensor.
+      const int64_t lo = cut(rank_), len = cut(rank_ + 1) - lo;
+      if (len > 0) {
+        auto piece_of = [&](int q) -> const T* {
+          return (q == rank_ ? here : slot(round, q)) + lo;
+        };
+        T* sum = own + lo;
+        reduction::reduce_into(sum, piece_of(0), piece_of(1), len, op);
+        for (int q = 2; q < size_; ++q) reduction::reduce_into(sum, sum, piece_of(q), len, op);
+        if (op == ReduceOp::Avg) reduction::divide(sum, len, size_);
+        std::memcpy(here + lo, sum, len * sizeof(T));
       }
+      raise_and_await(/*copied=*/false, round, wait);
+
+      // 3. The other ranks' reduced pieces, from their slots.
+      for (int p = 0; p < size_; ++p)
+        if (p != rank_) std::memcpy(here + cut(p), slot(round, p) + cut(p), piece_bytes(p));
     }
   });
 }
@@ -504,39 +500,35 @@ void ShmCollectives::reduce_scatter(void* out, const std::vector<const void*>& i
   if (n == 0) return;
   Wait wait{"reduce_scatter", deadline, failed};
   char* slots = static_cast<char*>(base_) + slots_offset(size_);
-  dispatch_all(dtype, wait.op_name, [&]<typename T>() {
-    if constexpr (std::is_same_v<T, bool>) {
-      LOOM_ASSERT(false, "ShmCollectives::reduce_scatter: bool is not reducible");
-    } else {
-      const int64_t line = std::max<int64_t>(1, kLineBytes / static_cast<int64_t>(sizeof(T)));
-      const int64_t chunk = kChunkBytes / static_cast<int64_t>(sizeof(T)) / size_ / line * line;
-      T* y = static_cast<T*>(out);
-      for (int64_t begin = 0; begin < n; begin += chunk) {
-        const int64_t m = std::min(chunk, n - begin);
-        const uint32_t round = ++round_;
-        auto slot = [&](int q) {
-          return reinterpret_cast<T*>(slots + ((round & 1) * size_ + q) * kChunkBytes);
-        };
-        auto input = [&](int p) { return static_cast<const T*>(inputs[p]) + begin; };
-        for (int p = 0; p < size_; ++p)
-          if (p != rank_) std::memcpy(slot(rank_) + p * chunk, input(p), m * sizeof(T));
-        if (begin == 0)
-          describe(kReduceScatter, n, static_cast<int32_t>(dtype), static_cast<int32_t>(op));
-        raise_and_await(/*copied=*/true, round, wait);
-        if (begin == 0) check_alike(wait);
-        auto piece_of = [&](int q) -> const T* {
-          return q == rank_ ? input(rank_) : slot(q) + rank_ * chunk;
-        };
-        // Folded in the unused part of this rank's slot, not in `out`: out may be this rank's
-        // input piece (DDP's ZeRO buckets reduce in place), which a third rank's term must not
-        // find overwritten.
-        T* sum = slot(rank_) + rank_ * chunk;
-        reduction::reduce_into(sum, piece_of(0), piece_of(1), m, op);
-        for (int q = 2; q < size_; ++q) reduction::reduce_into(sum, sum, piece_of(q), m, op);
-        if (op == ReduceOp::Avg) reduction::divide(sum, m, size_);
-        std::memcpy(y + begin, sum, m * sizeof(T));
-        raise_and_await(/*copied=*/false, round, wait);
-      }
+  reduction::dispatch_reducible(dtype, wait.op_name, [&]<typename T>() {
+    const int64_t line = std::max<int64_t>(1, kLineBytes / static_cast<int64_t>(sizeof(T)));
+    const int64_t chunk = kChunkBytes / static_cast<int64_t>(sizeof(T)) / size_ / line * line;
+    T* y = static_cast<T*>(out);
+    for (int64_t begin = 0; begin < n; begin += chunk) {
+      const int64_t m = std::min(chunk, n - begin);
+      const uint32_t round = ++round_;
+      auto slot = [&](int q) {
+        return reinterpret_cast<T*>(slots + ((round & 1) * size_ + q) * kChunkBytes);
+      };
+      auto input = [&](int p) { return static_cast<const T*>(inputs[p]) + begin; };
+      for (int p = 0; p < size_; ++p)
+        if (p != rank_) std::memcpy(slot(rank_) + p * chunk, input(p), m * sizeof(T));
+      if (begin == 0)
+        describe(kReduceScatter, n, static_cast<int32_t>(dtype), static_cast<int32_t>(op));
+      raise_and_await(/*copied=*/true, round, wait);
+      if (begin == 0) check_alike(wait);
+      auto piece_of = [&](int q) -> const T* {
+        return q == rank_ ? input(rank_) : slot(q) + rank_ * chunk;
+      };
+      // Folded in the unused part of this rank's slot, not in `out`: out may be this rank's
+      // input piece (DDP's ZeRO buckets reduce in place), which a third rank's term must not
+      // find overwritten.
+      T* sum = slot(rank_) + rank_ * chunk;
+      reduction::reduce_into(sum, piece_of(0), piece_of(1), m, op);
+      for (int q = 2; q < size_; ++q) reduction::reduce_into(sum, sum, piece_of(q), m, op);
+      if (op == ReduceOp::Avg) reduction::divide(sum, m, size_);
+      std::memcpy(y + begin, sum, m * sizeof(T));
+      raise_and_await(/*copied=*/false, round, wait);
     }
   });
 }

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -11,6 +12,11 @@
 #include "loom.h"
 
 namespace loom::test {
+
+// Milliseconds since `t`: how long a wait or a failure took to surface.
+inline double ms_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
 
 // Every element of `actual` within atol + rtol * |expected| of `expected`, same shape.
 inline ::testing::AssertionResult tensors_close(const Tensor& actual, const Tensor& expected,

@@ -22,9 +22,7 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-double ms_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
+using test::ms_since;
 
 // Rank 0's worker waits inside gloo for a broadcast that rank 1 never
 // joins; a failure reported elsewhere fails the group, and releasing it must not wait for that

@@ -18,9 +18,7 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-double ms_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
+using test::ms_since;
 
 std::shared_ptr<ProcessGroup> join(test::Rank& r, Milliseconds timeout = 5s,
                                    bool shared_memory = true) {

@@ -25,9 +25,7 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-double ms_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
+using test::ms_since;
 
 std::shared_ptr<ProcessGroup> group(test::Rank& r, bool shared_memory, bool checks = true,
                                     Milliseconds timeout = 10s) {
@@ -72,16 +70,8 @@ void check_rank_order_fold(test::Rank& r) {
   }
 }
 
-TEST(ShmCollectives, AllreduceFoldsInRankOrderAcrossRoundsOnTwoRanks) {
-  test::run_ranks(2, check_rank_order_fold);
-}
-
-TEST(ShmCollectives, AllreduceFoldsInRankOrderAcrossRoundsOnThreeRanks) {
-  test::run_ranks(3, check_rank_order_fold);
-}
-
-TEST(ShmCollectives, AllreduceFoldsInRankOrderAcrossRoundsOnFourRanks) {
-  test::run_ranks(4, check_rank_order_fold);
+TEST(ShmCollectives, AllreduceFoldsInRankOrderAcrossRoundsOnTwoThreeAndFourRanks) {
+  for (const int world : {2, 3, 4}) test::run_ranks(world, check_rank_order_fold);
 }
 
 TEST(ShmCollectives, TwoRanksGetTheBitsOfGloosTcpAllreduce) {
@@ -167,16 +157,8 @@ void check_reduce_scatter_and_allgather(test::Rank& r) {
   }
 }
 
-TEST(ShmCollectives, ReduceScatterAndAllgatherCrossRoundsOnTwoRanks) {
-  test::run_ranks(2, check_reduce_scatter_and_allgather);
-}
-
-TEST(ShmCollectives, ReduceScatterAndAllgatherCrossRoundsOnThreeRanks) {
-  test::run_ranks(3, check_reduce_scatter_and_allgather);
-}
-
-TEST(ShmCollectives, ReduceScatterAndAllgatherCrossRoundsOnFourRanks) {
-  test::run_ranks(4, check_reduce_scatter_and_allgather);
+TEST(ShmCollectives, ReduceScatterAndAllgatherCrossRoundsOnTwoThreeAndFourRanks) {
+  for (const int world : {2, 3, 4}) test::run_ranks(world, check_reduce_scatter_and_allgather);
 }
 
 TEST(ShmCollectives, TwoRanksGetTheBitsOfTheTcpRingReduceScatter) {

@@ -31,9 +31,7 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-double ms_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
+using test::ms_since;
 
 std::shared_ptr<TCPStore> make_server(Milliseconds timeout = 5s) {
   TCPStoreOptions options;
