@@ -207,7 +207,8 @@ void check_reducible(const char* op, DType dtype) {
 // What the group's collectives and its send/recv handles share.
 struct GroupState {
   std::shared_ptr<gloo::Context> context;
-  // The allreduce's segment when every rank is on this host (Note [Shared-memory allreduce]).
+  // The segment that carries allreduce, broadcast, all-gather and reduce-scatter when every rank
+  // is on this host (Note [Shared-memory allreduce]); null otherwise.
   std::unique_ptr<ShmCollectives> shm;
   std::mutex mutex;
   std::string broken;  // the first failure; the group refuses new work once it is set
@@ -847,7 +848,7 @@ class ProcessGroupGloo final : public ProcessGroup {
 
   const ProcessGroupOptions options_;
   const std::shared_ptr<Store> store_;  // this group's keys: pg<id>/...
-  std::string no_shm_;  // why the ranks allreduce over tcp though options_.shared_memory asked
+  std::string no_shm_;  // why every collective goes over tcp though options_.shared_memory asked
   // What the shared-memory collectives poll while they wait: this group's failure, if any.
   const std::function<std::string()> shm_failure_ = [this] { return state_->failure(); };
   const std::shared_ptr<GroupState> state_;

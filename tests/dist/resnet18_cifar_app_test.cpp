@@ -118,7 +118,9 @@ TEST_F(AppDist, OneProcessAndTwoWithSyncBnEndWithTheSameWeights) {
       path("two.log"));
   ASSERT_EQ(wait_for(two, std::chrono::seconds(120)), 0) << read(path("two.log"));
   const std::string log = read(path("two.log"));
-  for (const char* part : {"world size 2", "global batch 64", "effective lr 0.05", "SyncBatchNorm"})
+  // Both ranks on this machine: gloo's collectives go through shared memory, and it says so.
+  for (const char* part : {"world size 2 (gloo over shared memory (allreduce,", "global batch 64",
+                           "effective lr 0.05", "SyncBatchNorm"})
     EXPECT_NE(log.find(part), std::string::npos) << part << " not in:\n" << log;
   // The memory report (Note [The memory report]), printed by rank 0 alone: the gradients are the
   // DDP buckets, as large as the weights.
