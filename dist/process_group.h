@@ -87,8 +87,9 @@ struct ProcessGroupOptions {
   Milliseconds timeout{std::chrono::minutes(5)};
   // Note [Collective checks]; LOOM_CHECK_COLLECTIVES=0 makes the default off.
   bool check_collectives = check_collectives_from_environment();
-  // gloo: allreduce through shared memory when every rank is on this host (Note [Shared-memory
-  // allreduce] in dist/shm_collectives.h); LOOM_SHARED_MEMORY=0 makes the default off.
+  // gloo: allreduce, broadcast, all-gather and reduce-scatter through shared memory when every
+  // rank is on this host (Note [Shared-memory allreduce] in dist/shm_collectives.h);
+  // LOOM_SHARED_MEMORY=0 makes the default off.
   bool shared_memory = shared_memory_from_environment();
 };
 
@@ -104,8 +105,8 @@ class ProcessGroup {
   int rank() const { return rank_; }
   int size() const { return size_; }
   virtual std::string backend() const = 0;
-  // What carries the bytes, in words: gloo says whether its allreduce goes through shared memory
-  // (Note [Shared-memory allreduce]) or tcp, and why not where it was asked for.
+  // What carries the bytes, in words: gloo says which collectives go through shared memory (Note
+  // [Shared-memory allreduce]) and which over tcp, and why not where shared memory was asked for.
   virtual std::string transport() const { return backend(); }
 
   // All ranks: t = op(t of every rank). Contiguous tensors of a floating or integer dtype.

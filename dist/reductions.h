@@ -42,21 +42,21 @@ T reduce_one(T a, T b, ReduceOp op) {
   return a;
 }
 
-// out[i] = a[i] op b[i]; out may be a or b. The op is chosen once, outside the loop, so that
-// the compiler sees a constant and vectorizes the sum.
+// out[i] = a[i] op b[i]; out may be a or b. The op is a template argument of the loop, so that
+// its body holds no branch on it.
 template <typename T>
 void reduce_into(T* out, const T* a, const T* b, int64_t n, ReduceOp op) {
-  auto each = [&](ReduceOp constant) {
-    for (int64_t i = 0; i < n; ++i) out[i] = reduce_one(a[i], b[i], constant);
+  auto each = [&]<ReduceOp kOp>() {
+    for (int64_t i = 0; i < n; ++i) out[i] = reduce_one(a[i], b[i], kOp);
   };
   switch (op) {
     case ReduceOp::Sum:
     case ReduceOp::Avg:
-      return each(ReduceOp::Sum);
+      return each.template operator()<ReduceOp::Sum>();
     case ReduceOp::Max:
-      return each(ReduceOp::Max);
+      return each.template operator()<ReduceOp::Max>();
     case ReduceOp::Min:
-      return each(ReduceOp::Min);
+      return each.template operator()<ReduceOp::Min>();
   }
 }
 
