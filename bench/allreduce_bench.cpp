@@ -182,7 +182,7 @@ int run_worker(const Options& o) {
   if (env.rank == 0) {
     out.open(o.result);
     LOOM_CHECK(out.good(), ValueError, "allreduce_bench: cannot write ", o.result);
-    out << group->backend() << " over " << group->transport() << "\n";
+    out << group->carrier() << "\n";
   }
   for (const int64_t bytes : sizes_up_to(o.max_size)) {
     const int64_t count = bytes / 4;

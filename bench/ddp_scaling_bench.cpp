@@ -170,7 +170,7 @@ int run_worker(const Options& o) {
     if (ddp)
       for (const dist::Bucket& b : ddp->reducer().buckets()) out << " " << b.bytes();
     out << "\n";
-    if (group) out << "carrier " << group->backend() << " over " << group->transport() << "\n";
+    if (group) out << "carrier " << group->carrier() << "\n";
     out.close();
     LOOM_CHECK(out.good(), ValueError, "ddp_scaling_bench: cannot write ", result);
   }

@@ -500,10 +500,10 @@ DoctorCheck check_collective(const std::shared_ptr<Store>& store, int rank, int 
     char timing[96];
     std::snprintf(timing, sizeof timing, "%.1f ms (the group made in %.0f ms)", reduce_ms, made_ms);
     // gloo says whether its ranks share memory here (Note [Shared-memory allreduce]), and why not.
-    const std::string transport = group->transport();
+    const std::string carrier = group->carrier();
     return pass(detail::str("allreduce over ", backend, ", ", plural(world, "rank", "ranks"),
                             ", on node ", node, ": ", timing,
-                            transport == backend ? "" : "; " + backend + " over " + transport));
+                            carrier == backend ? "" : "; " + carrier));
   } catch (const Error& e) {
     return fail(detail::str("allreduce over ", backend, ", ", plural(world, "rank", "ranks"),
                             ", on node ", node, ": ", e.what()),

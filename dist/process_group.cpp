@@ -12,6 +12,11 @@
 
 namespace loom::dist {
 
+std::string ProcessGroup::carrier() const {
+  const std::string name = backend(), way = transport();
+  return way == name ? name : name + " over " + way;
+}
+
 double steady_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }

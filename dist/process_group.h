@@ -108,6 +108,9 @@ class ProcessGroup {
   // What carries the bytes, in words: gloo says which collectives go through shared memory (Note
   // [Shared-memory allreduce]) and which over tcp, and why not where shared memory was asked for.
   virtual std::string transport() const { return backend(); }
+  // The two in one phrase, as the apps and benches print them: "gloo over tcp", "gloo over
+  // shared memory (...) and tcp (the rest)", or "nccl" where the backend is its own transport.
+  std::string carrier() const;
 
   // All ranks: t = op(t of every rank). Contiguous tensors of a floating or integer dtype.
   virtual std::shared_ptr<Work> allreduce(Tensor t, ReduceOp op = ReduceOp::Sum) = 0;

@@ -350,14 +350,6 @@ void ShmCollectives::raise_and_await(bool copied, uint32_t round, Wait& wait) {
 
 // ---------------------------------------------------------------- the collectives
 
-void ShmCollectives::describe(int32_t kind, int64_t count, int32_t dtype, int32_t op) {
-  RankFlags& mine = flags_of(base_, rank_);
-  mine.kind = kind;
-  mine.count = count;
-  mine.dtype = dtype;
-  mine.op = op;
-}
-
 void ShmCollectives::check_alike(const Wait& wait) {
   const RankFlags& mine = flags_of(base_, rank_);
   auto what = [&](const RankFlags& f) -> std::string {
@@ -386,112 +378,131 @@ void ShmCollectives::check_alike(const Wait& wait) {
   }
 }
 
+template <typename Fill, typename Read, typename After>
+void ShmCollectives::run_round(Wait& wait, const Descriptor* first, Fill&& fill, Read&& read,
+                               After&& after) {
+  const uint32_t round = ++round_;
+  char* buffer =
+      static_cast<char*>(base_) + slots_offset(size_) + (round & 1) * size_ * kChunkBytes;
+  fill(buffer);
+  if (first != nullptr) {
+    RankFlags& mine = flags_of(base_, rank_);
+    mine.kind = first->kind;
+    mine.count = first->count;
+    mine.dtype = first->dtype;
+    mine.op = first->op;
+  }
+  raise_and_await(/*copied=*/true, round, wait);
+  if (first != nullptr) check_alike(wait);
+  read(buffer);
+  raise_and_await(/*copied=*/false, round, wait);
+  after(buffer);
+}
+
+namespace {
+
+void nothing(char*) {}
+
+}  // namespace
+
 void ShmCollectives::allreduce(void* data, int64_t n, DType dtype, ReduceOp op, Deadline deadline,
                                const std::function<std::string()>& failed) {
   if (n == 0) return;
   Wait wait{"allreduce", deadline, failed};
-  char* slots = static_cast<char*>(base_) + slots_offset(size_);
+  const Descriptor descriptor{kAllreduce, n, static_cast<int32_t>(dtype), static_cast<int32_t>(op)};
   reduction::dispatch_reducible(dtype, wait.op_name, [&]<typename T>() {
-    T* x = static_cast<T*>(data);
     const int64_t chunk = kChunkBytes / static_cast<int64_t>(sizeof(T));
     const int64_t line = std::max<int64_t>(1, kLineBytes / static_cast<int64_t>(sizeof(T)));
-    auto slot = [&](uint32_t round, int q) {
-      return reinterpret_cast<T*>(slots + ((round & 1) * size_ + q) * kChunkBytes);
-    };
     for (int64_t begin = 0; begin < n; begin += chunk) {
       const int64_t m = std::min(chunk, n - begin);
       // Piece p of the round is [cut(p), cut(p + 1)): rank p's to reduce.
       auto cut = [&](int p) { return p == size_ ? m : m * p / size_ / line * line; };
       auto piece_bytes = [&](int p) { return (cut(p + 1) - cut(p)) * sizeof(T); };
-      const uint32_t round = ++round_;
-      T* here = x + begin;
-      T* own = slot(round, rank_);
-
-      // 1. The pieces the other ranks reduce, into this rank's slot.
-      for (int p = 0; p < size_; ++p)
-        if (p != rank_) std::memcpy(own + cut(p), here + cut(p), piece_bytes(p));
-      if (begin == 0)
-        describe(kAllreduce, n, static_cast<int32_t>(dtype), static_cast<int32_t>(op));
-      raise_and_await(/*copied=*/true, round, wait);
-      if (begin == 0) check_alike(wait);
-
-      // 2. This rank's piece, folded over the ranks in rank order, into its slot and tensor.
-      const int64_t lo = cut(rank_), len = cut(rank_ + 1) - lo;
-      if (len > 0) {
-        auto piece_of = [&](int q) -> const T* {
-          return (q == rank_ ? here : slot(round, q)) + lo;
-        };
-        T* sum = own + lo;
-        reduction::reduce_into(sum, piece_of(0), piece_of(1), len, op);
-        for (int q = 2; q < size_; ++q) reduction::reduce_into(sum, sum, piece_of(q), len, op);
-        if (op == ReduceOp::Avg) reduction::divide(sum, len, size_);
-        std::memcpy(here + lo, sum, len * sizeof(T));
-      }
-      raise_and_await(/*copied=*/false, round, wait);
-
-      // 3. The other ranks' reduced pieces, from their slots.
-      for (int p = 0; p < size_; ++p)
-        if (p != rank_) std::memcpy(here + cut(p), slot(round, p) + cut(p), piece_bytes(p));
+      auto slot = [&](char* buffer, int q) {
+        return reinterpret_cast<T*>(buffer + q * kChunkBytes);
+      };
+      T* here = static_cast<T*>(data) + begin;
+      run_round(
+          wait, begin == 0 ? &descriptor : nullptr,
+          [&](char* buffer) {  // the pieces the other ranks reduce, into this rank's slot
+            for (int p = 0; p < size_; ++p)
+              if (p != rank_)
+                std::memcpy(slot(buffer, rank_) + cut(p), here + cut(p), piece_bytes(p));
+          },
+          [&](char* buffer) {  // this rank's piece, folded in rank order, into its slot and tensor
+            const int64_t lo = cut(rank_), len = cut(rank_ + 1) - lo;
+            if (len == 0) return;
+            auto piece_of = [&](int q) -> const T* {
+              return (q == rank_ ? here : slot(buffer, q)) + lo;
+            };
+            T* sum = slot(buffer, rank_) + lo;
+            reduction::reduce_into(sum, piece_of(0), piece_of(1), len, op);
+            for (int q = 2; q < size_; ++q) reduction::reduce_into(sum, sum, piece_of(q), len, op);
+            if (op == ReduceOp::Avg) reduction::divide(sum, len, size_);
+            std::memcpy(here + lo, sum, len * sizeof(T));
+          },
+          [&](char* buffer) {  // the other ranks' reduced pieces, from their slots
+            for (int p = 0; p < size_; ++p)
+              if (p != rank_) std::memcpy(here + cut(p), slot(buffer, p) + cut(p), piece_bytes(p));
+          });
     }
   });
 }
 
-// A round of a broadcast: the root copies a chunk into its slot and raises copied; the others
-// copy it out and raise reduced ("done reading"), which the root awaits too, so that the
-// rounds stay in step with the allreduce's.
+// The root copies a chunk into its slot; the others copy it out.
 void ShmCollectives::broadcast(void* data, int64_t bytes, int root, Deadline deadline,
                                const std::function<std::string()>& failed) {
   if (bytes == 0) return;
   Wait wait{"broadcast", deadline, failed};
-  char* slots = static_cast<char*>(base_) + slots_offset(size_);
+  const Descriptor descriptor{kBroadcast, bytes, -1, root};
   char* x = static_cast<char*>(data);
   for (int64_t begin = 0; begin < bytes; begin += kChunkBytes) {
     const int64_t m = std::min(kChunkBytes, bytes - begin);
-    const uint32_t round = ++round_;
-    char* root_slot = slots + ((round & 1) * size_ + root) * kChunkBytes;
-    if (rank_ == root) std::memcpy(root_slot, x + begin, m);
-    if (begin == 0) describe(kBroadcast, bytes, -1, root);
-    raise_and_await(/*copied=*/true, round, wait);
-    if (begin == 0) check_alike(wait);
-    if (rank_ != root) std::memcpy(x + begin, root_slot, m);
-    raise_and_await(/*copied=*/false, round, wait);
+    run_round(
+        wait, begin == 0 ? &descriptor : nullptr,
+        [&](char* buffer) {
+          if (rank_ == root) std::memcpy(buffer + root * kChunkBytes, x + begin, m);
+        },
+        [&](char* buffer) {
+          if (rank_ != root) std::memcpy(x + begin, buffer + root * kChunkBytes, m);
+        },
+        nothing);
   }
 }
 
-// A round of an all-gather: each rank copies a chunk of its input into its slot, then the
-// others' chunks out of theirs. The second flag ("done reading") keeps the rounds safe and the
-// descriptors readable, as in the allreduce.
+// Each rank copies a chunk of its input into its slot, then the others' chunks out of theirs.
 void ShmCollectives::allgather(const void* input, const std::vector<void*>& out, int64_t bytes,
                                Deadline deadline, const std::function<std::string()>& failed) {
   LOOM_ASSERT(static_cast<int>(out.size()) == size_, "ShmCollectives::allgather: ", out.size(),
               " outputs for ", size_, " ranks");
   if (bytes == 0) return;
   Wait wait{"allgather", deadline, failed};
-  char* slots = static_cast<char*>(base_) + slots_offset(size_);
+  const Descriptor descriptor{kAllgather, bytes, -1, 0};
   const char* x = static_cast<const char*>(input);
   for (int64_t begin = 0; begin < bytes; begin += kChunkBytes) {
     const int64_t m = std::min(kChunkBytes, bytes - begin);
-    const uint32_t round = ++round_;
-    auto slot = [&](int q) { return slots + ((round & 1) * size_ + q) * kChunkBytes; };
-    std::memcpy(slot(rank_), x + begin, m);
-    if (begin == 0) describe(kAllgather, bytes, -1, 0);
-    raise_and_await(/*copied=*/true, round, wait);
-    if (begin == 0) check_alike(wait);
-    for (int q = 0; q < size_; ++q) {
-      char* to = static_cast<char*>(out[q]) + begin;
-      if (q != rank_) {
-        std::memcpy(to, slot(q), m);
-      } else if (to != x + begin) {  // in place when the input is this rank's output
-        std::memmove(to, x + begin, m);
-      }
-    }
-    raise_and_await(/*copied=*/false, round, wait);
+    run_round(
+        wait, begin == 0 ? &descriptor : nullptr,
+        [&](char* buffer) { std::memcpy(buffer + rank_ * kChunkBytes, x + begin, m); },
+        [&](char* buffer) {
+          for (int q = 0; q < size_; ++q) {
+            char* to = static_cast<char*>(out[q]) + begin;
+            if (q != rank_) {
+              std::memcpy(to, buffer + q * kChunkBytes, m);
+            } else if (to != x + begin) {  // in place when the input is this rank's output
+              std::memmove(to, x + begin, m);
+            }
+          }
+        },
+        nothing);
   }
 }
 
-// A round of a reduce-scatter covers a chunk of every piece: a rank copies its inputs' chunks
-// for the other ranks into its slot (piece p at p chunks in), then folds chunk `rank` of every
-// rank's piece, in rank order and its own from its input, into its output.
+// A round covers a chunk of every piece: a rank copies its inputs' chunks for the other ranks
+// into its slot (piece p at p chunks in), then folds chunk `rank` of every rank's piece, in
+// rank order and its own from its input, in the unused part of its slot, and copies it out:
+// out may be this rank's input piece (DDP's ZeRO buckets reduce in place), which a third
+// rank's term must not find overwritten.
 void ShmCollectives::reduce_scatter(void* out, const std::vector<const void*>& inputs, int64_t n,
                                     DType dtype, ReduceOp op, Deadline deadline,
                                     const std::function<std::string()>& failed) {
@@ -499,36 +510,34 @@ void ShmCollectives::reduce_scatter(void* out, const std::vector<const void*>& i
               "ShmCollectives::reduce_scatter: ", inputs.size(), " inputs for ", size_, " ranks");
   if (n == 0) return;
   Wait wait{"reduce_scatter", deadline, failed};
-  char* slots = static_cast<char*>(base_) + slots_offset(size_);
+  const Descriptor descriptor{kReduceScatter, n, static_cast<int32_t>(dtype),
+                              static_cast<int32_t>(op)};
   reduction::dispatch_reducible(dtype, wait.op_name, [&]<typename T>() {
     const int64_t line = std::max<int64_t>(1, kLineBytes / static_cast<int64_t>(sizeof(T)));
     const int64_t chunk = kChunkBytes / static_cast<int64_t>(sizeof(T)) / size_ / line * line;
-    T* y = static_cast<T*>(out);
     for (int64_t begin = 0; begin < n; begin += chunk) {
       const int64_t m = std::min(chunk, n - begin);
-      const uint32_t round = ++round_;
-      auto slot = [&](int q) {
-        return reinterpret_cast<T*>(slots + ((round & 1) * size_ + q) * kChunkBytes);
+      auto slot = [&](char* buffer, int q) {
+        return reinterpret_cast<T*>(buffer + q * kChunkBytes);
       };
       auto input = [&](int p) { return static_cast<const T*>(inputs[p]) + begin; };
-      for (int p = 0; p < size_; ++p)
-        if (p != rank_) std::memcpy(slot(rank_) + p * chunk, input(p), m * sizeof(T));
-      if (begin == 0)
-        describe(kReduceScatter, n, static_cast<int32_t>(dtype), static_cast<int32_t>(op));
-      raise_and_await(/*copied=*/true, round, wait);
-      if (begin == 0) check_alike(wait);
-      auto piece_of = [&](int q) -> const T* {
-        return q == rank_ ? input(rank_) : slot(q) + rank_ * chunk;
-      };
-      // Folded in the unused part of this rank's slot, not in `out`: out may be this rank's
-      // input piece (DDP's ZeRO buckets reduce in place), which a third rank's term must not
-      // find overwritten.
-      T* sum = slot(rank_) + rank_ * chunk;
-      reduction::reduce_into(sum, piece_of(0), piece_of(1), m, op);
-      for (int q = 2; q < size_; ++q) reduction::reduce_into(sum, sum, piece_of(q), m, op);
-      if (op == ReduceOp::Avg) reduction::divide(sum, m, size_);
-      std::memcpy(y + begin, sum, m * sizeof(T));
-      raise_and_await(/*copied=*/false, round, wait);
+      run_round(
+          wait, begin == 0 ? &descriptor : nullptr,
+          [&](char* buffer) {
+            for (int p = 0; p < size_; ++p)
+              if (p != rank_) std::memcpy(slot(buffer, rank_) + p * chunk, input(p), m * sizeof(T));
+          },
+          [&](char* buffer) {
+            auto piece_of = [&](int q) -> const T* {
+              return q == rank_ ? input(rank_) : slot(buffer, q) + rank_ * chunk;
+            };
+            T* sum = slot(buffer, rank_) + rank_ * chunk;
+            reduction::reduce_into(sum, piece_of(0), piece_of(1), m, op);
+            for (int q = 2; q < size_; ++q) reduction::reduce_into(sum, sum, piece_of(q), m, op);
+            if (op == ReduceOp::Avg) reduction::divide(sum, m, size_);
+            std::memcpy(static_cast<T*>(out) + begin, sum, m * sizeof(T));
+          },
+          nothing);
     }
   });
 }

@@ -102,11 +102,24 @@ class ShmCollectives {
  private:
   ShmCollectives(void* base, int64_t bytes, int rank, int size);
 
+  // What a rank runs, published in a collective's first round for its peers to compare: the
+  // kind, the element count (bytes for the kinds without a dtype), the dtype (-1 without) and
+  // the op or root.
+  struct Descriptor {
+    int32_t kind;
+    int64_t count;
+    int32_t dtype;
+    int32_t op;
+  };
+  // One round of any collective (the Note's rounds), the protocol in one place: fill(buffer)
+  // writes this rank's slot of the round's buffer, then the copied flags; read(buffer) reads
+  // (and folds) the other ranks' slots, then the reduced flags; after(buffer) runs once every
+  // rank has read (the allreduce's gather). `first`, in a collective's first round only, is
+  // published before the copied flag and compared with the peers' after it.
+  template <typename Fill, typename Read, typename After>
+  void run_round(Wait& wait, const Descriptor* first, Fill&& fill, Read&& read, After&& after);
   // Raises this rank's copied (or reduced) flag to `round`, then waits for every other rank's.
   void raise_and_await(bool copied, uint32_t round, Wait& wait);
-  // In a collective's first round, before raising copied: what this rank is doing, for the
-  // peers to compare (their count, dtype and op or root), and the comparison once they have.
-  void describe(int32_t kind, int64_t count, int32_t dtype, int32_t op);
   void check_alike(const Wait& wait);
 
   void* base_;

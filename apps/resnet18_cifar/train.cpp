@@ -350,9 +350,7 @@ void describe(const dist::Reporter& out, const Options& o, const dist::Job& job,
               int64_t steps_per_epoch) {
   const int64_t accumulate = o.train.accumulate;
   if (ddp) {
-    // "gloo over shared memory (allreduce, broadcast, allgather, reduce_scatter) and tcp (...)"
-    const std::string backend = job.group->backend(), transport = job.group->transport();
-    const std::string carrier = transport == backend ? backend : backend + " over " + transport;
+    const std::string carrier = job.group->carrier();
     out.say(
         "data parallel: world size %d (%s), global batch %lld, effective lr %g%s; %zu DDP "
         "buckets\n",
